@@ -1,0 +1,163 @@
+"""Column values: the one normalized form every layer below the writer uses.
+
+A batch of n rows of one field travels (to storage, over the wire, out of
+storage) as exactly one of:
+
+- ``torch.Tensor`` of shape ``[n, *shape]``: a fixed-shape field;
+- ``Ragged(values, offsets)``: a variable-length field; row i is
+  ``values[offsets[i]:offsets[i+1]]`` (ragged along the first per-row dim);
+- ``list`` of n plain Python values (str, int, float, bool, bytes, None,
+  lists/dicts of those): a non-tensor field.
+
+``FieldSchema`` records what the first write of a field fixed: its kind, dtype
+and per-row shape (for ragged fields, the shape after the ragged dim).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from tq_stream.errors import SchemaError
+
+Kind = Literal["dense", "ragged", "object"]
+
+Column = Any  # torch.Tensor | Ragged | list; a type alias kept loose for msgspec-free layers
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """Variable-length rows: ``values[offsets[i]:offsets[i+1]]`` is row i.
+
+    Args:
+        values: tensor ``[total, *tail]`` of all rows concatenated.
+        offsets: int64 tensor ``[n + 1]``, starting at 0, non-decreasing.
+    """
+
+    values: torch.Tensor
+    offsets: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.offsets.numel()) - 1
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def row(self, i: int) -> torch.Tensor:
+        return self.values[int(self.offsets[i]) : int(self.offsets[i + 1])]
+
+    @staticmethod
+    def from_list(rows: list[torch.Tensor]) -> Ragged:
+        lengths = torch.tensor([int(r.shape[0]) for r in rows], dtype=torch.int64)
+        offsets = torch.zeros(len(rows) + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        values = torch.cat(rows) if rows else torch.empty(0)
+        return Ragged(values, offsets)
+
+    def to_nested(self) -> torch.Tensor:
+        """A jagged-layout nested tensor sharing ``values``."""
+        return torch.nested.nested_tensor_from_jagged(self.values, offsets=self.offsets)
+
+    def to_padded(self, pad_value: float = 0) -> torch.Tensor:
+        """A dense ``[n, max_len, *tail]`` tensor, rows padded at the end."""
+        n = len(self)
+        lengths = self.lengths
+        max_len = int(lengths.max()) if n else 0
+        out = self.values.new_full((n, max_len, *self.values.shape[1:]), pad_value)
+        if n and max_len:
+            pos = torch.arange(max_len).expand(n, max_len)
+            mask = pos < lengths.unsqueeze(1)
+            out[mask] = self.values
+        return out
+
+
+@dataclass(frozen=True)
+class FieldSchema:
+    """What a field's first write fixed.
+
+    Attributes:
+        kind: "dense", "ragged" or "object".
+        dtype: torch dtype name ("float32", ...), "" for object fields.
+        shape: per-row shape for dense; per-row shape after the ragged dim for ragged.
+    """
+
+    kind: Kind
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+
+    def describe(self) -> str:
+        if self.kind == "object":
+            return "object"
+        dims = ", ".join(str(d) for d in self.shape)
+        head = "*, " if self.kind == "ragged" else ""
+        return f"{self.kind} {self.dtype}[{head}{dims}]".replace(", ]", "]")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> FieldSchema:
+        return FieldSchema(d["kind"], d["dtype"], tuple(d["shape"]))
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise SchemaError(f"dtype must name a torch dtype, got {name!r}")
+    return dtype
+
+
+def schema_of(column: Column) -> FieldSchema:
+    """The schema a normalized column implies."""
+    if isinstance(column, torch.Tensor):
+        return FieldSchema("dense", dtype_name(column.dtype), tuple(column.shape[1:]))
+    if isinstance(column, Ragged):
+        values = column.values
+        return FieldSchema("ragged", dtype_name(values.dtype), tuple(values.shape[1:]))
+    return FieldSchema("object")
+
+
+def column_len(column: Column) -> int:
+    return column.shape[0] if isinstance(column, torch.Tensor) else len(column)
+
+
+def take(column: Column, positions: torch.Tensor) -> Column:
+    """Rows ``positions`` of a normalized column (a gather, not a view)."""
+    if isinstance(column, torch.Tensor):
+        return column.index_select(0, positions)
+    if isinstance(column, Ragged):
+        return Ragged.from_list([column.row(int(i)) for i in positions])
+    return [column[int(i)] for i in positions]
+
+
+def concat(columns: list[Column]) -> Column:
+    """Concatenate normalized columns of one field."""
+    first = columns[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(columns)
+    if isinstance(first, Ragged):
+        values = torch.cat([c.values for c in columns])
+        parts, base = [first.offsets[:1]], 0
+        for c in columns:
+            parts.append(c.offsets[1:] - c.offsets[0] + base)
+            base += int(c.offsets[-1] - c.offsets[0])
+        return Ragged(values, torch.cat(parts))
+    out: list[Any] = []
+    for c in columns:
+        out.extend(c)
+    return out
+
+
+def column_nbytes(column: Column) -> int:
+    if isinstance(column, torch.Tensor):
+        return column.numel() * column.element_size()
+    if isinstance(column, Ragged):
+        return column.values.numel() * column.values.element_size() + column.offsets.numel() * 8
+    return 0

@@ -1,0 +1,461 @@
+"""Controller: keys, readiness, leases and steps of every partition — metadata only.
+
+Every public method takes and returns plain values (str, int, float, bool,
+lists, dicts, numpy arrays), so the same object serves in-process callers and
+remote ones behind a transport. One lock guards all metadata; one condition
+variable wakes waiters (consumers waiting for ready rows, writers waiting for
+capacity) whenever rows are committed, acked, released or cleared.
+
+The write protocol is ``reserve`` (validate, allocate rows; may wait for
+capacity) → the writer stores the bytes in the units → ``commit`` (rows become
+visible); a writer that fails in between calls ``abort``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tq_stream.columns import FieldSchema
+from tq_stream.controller.partition import PartitionMeta
+from tq_stream.controller.steps import StepLogic
+from tq_stream.controller.task import TaskConfig, TaskState
+from tq_stream.errors import (
+    ClosedError,
+    ConfigError,
+    KeyConflictError,
+    StateError,
+    WaitTimeout,
+    check_name,
+    check_positive,
+    check_timeout,
+)
+from tq_stream.samplers.base import Sampler
+from tq_stream.samplers.sequential import SequentialSampler
+
+FreeFn = Callable[[int, str, np.ndarray], None]
+
+
+def _no_free(unit: int, partition: str, slots: np.ndarray) -> None:
+    pass
+
+
+class Controller(StepLogic):
+    """The metadata service of one deployment.
+
+    Args:
+        n_units: number of storage units rows are spread over.
+        free: ``free(unit, partition, slots)``, called (outside the lock) when
+            rows are freed, so the unit returns their memory.
+    """
+
+    RPC_METHODS = frozenset({
+        "create_partition", "close_partition", "reserve", "commit", "abort",
+        "register_task", "get_meta", "ack", "release", "renew", "clear", "lookup",
+        "list_rows", "set_tags", "set_version", "stats", "partitions",
+    })
+
+    def __init__(self, n_units: int = 1, free: FreeFn = _no_free) -> None:
+        self.n_units = check_positive("n_units", n_units)
+        self._free = free
+        self._cond = threading.Condition(threading.RLock())
+        self._parts: dict[str, PartitionMeta] = {}
+        self._tasks: dict[str, dict[str, TaskState]] = {}
+        self._restored: dict[str, dict[str, dict[str, Any]]] = {}
+        self._rr = 0
+        self._closed = False
+
+    # ------------------------------------------------------------ partitions
+    def _part(self, partition: str, create: bool = False) -> PartitionMeta:
+        if self._closed:
+            raise ClosedError("controller is closed")
+        part = self._parts.get(partition)
+        if part is None:
+            if not create:
+                raise KeyConflictError(
+                    f"partition must exist, got {partition!r} (known: {sorted(self._parts)})"
+                )
+            check_name("partition", partition)
+            part = self._parts[partition] = PartitionMeta(partition, None, self.n_units)
+            self._tasks[partition] = {}
+        return part
+
+    def create_partition(self, partition: str, capacity: int | None = None) -> None:
+        """Create ``partition`` (a no-op if it exists with the same capacity)."""
+        if capacity is not None:
+            check_positive("capacity", capacity)
+        with self._cond:
+            part = self._part(partition, create=True)
+            if part.capacity != capacity and part.live and capacity is not None \
+                    and capacity < part.live:
+                raise ConfigError(
+                    f"capacity must be >= the {part.live} rows partition {partition!r} "
+                    f"holds, got {capacity}"
+                )
+            part.capacity = capacity
+
+    def close_partition(self, partition: str) -> None:
+        """No more rows will be written: drain-mode consumers end after the last batch."""
+        with self._cond:
+            self._part(partition, create=True).closed = True
+            self._cond.notify_all()
+
+    def partitions(self) -> list[str]:
+        with self._cond:
+            return sorted(self._parts)
+
+    # ----------------------------------------------------------------- writes
+    def reserve(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
+                unit: int = -1, timeout: float = 60.0) -> dict[str, Any]:
+        """Validate a put and place its rows; new rows wait for capacity.
+
+        Returns:
+            dict of ``index``, ``unit``, ``slot``, ``generation`` (arrays aligned
+            with ``keys``) and ``new`` (mask of rows created by this call).
+        Raises:
+            SchemaError, ClosedError, ConfigError, WaitTimeout.
+        """
+        schemas_ = {f: FieldSchema.from_dict(s) for f, s in schemas.items()}
+        check_timeout("timeout", timeout)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            part = self._part(partition, create=True)
+            while True:
+                if part.closed:
+                    raise ClosedError(f"partition {partition!r} is closed to new writes")
+                part.check_schemas(schemas_)
+                idx = part.lookup(list(keys))
+                new = idx < 0
+                n_new = int(new.sum())
+                cap = part.capacity
+                if cap is not None and n_new > cap:
+                    raise ConfigError(
+                        f"a put must not add more rows than the capacity {cap} of partition "
+                        f"{partition!r}, got {n_new} new rows"
+                    )
+                if cap is None or part.live + n_new <= cap:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WaitTimeout(
+                        f"partition {partition!r} stayed full ({part.live}/{cap} rows) for "
+                        f"timeout={timeout}s; consumers must ack rows to free capacity"
+                    )
+                self._cond.wait(left)
+            if n_new:
+                new_keys = [k for k, m in zip(keys, new.tolist(), strict=True) if m]
+                idx[new] = part.allocate(new_keys, self._place(unit, n_new))
+                self._grow_tasks(part)
+            return {"index": idx, "unit": part.unit[idx], "slot": part.slot[idx],
+                    "generation": part.generation[idx], "new": new}
+
+    def _place(self, unit: int, n: int) -> np.ndarray:
+        if 0 <= unit < self.n_units:
+            return np.full(n, unit, dtype=np.int32)
+        out = (np.arange(n, dtype=np.int32) + self._rr) % self.n_units
+        self._rr = (self._rr + n) % self.n_units
+        return out
+
+    def _grow_tasks(self, part: PartitionMeta) -> None:
+        for task in self._tasks[part.name].values():
+            task.grow(part.size)
+
+    def commit(self, partition: str, index: np.ndarray, generation: np.ndarray,
+               schemas: Mapping[str, Any], tags: list[dict[str, Any]] | None = None) -> None:
+        """Mark the fields of rows ``index`` written (their bytes are stored)."""
+        schemas_ = {f: FieldSchema.from_dict(s) for f, s in schemas.items()}
+        index = np.asarray(index, dtype=np.int64)
+        with self._cond:
+            part = self._part(partition)
+            self._check_generation(part, index, generation)
+            part.fix_schemas(schemas_)
+            for f in schemas_:
+                part.ready[f][index] = True
+            part.write_time[index] = time.time()
+            if tags is not None:
+                part.tags.set(index, tags)
+            else:
+                part.tags.set(index, [{}] * len(index))
+            for task in self._tasks[partition].values():
+                task.offer(index, part.ready_for(task.config.fields, index))
+            self._cond.notify_all()
+
+    def _check_generation(self, part: PartitionMeta, index: np.ndarray, gen: Any) -> None:
+        gen = np.asarray(gen, dtype=np.int64)
+        ok = part.used[index] & (part.generation[index] == gen)
+        if not ok.all():
+            bad = part.keys[index[~ok]].tolist()[:5]
+            raise StateError(
+                f"rows of partition {part.name!r} must still exist to be written, "
+                f"but {int((~ok).sum())} were cleared meanwhile (e.g. {bad})"
+            )
+
+    def abort(self, partition: str, index: np.ndarray, generation: np.ndarray) -> None:
+        """Undo ``reserve`` for rows that no field was committed to."""
+        index = np.asarray(index, dtype=np.int64)
+        with self._cond:
+            part = self._parts.get(partition)
+            if part is None:
+                return
+            gen = np.asarray(generation, dtype=np.int64)
+            ok = part.used[index] & (part.generation[index] == gen)
+            for r in part.ready.values():
+                ok &= ~r[index]
+            freed = self._release_rows(part, index[ok])
+        self._free_slots(partition, freed)
+
+    def _release_rows(self, part: PartitionMeta, rows: np.ndarray) -> list:
+        if len(rows) == 0:
+            return []
+        for task in self._tasks[part.name].values():
+            task.forget_row(rows)
+            for rec in task.steps.values():
+                rec.shares = [None if s is None else s[~np.isin(s, rows)] for s in rec.shares]
+        freed = part.release(rows)
+        self._cond.notify_all()
+        return freed
+
+    def _free_slots(self, partition: str, freed: list) -> None:
+        """Free slots in storage, then make them reusable (see PartitionMeta.release)."""
+        if not freed:
+            return
+        try:
+            for unit, slots in freed:
+                self._free(unit, partition, slots)
+        finally:
+            with self._cond:
+                part = self._parts.get(partition)
+                if part is not None:
+                    for unit, slots in freed:
+                        part.give_slots(unit, slots)
+
+    # ------------------------------------------------------------------ tasks
+    def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
+                      dp_size: int = 1, replicas: int = 1, lease_timeout: float = 300.0,
+                      drop_last: bool = False, sampler: Sampler | None = None) -> None:
+        """Declare a consumer task; every rank calls it with the same arguments."""
+        check_name("task", task)
+        if not fields or any(not isinstance(f, str) for f in fields):
+            raise ConfigError(f"fields must be a non-empty list of str, got {fields!r}")
+        config = TaskConfig(tuple(fields), check_positive("batch_size", batch_size),
+                            check_positive("dp_size", dp_size),
+                            check_positive("replicas", replicas),
+                            check_timeout("lease_timeout", lease_timeout), bool(drop_last))
+        sampler = sampler if sampler is not None else SequentialSampler()
+        if not isinstance(sampler, Sampler):
+            raise ConfigError(f"sampler must be a tq_stream.samplers.Sampler, got {sampler!r}")
+        with self._cond:
+            part = self._part(partition, create=True)
+            existing = self._tasks[partition].get(task)
+            if existing is not None:
+                if existing.config != config:
+                    raise ConfigError(
+                        f"task {task!r} on partition {partition!r} must be registered with the "
+                        f"same settings by every rank: had {existing.config}, got {config}"
+                    )
+                if type(existing.sampler) is not type(sampler):
+                    raise ConfigError(
+                        f"sampler of task {task!r} must be the same class on every rank: had "
+                        f"{type(existing.sampler).__name__}, got {type(sampler).__name__}"
+                    )
+                return
+            state = TaskState(task, config, sampler, part.size)
+            restored = self._restored.get(partition, {}).pop(task, None)
+            if restored is not None:
+                from tq_stream.controller.checkpoint import load_task
+
+                load_task(state, restored, part)
+            else:
+                rows = np.flatnonzero(part.used)
+                rows = rows[np.argsort(part.write_time[rows], kind="stable")]
+                state.offer(rows, part.ready_for(config.fields, rows))
+            self._tasks[partition][task] = state
+            self._cond.notify_all()
+
+    def _task(self, partition: str, task: str) -> tuple[PartitionMeta, TaskState]:
+        part = self._part(partition)
+        state = self._tasks[partition].get(task)
+        if state is None:
+            raise KeyConflictError(
+                f"task must be registered on partition {partition!r} first "
+                f"(register_task), got {task!r}"
+            )
+        return part, state
+
+    def set_version(self, partition: str, task: str, version: int) -> None:
+        """The consumer's current policy version (read by staleness-aware samplers)."""
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise ConfigError(f"version must be an int, got {version!r}")
+        with self._cond:
+            self._task(partition, task)[1].version = version
+            self._cond.notify_all()
+
+    # -------------------------------------------------------------- consuming
+    def get_meta(self, partition: str, task: str, step: int, dp_rank: int = 0,
+                 timeout: float = 60.0) -> dict[str, Any]:
+        """The rows of ``step`` for ``dp_rank``; waits for enough ready rows.
+
+        Returns:
+            a BatchMeta as a dict (``end=True`` once a closed partition is drained).
+        Raises:
+            WaitTimeout: not enough ready rows within ``timeout`` seconds.
+        """
+        check_positive("step", step, allow_zero=True)
+        check_timeout("timeout", timeout)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            part, state = self._task(partition, task)
+            if not 0 <= dp_rank < state.config.dp_size:
+                raise ConfigError(
+                    f"dp_rank must be in [0, {state.config.dp_size}), got {dp_rank!r}"
+                )
+            while True:
+                meta = self._try_step(part, state, step, dp_rank)
+                if meta is not None:
+                    return meta
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WaitTimeout(
+                        f"get_meta waited timeout={timeout}s for step {step} of task {task!r} "
+                        f"on partition {partition!r}: {state.queue.count} rows ready, "
+                        f"{state.config.batch_size * state.config.dp_size} needed per step"
+                    )
+                self._cond.wait(min(left, self._next_expiry(state)))
+
+    def ack(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,
+            generation: np.ndarray) -> int:
+        """One rank of a DP group is done with rows; returns how many became ACKED."""
+        with self._cond:
+            part, state = self._task(partition, task)
+            rows = self._held_rows(part, state, step, dp_rank, index, generation, "ack")
+            done = self._ack_rows(state, step, dp_rank, rows)
+            freed = self._finish_rows(part, done)
+            self._cond.notify_all()
+        self._free_slots(partition, freed)
+        return len(done)
+
+    def release(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,
+                generation: np.ndarray) -> None:
+        """Give unacked rows back: they are handed out again in a later step."""
+        with self._cond:
+            part, state = self._task(partition, task)
+            rows = self._held_rows(part, state, step, dp_rank, index, generation, "release")
+            self._release_share(state, step, dp_rank, rows)
+            self._cond.notify_all()
+
+    def renew(self, partition: str, task: str, step: int) -> None:
+        """Extend the lease of ``step`` by the task's lease_timeout."""
+        with self._cond:
+            _, state = self._task(partition, task)
+            rec = state.steps.get(step)
+            if rec is None or rec.expiry == float("inf"):
+                raise self._no_lease(state, step, "renew")
+            rec.expiry = time.time() + state.config.lease_timeout
+
+    # ---------------------------------------------------------------- access
+    def clear(self, partition: str, keys: Sequence[str] | None = None) -> int:
+        """Free rows (all rows if ``keys`` is None); returns how many were freed."""
+        with self._cond:
+            part = self._part(partition)
+            if keys is None:
+                rows = np.flatnonzero(part.used)
+            else:
+                rows = part.lookup(list(keys))
+                rows = rows[rows >= 0]
+            freed = self._release_rows(part, rows)
+        self._free_slots(partition, freed)
+        return len(rows)
+
+    def lookup(self, partition: str, keys: Sequence[str],
+               fields: Sequence[str] | None = ()) -> dict[str, Any]:
+        """Placement of existing ``keys`` whose ``fields`` are all written.
+
+        ``fields=None`` means every field written for all of ``keys``.
+        """
+        with self._cond:
+            part = self._part(partition)
+            idx = part.lookup(list(keys))
+            if (idx < 0).any():
+                missing = [k for k, i in zip(keys, idx.tolist(), strict=True) if i < 0][:5]
+                raise KeyConflictError(
+                    f"keys must exist in partition {partition!r}, missing {missing}"
+                )
+            if fields is None:
+                fields = [f for f, r in part.ready.items() if r[idx].all()]
+                if not fields:
+                    raise StateError(f"keys {list(keys)[:5]} of partition {partition!r} "
+                                     f"must share a written field to be read, they share none")
+            for f in fields:
+                r = part.ready.get(f)
+                if r is None or not r[idx].all():
+                    bad = [k for k, i in zip(keys, idx.tolist(), strict=True)
+                           if r is None or not r[i]][:5]
+                    raise StateError(f"field {f!r} must be written before it is read; "
+                                     f"it is not for keys {bad} of partition {partition!r}")
+            return self._placement(part, idx, fields)
+
+    def _placement(self, part: PartitionMeta, idx: np.ndarray,
+                   fields: Sequence[str]) -> dict[str, Any]:
+        return {
+            "partition": part.name, "index": idx, "keys": part.keys[idx].tolist(),
+            "unit": part.unit[idx], "slot": part.slot[idx], "generation": part.generation[idx],
+            "tags": part.tags.rows_as_dicts(idx), "fields": list(fields),
+            "schemas": {f: part.schemas[f].to_dict() for f in fields if f in part.schemas},
+        }
+
+    def list_rows(self, partition: str) -> list[dict[str, Any]]:
+        """Every row: key, tags and the fields written."""
+        with self._cond:
+            part = self._part(partition)
+            rows = np.flatnonzero(part.used)
+            rows = rows[np.argsort(part.write_time[rows], kind="stable")]
+            tags = part.tags.rows_as_dicts(rows)
+            return [{"key": part.keys[r], "tags": t, "fields": part.fields_of(r)}
+                    for r, t in zip(rows.tolist(), tags, strict=True)]
+
+    def set_tags(self, partition: str, keys: Sequence[str], tags: list[dict[str, Any]]) -> None:
+        """Merge ``tags[i]`` into the tags of ``keys[i]``."""
+        from tq_stream.controller.tags import check_tags
+
+        tags_ = check_tags(tags, len(keys))
+        with self._cond:
+            part = self._part(partition)
+            idx = self.lookup(partition, keys)["index"]
+            part.tags.set(idx, tags_ or [])
+            self._cond.notify_all()
+
+    def stats(self) -> dict[str, Any]:
+        with self._cond:
+            out: dict[str, Any] = {}
+            for name, part in self._parts.items():
+                out[name] = {
+                    "rows": part.live, "capacity": part.capacity, "closed": part.closed,
+                    "fields": {f: s.describe() for f, s in part.schemas.items()},
+                    "tasks": {t: s.stats() for t, s in self._tasks[name].items()},
+                }
+            return out
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        from tq_stream.controller.checkpoint import controller_state
+
+        with self._cond:
+            return controller_state(self._parts, self._tasks)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        from tq_stream.controller.checkpoint import load_controller
+
+        with self._cond:
+            if self._parts:
+                raise StateError("load_state_dict must be called on an empty controller")
+            self._parts, self._restored = load_controller(state, self.n_units)
+            self._tasks = {name: {} for name in self._parts}

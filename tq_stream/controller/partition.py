@@ -1,0 +1,174 @@
+"""PartitionMeta: the rows of one partition, their keys, placement and readiness.
+
+Row indexes are reused after a row is freed; ``generation[i]`` counts reuses so
+a stale handle can be told from the row now in that place. Each row lives in
+one storage unit (``unit[i]``) at a slot of that unit (``slot[i]``); slots are
+allocated per unit, lowest freed first, so slabs stay compact.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from typing import Any
+
+import numpy as np
+
+from tq_stream.columns import FieldSchema
+from tq_stream.controller.tags import TagTable
+from tq_stream.errors import SchemaError
+
+_MIN = 64
+
+
+def _grow(arr: np.ndarray, n: int, fill: Any = 0) -> np.ndarray:
+    return np.concatenate([arr, np.full(n - arr.shape[0], fill, dtype=arr.dtype)])
+
+
+class _SlotPool:
+    """Slots of one storage unit: the lowest freed slot is reused first."""
+
+    def __init__(self) -> None:
+        self.free: list[int] = []
+        self.next = 0
+
+    def take(self, n: int) -> np.ndarray:
+        out = [heapq.heappop(self.free) for _ in range(min(n, len(self.free)))]
+        rest = n - len(out)
+        out.extend(range(self.next, self.next + rest))
+        self.next += rest
+        return np.asarray(out, dtype=np.int64)
+
+    def give(self, slots: np.ndarray) -> None:
+        for s in slots.tolist():
+            heapq.heappush(self.free, s)
+        while self.free and len(self.free) == self.next:  # all free: start over
+            self.free.clear()
+            self.next = 0
+
+
+class PartitionMeta:
+    """Columnar metadata of one partition.
+
+    Invariants: ``used[i]`` iff row i holds a live key; ``key_index[keys[i]] == i``
+    for used rows; ``ready[f][i]`` only for used rows; ``live == used.sum()``.
+    """
+
+    def __init__(self, name: str, capacity: int | None, n_units: int) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.closed = False
+        self.schemas: dict[str, FieldSchema] = {}
+        self.key_index: dict[str, int] = {}
+        self.keys = np.empty(_MIN, dtype=object)
+        self.used = np.zeros(_MIN, dtype=bool)
+        self.unit = np.zeros(_MIN, dtype=np.int32)
+        self.slot = np.zeros(_MIN, dtype=np.int64)
+        self.generation = np.zeros(_MIN, dtype=np.int64)
+        self.write_time = np.zeros(_MIN, dtype=np.float64)
+        self.ready: dict[str, np.ndarray] = {}
+        self.tags = TagTable(_MIN)
+        self.live = 0
+        self._free_rows: list[int] = []
+        self._next_row = 0
+        self._pools = [_SlotPool() for _ in range(n_units)]
+
+    @property
+    def size(self) -> int:
+        return self.used.shape[0]
+
+    def _grow_to(self, need: int) -> None:
+        n = self.size
+        while n < need:
+            n *= 2
+        if n == self.size:
+            return
+        self.keys = _grow(self.keys, n, None)
+        self.used = _grow(self.used, n, False)
+        self.unit = _grow(self.unit, n)
+        self.slot = _grow(self.slot, n)
+        self.generation = _grow(self.generation, n)
+        self.write_time = _grow(self.write_time, n)
+        self.ready = {f: _grow(r, n, False) for f, r in self.ready.items()}
+        self.tags.grow(n)
+
+    def check_schemas(self, schemas: dict[str, FieldSchema]) -> None:
+        """Raise SchemaError if a field's data disagrees with its fixed schema."""
+        for name, schema in schemas.items():
+            fixed = self.schemas.get(name)
+            if fixed is not None and fixed != schema:
+                raise SchemaError(
+                    f"field {name!r} of partition {self.name!r} must be "
+                    f"{fixed.describe()} (fixed by its first write), got {schema.describe()}"
+                )
+
+    def fix_schemas(self, schemas: dict[str, FieldSchema]) -> None:
+        self.check_schemas(schemas)
+        for name, schema in schemas.items():
+            if name not in self.schemas:
+                self.schemas[name] = schema
+                self.ready[name] = np.zeros(self.size, dtype=bool)
+
+    def lookup(self, keys: list[str]) -> np.ndarray:
+        """Row index of each key, -1 where the key is absent."""
+        get = self.key_index.get
+        return np.fromiter((get(k, -1) for k in keys), dtype=np.int64, count=len(keys))
+
+    def allocate(self, keys: list[str], units: np.ndarray) -> np.ndarray:
+        """Create rows for new ``keys``, each in storage unit ``units[i]``."""
+        n = len(keys)
+        rows = [self._free_rows.pop() for _ in range(min(n, len(self._free_rows)))]
+        extra = n - len(rows)
+        rows.extend(range(self._next_row, self._next_row + extra))
+        self._next_row += extra
+        idx = np.asarray(rows, dtype=np.int64)
+        self._grow_to(self._next_row)
+        for u in np.unique(units).tolist():
+            mask = units == u
+            self.slot[idx[mask]] = self._pools[u].take(int(mask.sum()))
+        self.unit[idx] = units
+        self.keys[idx] = keys
+        self.used[idx] = True
+        self.write_time[idx] = time.time()
+        for k, i in zip(keys, rows, strict=True):
+            self.key_index[k] = i
+        self.live += n
+        return idx
+
+    def release(self, idx: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """Free rows ``idx``; returns ``(unit, slots)`` pairs to free in storage.
+
+        The slots are reusable only after ``give_slots``, once storage freed them,
+        so a late free can never hit a slot that a new row already uses.
+        """
+        idx = idx[self.used[idx]]
+        freed = []
+        for u in np.unique(self.unit[idx]).tolist():
+            freed.append((u, self.slot[idx[self.unit[idx] == u]]))
+        for k in self.keys[idx].tolist():
+            del self.key_index[k]
+        self.used[idx] = False
+        self.keys[idx] = None
+        self.generation[idx] += 1
+        for r in self.ready.values():
+            r[idx] = False
+        self.tags.clear(idx)
+        self._free_rows.extend(idx.tolist())
+        self.live -= len(idx)
+        return freed
+
+    def give_slots(self, unit: int, slots: np.ndarray) -> None:
+        self._pools[unit].give(slots)
+
+    def ready_for(self, fields: tuple[str, ...], idx: np.ndarray) -> np.ndarray:
+        """Mask over ``idx``: rows with every field in ``fields`` written."""
+        mask = self.used[idx]
+        for f in fields:
+            r = self.ready.get(f)
+            if r is None:
+                return np.zeros(len(idx), dtype=bool)
+            mask &= r[idx]
+        return mask
+
+    def fields_of(self, i: int) -> list[str]:
+        return [f for f, r in self.ready.items() if r[i]]

@@ -1,0 +1,174 @@
+"""TagTable: small per-row metadata as typed numpy columns.
+
+A tag's column type follows its values: bool -> bool, int -> int64,
+float (or int mixed with float) -> float64, anything else (str, None...) ->
+object. A row without the tag reads as NaN in a float column, and None in an
+object column; int and bool columns are promoted to float64/object the
+first time a row lacks the tag, so a missing value is always visible.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tq_stream.errors import ConfigError
+
+TagValue = str | int | float | bool | None
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def check_tags(tags: Any, n: int) -> list[dict[str, TagValue]] | None:
+    """Validate ``tags`` for a put of ``n`` rows: None or n dicts of JSON-like scalars."""
+    if tags is None:
+        return None
+    if isinstance(tags, Mapping):
+        tags = [tags] * n if n == 1 else None
+        if tags is None:
+            raise ConfigError(f"tags must be a list of {n} dicts (one per row), got one dict")
+    if not isinstance(tags, Sequence) or isinstance(tags, str) or len(tags) != n:
+        got = len(tags) if isinstance(tags, Sequence) else type(tags).__name__
+        raise ConfigError(f"tags must be a list of {n} dicts (one per row), got {got}")
+    for i, row in enumerate(tags):
+        if not isinstance(row, Mapping):
+            raise ConfigError(f"tags[{i}] must be a dict, got {type(row).__name__}")
+        for k, v in row.items():
+            if not isinstance(k, str) or not k:
+                raise ConfigError(f"tags[{i}] keys must be non-empty str, got {k!r}")
+            if not isinstance(v, _SCALARS) or isinstance(v, float) and math.isnan(v):
+                raise ConfigError(
+                    f"tags[{i}][{k!r}] must be a str, int, float, bool or None "
+                    f"(not NaN), got {v!r}"
+                )
+    return [dict(r) for r in tags]
+
+
+def _kind_of(values: list[TagValue]) -> str:
+    kinds = {type(v) for v in values}
+    if kinds == {bool}:
+        return "bool"
+    if kinds <= {int}:
+        return "int"
+    if kinds <= {int, float}:
+        return "float"
+    return "object"
+
+
+_DTYPES = {"bool": np.bool_, "int": np.int64, "float": np.float64, "object": object}
+_RANK = {"bool": 0, "int": 1, "float": 2, "object": 3}
+
+
+def _missing(kind: str) -> Any:
+    return np.nan if kind == "float" else None
+
+
+class TagTable:
+    """Columns of tags for rows ``0..capacity-1``; ``present`` marks set cells."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.columns: dict[str, np.ndarray] = {}
+        self.present: dict[str, np.ndarray] = {}
+        self.kinds: dict[str, str] = {}
+
+    def grow(self, capacity: int) -> None:
+        extra = capacity - self.capacity
+        for name, col in self.columns.items():
+            kind = self.kinds[name]
+            if kind in ("float", "object"):
+                pad = np.full(extra, _missing(kind), dtype=_DTYPES[kind])
+            else:
+                pad = np.zeros(extra, dtype=col.dtype)
+            self.columns[name] = np.concatenate([col, pad])
+            self.present[name] = np.concatenate([self.present[name], np.zeros(extra, bool)])
+        self.capacity = capacity
+
+    def _column(self, name: str, kind: str) -> np.ndarray:
+        old = self.kinds.get(name)
+        if old is None:
+            fill = _missing(kind)
+            col = np.full(self.capacity, fill, dtype=_DTYPES[kind]) if fill is not None or \
+                kind == "object" else np.zeros(self.capacity, dtype=_DTYPES[kind])
+            self.columns[name], self.present[name], self.kinds[name] = col, \
+                np.zeros(self.capacity, bool), kind
+        elif _RANK[kind] > _RANK[old] or (kind, old) in (("int", "bool"), ("bool", "int")):
+            target = "object" if {kind, old} & {"object", "bool"} else kind
+            self._promote(name, target)
+        return self.columns[name]
+
+    def _promote(self, name: str, kind: str) -> None:
+        col, present = self.columns[name], self.present[name]
+        new = np.full(self.capacity, _missing(kind), dtype=_DTYPES[kind])
+        if kind == "object":
+            new[present] = col[present].tolist()
+        else:
+            new[present] = col[present]
+        self.columns[name], self.kinds[name] = new, kind
+
+    def set(self, rows: np.ndarray, tags: list[dict[str, TagValue]]) -> None:
+        """Set (merge) ``tags[i]`` on row ``rows[i]``."""
+        names: dict[str, tuple[list[int], list[TagValue]]] = {}
+        for r, row in zip(rows.tolist(), tags, strict=True):
+            for k, v in row.items():
+                pos, vals = names.setdefault(k, ([], []))
+                pos.append(r)
+                vals.append(v)
+        for name, (pos, vals) in names.items():
+            kind = _kind_of(vals)
+            col = self._column(name, kind)
+            idx = np.asarray(pos, dtype=np.int64)
+            if self.kinds[name] == "object":
+                for i, v in zip(pos, vals, strict=True):
+                    col[i] = v
+            else:
+                col[idx] = vals
+            self.present[name][idx] = True
+        self._make_missing_visible(rows)
+
+    def _make_missing_visible(self, rows: np.ndarray) -> None:
+        for name, kind in list(self.kinds.items()):
+            if kind in ("int", "bool") and not self.present[name][rows].all():
+                self._promote(name, "float" if kind == "int" else "object")
+
+    def clear(self, rows: np.ndarray) -> None:
+        for name, col in self.columns.items():
+            self.present[name][rows] = False
+            kind = self.kinds[name]
+            if kind in ("float", "object"):
+                col[rows] = _missing(kind)
+
+    def get(self, name: str, rows: np.ndarray) -> np.ndarray:
+        return self.columns[name][rows]
+
+    def rows_as_dicts(self, rows: np.ndarray) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = [{} for _ in range(len(rows))]
+        for name, col in self.columns.items():
+            present = self.present[name][rows]
+            if not present.any():
+                continue
+            values = col[rows].tolist()
+            for i in np.flatnonzero(present).tolist():
+                out[i][name] = values[i]
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            name: {"kind": self.kinds[name], "rows": np.flatnonzero(self.present[name]),
+                   "values": self.columns[name][self.present[name]].tolist()}
+            for name in self.columns
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for name, entry in state.items():
+            rows = np.asarray(entry["rows"], dtype=np.int64)
+            kind = entry["kind"]
+            col = self._column(name, kind)
+            if kind == "object":
+                for r, v in zip(rows.tolist(), entry["values"], strict=True):
+                    col[r] = v
+            else:
+                col[rows] = entry["values"]
+            self.present[name][rows] = True

@@ -1,0 +1,160 @@
+"""User data <-> normalized columns.
+
+In: a ``TensorDict`` with batch size ``[n]``, or a dict of field -> value where
+a value is a tensor ``[n, ...]``, a jagged nested tensor, a list of n tensors
+(ragged when their first dims differ), or a list of n plain values. A single
+row (``keys`` a str) is a dict of field -> one row's value.
+
+Out: a ``TensorDict`` of batch size ``[n]``; ragged fields come back as jagged
+nested tensors (or padded dense tensors), object fields as ``NonTensorStack``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
+
+from tq_stream.columns import Column, FieldSchema, Ragged, column_len, schema_of
+from tq_stream.errors import ConfigError, SchemaError, check_name
+
+_PLAIN = (str, int, float, bool, bytes, type(None))
+
+
+def _check_plain(field: str, value: Any, depth: int = 0) -> None:
+    if isinstance(value, _PLAIN):
+        return
+    if depth < 8 and isinstance(value, list | tuple):
+        for v in value:
+            _check_plain(field, v, depth + 1)
+        return
+    if depth < 8 and isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        for v in value.values():
+            _check_plain(field, v, depth + 1)
+        return
+    raise SchemaError(
+        f"field {field!r} values must be tensors or plain values (str, int, float, bool, "
+        f"bytes, None, lists/dicts of those), got {type(value).__name__}: {value!r:.80}"
+    )
+
+
+def _from_list(field: str, rows: list) -> Column:
+    if rows and all(isinstance(r, torch.Tensor) for r in rows):
+        if any(r.dim() == 0 for r in rows):
+            return torch.stack(rows)
+        tails = {(r.dtype, tuple(r.shape[1:])) for r in rows}
+        if len(tails) != 1:
+            raise SchemaError(f"field {field!r} rows must share dtype and shape after the "
+                              f"first dim, got {sorted(map(str, tails))[:4]}")
+        if len({r.shape[0] for r in rows}) == 1:
+            return torch.stack(rows)
+        return Ragged.from_list([r.contiguous() for r in rows])
+    if any(isinstance(r, torch.Tensor) for r in rows):
+        raise SchemaError(f"field {field!r} must not mix tensors and plain values")
+    for r in rows:
+        _check_plain(field, r)
+    return list(rows)
+
+
+def to_column(field: str, value: Any, n: int) -> Column:
+    """Normalize one field's values for ``n`` rows."""
+    if isinstance(value, torch.Tensor):
+        if value.is_nested:
+            col: Column = Ragged(value.values().contiguous(), value.offsets().to(torch.int64)) \
+                if value.layout == torch.jagged else Ragged.from_list(list(value.unbind()))
+        elif value.dim() == 0:
+            raise SchemaError(f"field {field!r} must have a leading batch dim of {n}, "
+                              f"got a 0-d tensor")
+        else:
+            col = value.detach().cpu()
+            if col.requires_grad:
+                col = col.detach()
+    elif isinstance(value, NonTensorStack):
+        col = _from_list(field, value.tolist())
+    elif isinstance(value, NonTensorData):
+        data = value.data
+        col = _from_list(field, list(data) if isinstance(data, list) else [data] * n)
+    elif isinstance(value, np.ndarray):
+        if value.dtype == object:
+            col = _from_list(field, value.tolist())
+        else:
+            col = torch.from_numpy(np.ascontiguousarray(value))
+    elif isinstance(value, list | tuple):
+        col = _from_list(field, list(value))
+    else:
+        raise SchemaError(f"field {field!r} must be a tensor, a nested tensor, or a list of "
+                          f"{n} rows, got {type(value).__name__}")
+    if column_len(col) != n:
+        raise SchemaError(
+            f"field {field!r} must have {n} rows (one per key), got {column_len(col)}"
+        )
+    return col
+
+
+def to_columns(data: Any, n: int) -> dict[str, Column]:
+    """Normalize a TensorDict / dict of n rows into columns (field names checked)."""
+    if isinstance(data, TensorDictBase):
+        if data.batch_size and data.batch_size[0] != n:
+            raise SchemaError(f"data must have batch size [{n}] (one row per key), got "
+                              f"{list(data.batch_size)}")
+        items = {k: data.get(k) for k in data.keys()}
+    elif isinstance(data, Mapping):
+        items = dict(data)
+    else:
+        raise ConfigError(f"data must be a TensorDict or a dict of fields, got "
+                          f"{type(data).__name__}")
+    if not items:
+        raise ConfigError("data must contain at least one field, got none")
+    out = {}
+    for name, value in items.items():
+        check_name("field name", name)
+        plain = isinstance(value, NonTensorData | NonTensorStack)
+        if isinstance(value, TensorDictBase) and not plain:
+            raise SchemaError(f"field {name!r} must not be a nested TensorDict")
+        out[name] = to_column(name, value, n)
+    return out
+
+
+def single_row(data: Any) -> dict[str, Column]:
+    """One row's values (no batch dim) as columns of one row."""
+    if isinstance(data, TensorDictBase):
+        data = {k: data.get(k) for k in data.keys()}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"data for one key must be a dict of fields, got {type(data).__name__}")
+    out = {}
+    for name, value in data.items():
+        if isinstance(value, torch.Tensor) and not value.is_nested:
+            out[name] = value.detach().cpu().unsqueeze(0)
+        else:
+            out[name] = to_column(name, [value], 1)
+    return out
+
+
+def schemas_of(columns: Mapping[str, Column]) -> dict[str, dict]:
+    return {f: schema_of(c).to_dict() for f, c in columns.items()}
+
+
+def to_value(column: Column, schema: FieldSchema | None = None, ragged: str = "nested") -> Any:
+    """A column as the value a TensorDict holds."""
+    if isinstance(column, torch.Tensor):
+        return column
+    if isinstance(column, Ragged):
+        if ragged == "padded":
+            return column.to_padded()
+        if ragged == "list":
+            return NonTensorStack(*[NonTensorData(column.row(i)) for i in range(len(column))])
+        return column.to_nested()
+    return NonTensorStack.from_list(column) if column else NonTensorStack()
+
+
+def to_tensordict(columns: Mapping[str, Column], n: int, ragged: str = "nested") -> TensorDict:
+    """Assemble columns of ``n`` rows into a TensorDict of batch size ``[n]``."""
+    if ragged not in ("nested", "padded"):
+        raise ConfigError(f"ragged must be 'nested' or 'padded', got {ragged!r}")
+    td = TensorDict({}, batch_size=[n])
+    for name, col in columns.items():
+        td.set(name, to_value(col, ragged=ragged))
+    return td

@@ -1,0 +1,126 @@
+"""StreamingDataLoader: a real torch DataLoader over a StreamingDataset, plus acks.
+
+The loader wraps (does not subclass) ``torch.utils.data.DataLoader``. It acks a
+batch in the training process when the next batch is requested (or when
+``ack()`` / ``state_dict()`` is called), so rows are acked only after the
+training step that used them, whichever worker process fetched them.
+
+Example:
+    >>> loader = tq.StreamingDataLoader(ds, num_workers=0)
+    >>> for batch in loader:
+    ...     for mb in loader.minibatches(batch, minibatch_size=4, epochs=2, shuffle=True):
+    ...         train_step(mb)
+    >>> state = loader.state_dict()          # resume later with load_state_dict(state)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from torch.utils.data import DataLoader
+
+from tq_stream.datasets.batch import batch_meta, select_rows
+from tq_stream.datasets.streaming import StreamingDataset
+from tq_stream.errors import ConfigError, check_positive
+
+
+def _identity(batch: Any) -> Any:
+    return batch
+
+
+class StreamingDataLoader:
+    """Iterates a StreamingDataset through torch's DataLoader (see module docstring).
+
+    Args:
+        dataset: the StreamingDataset to read.
+        num_workers: DataLoader worker processes (needs a local or Ray stream).
+        multiprocessing_context: "fork", "spawn" or "forkserver" for workers.
+        prefetch_factor: batches each worker fetches ahead.
+    """
+
+    STATE_KEYS = ("partition", "task", "dp_rank", "step")
+
+    def __init__(self, dataset: StreamingDataset, num_workers: int = 0,
+                 multiprocessing_context: str | None = None,
+                 prefetch_factor: int | None = None, pin_memory: bool = False) -> None:
+        if not isinstance(dataset, StreamingDataset):
+            raise ConfigError(f"dataset must be a StreamingDataset, got {type(dataset).__name__}")
+        self.dataset = dataset
+        dataset.auto_ack = False
+        self.num_workers = check_positive("num_workers", num_workers, allow_zero=True)
+        self._kwargs: dict[str, Any] = {"batch_size": None, "num_workers": num_workers,
+                                        "collate_fn": _identity, "pin_memory": pin_memory}
+        if num_workers:
+            self._kwargs["multiprocessing_context"] = multiprocessing_context
+            self._kwargs["prefetch_factor"] = prefetch_factor or 2
+        self._client = dataset.stream.client()
+        self._next_step = dataset.start_step
+        self._unacked: list[TensorDict] = []
+
+    def __iter__(self) -> Iterator[TensorDict]:
+        self.dataset.register()
+        self.dataset.start_step = self._next_step
+        batches = iter(DataLoader(self.dataset, **self._kwargs))
+        while True:
+            self.ack()  # before waiting: the end of a stream waits for every ack
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            self._unacked.append(batch)
+            self._next_step = batch_meta(batch).step + 1
+            yield batch
+
+    def ack(self, batch: TensorDict | None = None) -> None:
+        """Ack ``batch`` (default: every batch yielded and not yet acked)."""
+        todo = self._unacked if batch is None else [batch]
+        for b in todo:
+            self._client.ack(batch_meta(b))
+        self._unacked = [] if batch is None else [
+            b for b in self._unacked if all(b is not t for t in todo)]
+
+    def set_version(self, version: int) -> None:
+        """The trainer's current policy version (for staleness-aware samplers)."""
+        ds = self.dataset
+        self._client.set_version(ds.partition, ds.task, version)
+
+    def minibatches(self, batch: TensorDict, minibatch_size: int, epochs: int = 1,
+                    shuffle: bool = False, seed: int | None = None) -> Iterator[TensorDict]:
+        """Re-iterate one batch in mini-batches for several (PPO) epochs."""
+        check_positive("minibatch_size", minibatch_size)
+        check_positive("epochs", epochs)
+        n = batch.batch_size[0]
+        gen = torch.Generator().manual_seed(seed if seed is not None else 0)
+        for _ in range(epochs):
+            order = torch.randperm(n, generator=gen) if shuffle else torch.arange(n)
+            for start in range(0, n, minibatch_size):
+                yield select_rows(batch, order[start : start + minibatch_size])
+
+    def state_dict(self) -> dict[str, Any]:
+        """Acks the batches already yielded, then records where to resume."""
+        self.ack()
+        ds = self.dataset
+        return {"partition": ds.partition, "task": ds.task, "dp_rank": ds.dp_rank,
+                "step": self._next_step}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume at the step after the last batch acked by the saved loader."""
+        if set(state) != set(self.STATE_KEYS):
+            raise ConfigError(f"state must have keys {sorted(self.STATE_KEYS)}, got "
+                              f"{sorted(state)}")
+        ds = self.dataset
+        mine = (ds.partition, ds.task, ds.dp_rank)
+        theirs = (state["partition"], state["task"], state["dp_rank"])
+        if mine != theirs:
+            raise ConfigError(f"state must come from a loader of (partition, task, dp_rank) "
+                              f"{mine}, got {theirs}")
+        self._next_step = check_positive("state['step']", state["step"], allow_zero=True)
+        self._unacked = []
+
+    def stats(self) -> dict[str, Any]:
+        """The controller's counters for this loader's task."""
+        ds = self.dataset
+        return self._client._controller.stats()[ds.partition]["tasks"].get(ds.task, {})

@@ -1,0 +1,185 @@
+"""StreamingDataset: an IterableDataset that yields this rank's ready batches.
+
+Step n of a task is one batch per DP rank; this dataset asks the controller
+for steps ``start_step, start_step + 1, ...`` for its ``dp_rank`` (DataLoader
+worker w of k takes every k-th step, starting at w), so ranks of one DP group
+get identical batches and different ranks disjoint ones. A background thread
+prefetches up to ``prefetch`` batches (metadata and bytes) ahead.
+
+When iterated directly, a batch is acked when the next one is requested; a
+``StreamingDataLoader`` turns that off and acks in the training process.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from tensordict import TensorDict
+from torch.utils.data import IterableDataset, get_worker_info
+
+from tq_stream.config import DEFAULT_PREFETCH
+from tq_stream.datasets.batch import attach_meta, batch_meta
+from tq_stream.errors import ConfigError, StateError, check_name, check_positive
+from tq_stream.samplers.base import Sampler
+
+_END = object()
+
+
+class _Failure:
+    """An exception raised in the prefetch thread, re-raised in the consumer."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class StreamingDataset(IterableDataset):
+    """Per-rank batches of ready rows (see module docstring).
+
+    Args:
+        stream: a Stream handle.
+        partition, task: where to read, and the consumer task's name.
+        fields: the fields every batch carries.
+        batch_size: rows per rank per step.
+        sampler: which rows form a step (default: SequentialSampler).
+        dp_rank, dp_size: this rank's data-parallel index and the DP world size.
+        replicas: how many ranks share this ``dp_rank`` (TP/PP peers); a row is
+            acked when all of them acked it.
+        timeout: seconds to wait for one batch before WaitTimeout.
+        lease_timeout: seconds rows stay leased before they are handed out again.
+        drop_last: when the partition is closed, drop a short last step
+            (counted as discarded, reason "tail") instead of handing it out.
+        ragged: "nested" (jagged nested tensors) or "padded" for ragged fields.
+        prefetch: batches fetched ahead in the background (>= 1).
+
+    Example:
+        >>> ds = tq.StreamingDataset(stream, "train", "actor", ["input_ids"], batch_size=16,
+        ...                          dp_rank=rank, dp_size=world)
+        >>> for batch in tq.StreamingDataLoader(ds): ...
+    """
+
+    def __init__(self, stream: Any, partition: str, task: str, fields: Sequence[str],
+                 batch_size: int, sampler: Sampler | None = None, dp_rank: int = 0,
+                 dp_size: int = 1, replicas: int = 1, timeout: float | None = None,
+                 lease_timeout: float | None = None, drop_last: bool = False,
+                 ragged: str = "nested", prefetch: int = DEFAULT_PREFETCH) -> None:
+        super().__init__()
+        self.stream = stream
+        self.partition = check_name("partition", partition)
+        self.task = check_name("task", task)
+        if isinstance(fields, str) or not fields:
+            raise ConfigError(f"fields must be a non-empty list of field names, got {fields!r}")
+        self.fields = [check_name("fields[]", f) for f in fields]
+        self.batch_size = check_positive("batch_size", batch_size)
+        self.dp_size = check_positive("dp_size", dp_size)
+        if isinstance(dp_rank, bool) or not isinstance(dp_rank, int) or \
+                not 0 <= dp_rank < dp_size:
+            raise ConfigError(f"dp_rank must be an int in [0, {dp_size}), got {dp_rank!r}")
+        self.dp_rank = dp_rank
+        self.replicas = check_positive("replicas", replicas)
+        self.sampler = sampler
+        self.timeout = stream.config.timeout if timeout is None else timeout
+        self.lease_timeout = stream.config.lease_timeout if lease_timeout is None \
+            else lease_timeout
+        self.drop_last = bool(drop_last)
+        if ragged not in ("nested", "padded"):
+            raise ConfigError(f"ragged must be 'nested' or 'padded', got {ragged!r}")
+        self.ragged = ragged
+        self.prefetch = check_positive("prefetch", prefetch)
+        self.start_step = 0
+        self.auto_ack = True
+        self._registered = False
+
+    def register(self) -> None:
+        """Declare the task on the controller (done on first iteration)."""
+        if not self._registered:
+            self.stream.client().register_task(
+                self.partition, self.task, self.fields, self.batch_size, dp_size=self.dp_size,
+                replicas=self.replicas, lease_timeout=self.lease_timeout,
+                drop_last=self.drop_last, sampler=self.sampler)
+            self._registered = True
+
+    def _steps(self) -> Iterator[int]:
+        info = get_worker_info()
+        if info is not None and self.stream.mode == "embedded":
+            raise StateError("an embedded stream must not be read from DataLoader worker "
+                             "processes (num_workers > 0); use tq.init(mode='local')")
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        step = self.start_step + worker
+        while True:
+            yield step
+            step += workers
+
+    def _fetch(self, client: Any, step: int) -> TensorDict | None:
+        meta = client.get_meta(self.partition, self.task, step, self.dp_rank, self.timeout)
+        if meta.end:
+            return None
+        td = client.get_data(meta, self.fields, ragged=self.ragged)
+        return attach_meta(td, meta)
+
+    def _producer(self, out: queue.Queue, stop: threading.Event) -> None:
+        client = self.stream.client()
+        try:
+            for step in self._steps():
+                item = self._fetch(client, step)
+                if not self._offer(out, stop, _END if item is None else item):
+                    if item is not None:  # nobody will read it: hand the rows back now
+                        client.release(batch_meta(item))
+                    return
+                if item is None:
+                    return
+        except BaseException as exc:  # travels to the consumer as a value
+            self._offer(out, stop, _Failure(exc))
+
+    @staticmethod
+    def _offer(out: queue.Queue, stop: threading.Event, item: object) -> bool:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _drain(self, out: queue.Queue, client: Any) -> None:
+        while True:
+            try:
+                item = out.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, TensorDict):
+                client.release(batch_meta(item))
+
+    def __iter__(self) -> Iterator[TensorDict]:
+        self.register()
+        out: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+        thread = threading.Thread(target=self._producer, args=(out, stop), daemon=True,
+                                  name=f"tq-prefetch-{self.task}-{self.dp_rank}")
+        thread.start()
+        client = self.stream.client()
+        single = get_worker_info() is None
+        last = None
+        try:
+            while True:
+                if self.auto_ack and last is not None:  # before waiting: the end of a
+                    client.ack(batch_meta(last))        # stream waits for every ack
+                    last = None
+                item = out.get(timeout=self.timeout + 5.0)
+                if item is _END:
+                    return
+                if isinstance(item, _Failure):
+                    raise item.exc
+                last = item
+                if single:
+                    self.start_step = batch_meta(item).step + 1
+                yield item
+        finally:
+            stop.set()
+            if self.auto_ack and last is not None:
+                client.ack(batch_meta(last))
+            self._drain(out, client)
+            thread.join(timeout=1.0)
+            self._drain(out, client)

@@ -1,0 +1,93 @@
+"""The one exception tree of tq_stream.
+
+    TQError
+    ├── ConfigError            a bad argument or configuration value (also a ValueError)
+    │   ├── SchemaError        data whose dtype/shape/kind disagrees with the field's schema
+    │   └── KeyConflictError   duplicate keys in one put, or keys that do not exist
+    ├── StateError             an operation not allowed in the current state
+    │   ├── ClosedError        use after close(), or a write to a closed partition
+    │   └── LeaseError         ack/release of rows this consumer does not hold
+    ├── WaitTimeout            a bounded wait expired (also a TimeoutError)
+    ├── SerializationError     a malformed, truncated or unsupported message
+    └── RemoteError            an error raised on the other side of a transport
+
+Every message names the argument, the rule and the offending value, e.g.
+``batch_size must be >= 1, got 0``. Helpers below build the common messages so
+the same sentence is never pasted into several files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TQError(Exception):
+    """Base class of every error raised by tq_stream."""
+
+
+class ConfigError(TQError, ValueError):
+    """A bad argument or configuration value."""
+
+
+class SchemaError(ConfigError):
+    """Data that disagrees with the schema fixed by a field's first write."""
+
+
+class KeyConflictError(ConfigError):
+    """Duplicate keys in one request, or keys that do not exist."""
+
+
+class StateError(TQError):
+    """An operation that is not allowed in the current state."""
+
+
+class ClosedError(StateError):
+    """Use of a closed object, or a write to a closed partition."""
+
+
+class LeaseError(StateError):
+    """An ack/release/renew of rows the caller does not hold."""
+
+
+class WaitTimeout(TQError, TimeoutError):
+    """A bounded wait expired before its condition held."""
+
+
+class SerializationError(TQError):
+    """A malformed, truncated or unsupported message."""
+
+
+class RemoteError(TQError):
+    """An error raised on the far side of a transport, carried back as a value.
+
+    Attributes:
+        kind: the class name of the remote exception.
+        where: the address or component that raised it.
+    """
+
+    def __init__(self, kind: str, message: str, where: str = "") -> None:
+        super().__init__(f"{kind} at {where}: {message}" if where else f"{kind}: {message}")
+        self.kind = kind
+        self.where = where
+
+
+def check_positive(name: str, value: Any, *, allow_zero: bool = False) -> int:
+    """Return ``value`` as an int, or raise ConfigError naming ``name``."""
+    low = 0 if allow_zero else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
+    return value
+
+
+def check_timeout(name: str, value: Any) -> float | None:
+    """Return a timeout in seconds (None = wait forever is not allowed)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def check_name(name: str, value: Any) -> str:
+    """Return ``value`` if it is a non-empty str (partition, task, field names)."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{name} must be a non-empty str, got {value!r}")
+    return value

@@ -1,0 +1,88 @@
+"""KV: a Redis-like facade over the same controller and storage.
+
+Example:
+    >>> stream.kv.put("traj-1", {"prompt": "hi", "reward": torch.tensor(1.0)}, tag={"v": 3})
+    >>> stream.kv.get("traj-1", fields=["reward"])
+    {'reward': tensor(1.)}
+    >>> stream.kv.get_batch(["traj-1"])       # a TensorDict of batch size [1]
+    >>> stream.kv.list()                       # [{'key': 'traj-1', 'tags': {...}, 'fields': [...]}]
+    >>> stream.kv.clear(["traj-1"])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tensordict import TensorDict
+
+from tq_stream import placement
+from tq_stream.convert import to_tensordict
+from tq_stream.errors import ConfigError, check_name
+from tq_stream.meta import BatchMeta
+from tq_stream.writer import check_keys
+
+if TYPE_CHECKING:
+    from tq_stream.stream import Stream
+
+DEFAULT_PARTITION = "default"
+
+
+class KV:
+    """Key-value access to rows (see module docstring)."""
+
+    def __init__(self, stream: Stream) -> None:
+        self._stream = stream
+
+    def put(self, key: str, fields: Any, tag: dict | None = None,
+            partition: str = DEFAULT_PARTITION, timeout: float | None = None) -> None:
+        """Set the fields (and merge the tags) of one row."""
+        if not isinstance(key, str):
+            raise ConfigError(f"key must be a str (use put_batch for many), got {key!r}")
+        self._stream.writer(partition).put(key, fields, tags=tag, timeout=timeout)
+
+    def put_batch(self, keys: Sequence[str], data: Any, tags: Any = None,
+                  partition: str = DEFAULT_PARTITION, timeout: float | None = None) -> None:
+        """Set fields of many rows: ``data`` is a TensorDict ``[n]`` or dict of fields."""
+        self._stream.writer(partition).put(list(keys), data, tags=tags, timeout=timeout)
+
+    def meta(self, keys: Sequence[str], fields: Sequence[str] | None = None,
+             partition: str = DEFAULT_PARTITION) -> BatchMeta:
+        """Where ``keys`` live, checking ``fields`` are written (all written fields if None)."""
+        keys = check_keys(keys)
+        d = self._stream._controller().lookup(
+            partition=check_name("partition", partition), keys=keys,
+            fields=None if fields is None else list(fields))
+        return BatchMeta.from_dict(d)
+
+    def get_batch(self, keys: Sequence[str], fields: Sequence[str] | None = None,
+                  partition: str = DEFAULT_PARTITION, ragged: str = "nested") -> TensorDict:
+        """The fields of many rows as a TensorDict ``[n]`` (rows in ``keys`` order)."""
+        meta = self.meta(keys, fields, partition)
+        cols = placement.load(self._stream._units(), partition, meta.unit, meta.slot,
+                              meta.fields)
+        return to_tensordict(cols, len(meta), ragged=ragged)
+
+    def get(self, key: str, fields: Sequence[str] | None = None,
+            partition: str = DEFAULT_PARTITION) -> dict[str, Any]:
+        """The fields of one row as a dict (tensors without a batch dim)."""
+        if not isinstance(key, str):
+            raise ConfigError(f"key must be a str (use get_batch for many), got {key!r}")
+        meta = self.meta([key], fields, partition)
+        cols = placement.load(self._stream._units(), partition, meta.unit, meta.slot,
+                              meta.fields)
+        out: dict[str, Any] = {}
+        for f, c in cols.items():
+            out[f] = c.row(0) if hasattr(c, "row") else c[0]
+        return out
+
+    def list(self, partition: str = DEFAULT_PARTITION) -> list[dict[str, Any]]:
+        """Every row of ``partition``: ``{"key", "tags", "fields"}``, oldest first."""
+        return self._stream._controller().list_rows(partition=check_name("partition", partition))
+
+    def clear(self, keys: str | Sequence[str] | None = None,
+              partition: str = DEFAULT_PARTITION) -> int:
+        """Delete rows (all rows of the partition if ``keys`` is None); returns the count."""
+        keys_ = None if keys is None else check_keys([keys] if isinstance(keys, str) else keys)
+        return self._stream._controller().clear(partition=check_name("partition", partition),
+                                                keys=keys_)

@@ -1,0 +1,111 @@
+"""BatchMeta: which rows a batch holds, where their bytes live, and their tags."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from tq_stream.columns import FieldSchema
+from tq_stream.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class BatchMeta:
+    """The rows of one batch (a step's share, or a KV lookup).
+
+    Attributes:
+        partition: the partition the rows live in.
+        keys: the rows' user keys, in batch order.
+        index: int64 row indexes in the controller.
+        generation: int64 reuse counters of those indexes (stale-handle check).
+        unit, slot: where each row's bytes live (storage unit, slot in the unit).
+        tags: one dict of tags per row.
+        fields: the fields this batch is about.
+        schemas: the schema of each of ``fields``.
+        task, step, dp_rank: the consumer step this batch belongs to ("" / -1 if none).
+        end: True for the end-of-stream marker (no rows).
+
+    Example:
+        >>> meta = client.get_meta("train", "actor", step=0)
+        >>> first, second = meta.chunk(2)
+    """
+
+    partition: str
+    keys: tuple[str, ...]
+    index: np.ndarray
+    generation: np.ndarray
+    unit: np.ndarray
+    slot: np.ndarray
+    tags: tuple[dict[str, Any], ...] = ()
+    fields: tuple[str, ...] = ()
+    schemas: Mapping[str, FieldSchema] = field(default_factory=dict)
+    task: str = ""
+    step: int = -1
+    dp_rank: int = 0
+    end: bool = False
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> BatchMeta:
+        return BatchMeta(
+            partition=d["partition"], keys=tuple(d["keys"]),
+            index=np.asarray(d["index"], dtype=np.int64),
+            generation=np.asarray(d["generation"], dtype=np.int64),
+            unit=np.asarray(d["unit"], dtype=np.int32), slot=np.asarray(d["slot"], np.int64),
+            tags=tuple(d.get("tags") or [{} for _ in d["keys"]]),
+            fields=tuple(d.get("fields", ())),
+            schemas={f: FieldSchema.from_dict(s) for f, s in d.get("schemas", {}).items()},
+            task=d.get("task", ""), step=int(d.get("step", -1)),
+            dp_rank=int(d.get("dp_rank", 0)), end=bool(d.get("end", False)),
+        )
+
+    def select(self, positions: Sequence[int] | np.ndarray) -> BatchMeta:
+        """The rows at ``positions`` (integer positions or a boolean mask)."""
+        pos = np.asarray(positions)
+        if pos.dtype == bool:
+            if pos.shape != (len(self),):
+                raise ConfigError(f"a mask must have {len(self)} entries, got {pos.shape}")
+            pos = np.flatnonzero(pos)
+        pos = pos.astype(np.int64)
+        if len(pos) and (pos.min() < -len(self) or pos.max() >= len(self)):
+            raise ConfigError(f"positions must be in [0, {len(self)}), got {pos.tolist()[:8]}")
+        keys = tuple(self.keys[i] for i in pos.tolist())
+        tags = tuple(self.tags[i] for i in pos.tolist()) if self.tags else ()
+        return replace(self, keys=keys, index=self.index[pos], generation=self.generation[pos],
+                       unit=self.unit[pos], slot=self.slot[pos], tags=tags)
+
+    def chunk(self, chunks: int) -> list[BatchMeta]:
+        """Split into ``chunks`` consecutive parts (sizes differ by at most one)."""
+        if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+            raise ConfigError(f"chunks must be an int >= 1, got {chunks!r}")
+        return [self.select(p) for p in np.array_split(np.arange(len(self)), chunks)]
+
+    @staticmethod
+    def concat(metas: Sequence[BatchMeta]) -> BatchMeta:
+        """Join batches of one partition (and one step, if they carry one)."""
+        if not metas:
+            raise ConfigError("metas must be a non-empty list, got []")
+        first = metas[0]
+        for m in metas[1:]:
+            if (m.partition, m.task, m.step, m.dp_rank) != (first.partition, first.task,
+                                                            first.step, first.dp_rank):
+                raise ConfigError(
+                    f"metas must share partition, task, step and dp_rank to concat, got "
+                    f"{(first.partition, first.task, first.step, first.dp_rank)} and "
+                    f"{(m.partition, m.task, m.step, m.dp_rank)}"
+                )
+        return replace(
+            first, keys=sum((m.keys for m in metas), ()),
+            index=np.concatenate([m.index for m in metas]),
+            generation=np.concatenate([m.generation for m in metas]),
+            unit=np.concatenate([m.unit for m in metas]),
+            slot=np.concatenate([m.slot for m in metas]),
+            tags=sum((m.tags for m in metas), ()),
+            fields=tuple(dict.fromkeys(f for m in metas for f in m.fields)),
+            schemas={k: v for m in metas for k, v in m.schemas.items()},
+        )

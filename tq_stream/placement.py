@@ -1,0 +1,82 @@
+"""Moving a batch's column bytes to and from the storage units that hold its rows.
+
+Rows of one batch may live in several units. Writes split the columns by
+unit; reads fetch every unit's part (concurrently when there are several)
+and put the rows back in batch order with one copy per field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from tq_stream.columns import Column, Ragged, concat, take
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tq-io")
+    return _POOL
+
+
+def _groups(unit: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    units = np.unique(unit)
+    if len(units) == 1:
+        return [(int(units[0]), np.arange(len(unit)))]
+    return [(int(u), np.flatnonzero(unit == u)) for u in units.tolist()]
+
+
+def _map(fn: Any, items: list) -> list:
+    if len(items) == 1:
+        return [fn(items[0])]
+    return list(_pool().map(fn, items))
+
+
+def store(units: Sequence[Any], partition: str, unit: np.ndarray, slot: np.ndarray,
+          columns: Mapping[str, Column]) -> None:
+    """Write ``columns`` (rows aligned with ``unit``/``slot``) into their units."""
+    groups = _groups(unit)
+    if len(groups) == 1:
+        units[groups[0][0]].put(partition, slot, columns)
+        return
+
+    def put(group: tuple[int, np.ndarray]) -> None:
+        u, pos = group
+        tpos = torch.from_numpy(pos)
+        units[u].put(partition, slot[pos], {f: take(c, tpos) for f, c in columns.items()})
+
+    _map(put, groups)
+
+
+def load(units: Sequence[Any], partition: str, unit: np.ndarray, slot: np.ndarray,
+         fields: Sequence[str]) -> dict[str, Column]:
+    """Read ``fields`` of rows (aligned with ``unit``/``slot``), in that order."""
+    if len(unit) == 0:
+        return {}
+    groups = _groups(unit)
+    parts = _map(lambda g: units[g[0]].get(partition, slot[g[1]], list(fields)), groups)
+    if len(groups) == 1:
+        return parts[0]
+    order = np.argsort(np.concatenate([pos for _, pos in groups]), kind="stable")
+    out: dict[str, Column] = {}
+    for f in fields:
+        cols = [p[f] for p in parts]
+        if isinstance(cols[0], torch.Tensor):
+            first = cols[0]
+            res = first.new_empty((len(unit), *first.shape[1:]))
+            for (_, pos), c in zip(groups, cols, strict=True):
+                res[torch.from_numpy(pos)] = c
+            out[f] = res
+        elif isinstance(cols[0], Ragged):
+            out[f] = take(concat(cols), torch.from_numpy(order))
+        else:
+            joined = concat(cols)
+            out[f] = [joined[i] for i in order.tolist()]
+    return out

@@ -1,0 +1,107 @@
+"""Stream: the handle every producer and consumer holds.
+
+A Stream reaches the controller and the storage units of one deployment. It
+does not own them: closing a handle closes its connections, while the
+``Deployment`` that ``tq.init`` started owns the processes (or, embedded, the
+in-process objects) and stops them. Handles of out-of-process deployments are
+picklable (they reconnect lazily in the receiving process); an embedded
+handle is not, since its controller lives only in this process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tq_stream.client import Client
+from tq_stream.config import StreamConfig
+from tq_stream.errors import ClosedError, StateError
+from tq_stream.kv import KV
+from tq_stream.writer import Writer
+
+
+class Stream:
+    """Access to one deployment (see module docstring).
+
+    Example:
+        >>> with tq.init() as stream:
+        ...     stream.writer("train").put(["k"], {"x": torch.ones(1, 4)})
+    """
+
+    def __init__(self, backend: Any, config: StreamConfig, mode: str,
+                 owner: Any = None) -> None:
+        self._backend = backend  # has .controller() and .units()
+        self.config = config
+        self.mode = mode
+        self._owner = owner
+        self._closed = False
+        self.kv = KV(self)
+
+    # -- wiring used by the client layers
+    def _controller(self) -> Any:
+        if self._closed:
+            raise ClosedError("stream is closed")
+        return self._backend.controller()
+
+    def _units(self) -> list[Any]:
+        if self._closed:
+            raise ClosedError("stream is closed")
+        return self._backend.units()
+
+    # -- public API
+    @property
+    def address(self) -> str | None:
+        """Where ``tq.connect`` reaches this deployment (None when embedded)."""
+        return getattr(self._backend, "address", None)
+
+    def writer(self, partition: str, unit: int = -1) -> Writer:
+        """A producer handle on ``partition`` (created on first write)."""
+        return Writer(self, partition, unit)
+
+    def client(self) -> Client:
+        """The low-level client (get_meta / get_data / put_data / ack)."""
+        return Client(self)
+
+    def create_partition(self, partition: str, capacity: int | None = None) -> None:
+        """Create ``partition`` explicitly, optionally bounded to ``capacity`` live rows."""
+        self._controller().create_partition(partition=partition, capacity=capacity)
+
+    def close_partition(self, partition: str) -> None:
+        """Declare that no new rows will be written to ``partition``."""
+        self._controller().close_partition(partition=partition)
+
+    def set_version(self, partition: str, task: str, version: int) -> None:
+        """Set the consumer's current policy version for staleness-aware samplers."""
+        self._controller().set_version(partition=partition, task=task, version=version)
+
+    def stats(self) -> dict[str, Any]:
+        """Rows, fields, and per-task counters (handed out, acked, discarded by reason)."""
+        return self._controller().stats()
+
+    def save(self, path: str) -> None:
+        """Checkpoint metadata and stored rows to ``path`` (atomic; no pickle)."""
+        if self._owner is None:
+            raise StateError("save must be called on the stream returned by tq.init")
+        self._owner.save(path)
+
+    def close(self) -> None:
+        """Close this handle; the deployment's owner also stops what it started."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owner is not None:
+            self._owner.close()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> Any:
+        reducer = getattr(self._backend, "reduce_stream", None)
+        if reducer is None:
+            raise StateError(
+                "an embedded stream must not be pickled (its controller lives in this "
+                "process); use tq.init(mode='local') to share a stream across processes"
+            )
+        return reducer(self.config)

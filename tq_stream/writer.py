@@ -1,0 +1,105 @@
+"""Writer: a producer's handle on one partition.
+
+A put is validated in full before anything is stored (keys, row counts,
+schemas, tags); the controller then places the rows (waiting while the
+partition is at capacity), the bytes go straight to the storage units, and a
+final commit makes the rows visible. A put that fails at any point leaves the
+partition as it was: rows it created are removed again.
+
+Example:
+    >>> w = stream.writer("train")
+    >>> w.put(["p0_0", "p0_1"], TensorDict({"input_ids": ids}, [2]),
+    ...       tags=[{"uid": "p0"}, {"uid": "p0"}])
+    >>> w.put(["p0_0", "p0_1"], {"reward": torch.tensor([1.0, 0.0])})
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tq_stream import placement
+from tq_stream.columns import Column
+from tq_stream.controller.tags import check_tags
+from tq_stream.convert import schemas_of, single_row, to_columns
+from tq_stream.errors import ConfigError, KeyConflictError, check_name
+
+if TYPE_CHECKING:
+    from tq_stream.stream import Stream
+
+
+def check_keys(keys: Any) -> list[str]:
+    """Keys of a put: a non-empty list of distinct non-empty str."""
+    if isinstance(keys, str) or not isinstance(keys, Sequence):
+        raise ConfigError(f"keys must be a list of str, got {type(keys).__name__}")
+    keys = list(keys)
+    if not keys:
+        raise ConfigError("keys must name at least one row, got []")
+    bad = [k for k in keys if not isinstance(k, str) or not k]
+    if bad:
+        raise ConfigError(f"keys must be non-empty str, got {bad[:5]!r}")
+    if len(set(keys)) != len(keys):
+        seen: set[str] = set()
+        dup = [k for k in keys if k in seen or seen.add(k)]
+        raise KeyConflictError(f"keys must be distinct within one put, got duplicates "
+                               f"{sorted(set(dup))[:5]}")
+    return keys
+
+
+class Writer:
+    """Upserts rows and fields into one partition (see module docstring)."""
+
+    def __init__(self, stream: Stream, partition: str, unit: int = -1) -> None:
+        self._stream = stream
+        self.partition = check_name("partition", partition)
+        self._unit = unit
+
+    def put(self, keys: str | Sequence[str], data: Any, tags: Any = None,
+            timeout: float | None = None) -> None:
+        """Write ``data`` for ``keys`` (new rows are created, fields of existing ones set).
+
+        Args:
+            keys: one key (then ``data`` holds one row without a batch dim) or a list.
+            data: TensorDict ``[n]`` or dict of fields (see ``tq_stream.convert``).
+            tags: one dict per row of JSON-like scalars, merged into the row's tags.
+            timeout: seconds to wait while the partition is at capacity.
+        Raises:
+            ConfigError, SchemaError, KeyConflictError, ClosedError, WaitTimeout.
+        """
+        if isinstance(keys, str):
+            cols = single_row(data)
+            keys_ = check_keys([keys])
+            tags = [tags] if isinstance(tags, dict) else tags
+        else:
+            keys_ = check_keys(keys)
+            cols = to_columns(data, len(keys_))
+        self._write(keys_, cols, check_tags(tags, len(keys_)), timeout)
+
+    async def aput(self, keys: str | Sequence[str], data: Any, tags: Any = None,
+                   timeout: float | None = None) -> None:
+        """``put`` for asyncio code: runs in a worker thread, never blocks the loop."""
+        await asyncio.to_thread(self.put, keys, data, tags, timeout)
+
+    def close_partition(self) -> None:
+        """No more rows will come: drain-mode loaders end after the last batch."""
+        self._stream._controller().close_partition(partition=self.partition)
+
+    def _write(self, keys: list[str], cols: dict[str, Column], tags: list | None,
+               timeout: float | None) -> None:
+        ctrl = self._stream._controller()
+        schemas = schemas_of(cols)
+        timeout = self._stream.config.timeout if timeout is None else timeout
+        place = ctrl.reserve(partition=self.partition, keys=keys, schemas=schemas,
+                             unit=self._unit, timeout=timeout)
+        try:
+            placement.store(self._stream._units(), self.partition, place["unit"],
+                            place["slot"], cols)
+            ctrl.commit(partition=self.partition, index=place["index"],
+                        generation=place["generation"], schemas=schemas, tags=tags)
+        except BaseException:
+            new = place["new"]
+            if new.any():
+                ctrl.abort(partition=self.partition, index=place["index"][new],
+                           generation=place["generation"][new])
+            raise
