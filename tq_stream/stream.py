@@ -54,7 +54,14 @@ class Stream:
         return getattr(self._backend, "address", None)
 
     def writer(self, partition: str, unit: int = -1) -> Writer:
-        """A producer handle on ``partition`` (created on first write)."""
+        """A producer handle on ``partition`` (created on first write).
+
+        ``unit`` pins rows to one storage unit; by default a writer prefers the units
+        on its own host (and spreads rows over all of them).
+        """
+        if unit == -1:
+            prefer = getattr(self._backend, "preferred_unit", None)
+            unit = prefer() if prefer is not None else -1
         return Writer(self, partition, unit)
 
     def client(self) -> Client:

@@ -1,0 +1,222 @@
+"""LocalDeployment: the controller and N storage units as child processes.
+
+Children are started with ``python -m tq_stream.deploy.server`` (settings on
+stdin) and all start in parallel. Each child watches a pipe whose write end
+only this process holds, so the children exit when this process exits, even
+by SIGKILL. ``close`` stops them (SIGTERM, then SIGKILL after a grace period)
+and removes any shared-memory segment a unit left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from tq_stream.errors import ConfigError, StateError, WaitTimeout, check_positive
+
+START_TIMEOUT = 60.0
+
+
+_LIFELINES: set[int] = set()  # write ends held by this process; a forked child closes them
+
+
+class _Child:
+    """One server process, started by fork (fast: modules are already imported) or by
+    running a fresh interpreter ("spawn"). Either way its settings never appear in the
+    process table and it exits when its lifeline pipe closes."""
+
+    def __init__(self, settings: dict[str, Any], start_method: str) -> None:
+        read_end, self.lifeline = os.pipe()
+        _LIFELINES.add(self.lifeline)
+        settings = {**settings, "parent_fd": read_end}
+        if start_method == "fork":
+            self._fork(settings, read_end)
+        else:
+            self._spawn(settings, read_end)
+        os.close(read_end)
+        self.info: dict[str, Any] | None = None
+
+    def _spawn(self, settings: dict[str, Any], read_end: int) -> None:
+        self.proc: Any = subprocess.Popen(
+            [sys.executable, "-m", "tq_stream.deploy.server"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, pass_fds=(read_end,), close_fds=True)
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(settings) + "\n").encode())
+        self.proc.stdin.close()
+        self.stdout = self.proc.stdout
+
+    def _fork(self, settings: dict[str, Any], read_end: int) -> None:
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            code = 1
+            try:
+                os.close(ready_r)
+                for fd in _LIFELINES:
+                    os.close(fd)
+                from tq_stream.deploy.server import run_child
+
+                code = run_child(settings, os.fdopen(ready_w, "w"))
+            finally:
+                os._exit(code)
+        os.close(ready_w)
+        self.proc = _ForkedProcess(pid)
+        self.stdout = os.fdopen(ready_r, "rb")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+class _ForkedProcess:
+    """The subset of Popen that close() uses, for a child made by os.fork."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.01)  # bounded reaping loop at shutdown; no event exists for it
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _await_ready(children: Sequence[_Child], timeout: float) -> None:
+    sel = selectors.DefaultSelector()
+    for c in children:
+        sel.register(c.stdout, selectors.EVENT_READ, c)
+    deadline = time.monotonic() + timeout
+    waiting = len(children)
+    while waiting:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise WaitTimeout(f"tq_stream servers did not start within {timeout}s")
+        for key, _ in sel.select(timeout=left):
+            child: _Child = key.data
+            line = key.fileobj.readline()  # type: ignore[union-attr]
+            sel.unregister(key.fileobj)
+            if not line:
+                raise StateError(f"a tq_stream server (pid {child.pid}) exited during start "
+                                 f"with code {child.proc.wait(timeout=5)}")
+            child.info = json.loads(line)
+            waiting -= 1
+    sel.close()
+
+
+class LocalDeployment:
+    """Owns the child processes of ``tq.init(mode="local")``.
+
+    Args:
+        n_units: storage unit processes.
+        sampler_modules: modules (besides tq_stream.samplers) whose Sampler classes
+            the controller may import for tasks.
+        shm: keep dense slabs in shared memory for same-host reads.
+        transport: "tcp" (loopback, random ports) or "ipc" (unix sockets).
+        curve: require CURVE encryption and the deployment's key on every socket.
+        start_method: "fork" (fast; the default) or "spawn" (a fresh interpreter).
+    """
+
+    def __init__(self, n_units: int, sampler_modules: Sequence[str] = (), shm: bool = True,
+                 transport: str = "tcp", curve: bool = False,
+                 start_method: str = "fork", start_timeout: float = START_TIMEOUT) -> None:
+        check_positive("storage_units", n_units)
+        if start_method not in ("fork", "spawn"):
+            raise ConfigError(f"start_method must be 'fork' or 'spawn', got {start_method!r}")
+        if transport not in ("tcp", "ipc"):
+            raise ConfigError(f"transport must be 'tcp' or 'ipc', got {transport!r}")
+        self.curve_server_key: bytes | None = None
+        secret = ""
+        if curve:
+            from tq_stream.transport.zeromq import generate_keys
+
+            public, secret_b = generate_keys()
+            self.curve_server_key, secret = public, secret_b.decode()
+        address = "tcp://127.0.0.1:0"
+        self._ipc_dir = ""
+        if transport == "ipc":
+            import tempfile
+
+            self._ipc_dir = tempfile.mkdtemp(prefix="tq_ipc_")
+        base = {"shm": shm, "curve_secret": secret,
+                "curve_server": (self.curve_server_key or b"").decode()}
+        self._children: list[_Child] = []
+        self._closed = False
+        try:
+            for i in range(n_units):
+                addr = f"ipc://{self._ipc_dir}/unit{i}" if transport == "ipc" else address
+                self._children.append(_Child({**base, "role": "unit", "address": addr},
+                                              start_method))
+            addr = f"ipc://{self._ipc_dir}/controller" if transport == "ipc" else address
+            self._children.append(_Child({**base, "role": "controller", "address": addr,
+                                          "units": n_units,
+                                          "sampler_modules": list(sampler_modules)},
+                                         start_method))
+            _await_ready(self._children, start_timeout)
+        except BaseException:
+            self.close()
+            raise
+        self.address: str = self._children[-1].info["address"]  # type: ignore[index]
+        self._backend: Any = None
+
+    @property
+    def pids(self) -> list[int]:
+        return [c.pid for c in self._children]
+
+    def attach(self, backend: Any) -> None:
+        self._backend = backend
+        backend.controller().attach_units([c.info for c in self._children[:-1]])
+
+    def save(self, path: str) -> None:
+        from tq_stream.deploy import snapshot
+
+        snapshot.save(path, self._backend.controller(), self._backend.units())
+
+    def close(self, grace: float = 5.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._backend is not None:
+            self._backend.close()
+        for c in self._children:
+            if c.proc.poll() is None:
+                c.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for c in self._children:
+            try:
+                c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                c.proc.kill()
+                c.proc.wait(timeout=5)
+            os.close(c.lifeline)
+            _LIFELINES.discard(c.lifeline)
+            c.stdout.close()
+        from tq_stream.backends.shm import sweep_stale
+
+        sweep_stale(self.pids)

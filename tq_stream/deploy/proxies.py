@@ -1,0 +1,168 @@
+"""Client-side stand-ins for a remote controller and remote storage units.
+
+Every remote call is an explicit method here (no ``__getattr__`` proxying).
+Long waits (``get_meta``, a ``reserve`` at capacity) are split into short
+server-side long-polls, so a blocked consumer never pins a server thread for
+long and a dead controller is noticed within one slice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tq_stream.backends.base import StorageUnit
+from tq_stream.columns import Column
+from tq_stream.errors import WaitTimeout
+from tq_stream.samplers.spec import to_spec
+
+POLL_SLICE = 2.0  # seconds one server-side wait may take
+MARGIN = 5.0  # extra seconds a reply may take beyond the server-side wait
+
+
+class RemoteController:
+    """Calls a ControllerService through an RpcClient."""
+
+    def __init__(self, rpc: Any, timeout: float) -> None:
+        self._rpc = rpc
+        self._timeout = timeout
+
+    def _call(self, method: str, timeout: float | None = None, **args: Any) -> Any:
+        return self._rpc.call(method, args, timeout=timeout or self._timeout)
+
+    def _long_poll(self, method: str, timeout: float, **args: Any) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            wait = max(0.05, min(POLL_SLICE, deadline - time.monotonic()))
+            started = time.monotonic()
+            try:
+                return self._rpc.call(method, {**args, "timeout": wait}, timeout=wait + MARGIN)
+            except WaitTimeout as exc:
+                if time.monotonic() - started >= wait + MARGIN / 2:
+                    raise  # the transport timed out: the peer is gone (names the address)
+                if time.monotonic() >= deadline:
+                    raise WaitTimeout(str(exc).replace(f"timeout={wait}s",
+                                                       f"timeout={timeout}s")) from None
+
+    # --- partitions and writes
+    def create_partition(self, partition: str, capacity: int | None = None) -> None:
+        self._call("create_partition", partition=partition, capacity=capacity)
+
+    def close_partition(self, partition: str) -> None:
+        self._call("close_partition", partition=partition)
+
+    def partitions(self) -> list[str]:
+        return self._call("partitions")
+
+    def reserve(self, partition: str, keys: Sequence[str], schemas: dict, unit: int = -1,
+                timeout: float = 60.0) -> dict[str, Any]:
+        return self._long_poll("reserve", timeout, partition=partition, keys=list(keys),
+                               schemas=schemas, unit=unit)
+
+    def commit(self, partition: str, index: Any, generation: Any, schemas: dict,
+               tags: list | None = None) -> None:
+        self._call("commit", partition=partition, index=index, generation=generation,
+                   schemas=schemas, tags=tags)
+
+    def abort(self, partition: str, index: Any, generation: Any) -> None:
+        self._call("abort", partition=partition, index=index, generation=generation)
+
+    # --- tasks
+    def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
+                      dp_size: int = 1, replicas: int = 1, lease_timeout: float = 300.0,
+                      drop_last: bool = False, sampler: Any = None) -> None:
+        spec = None if sampler is None else to_spec(sampler)
+        self._call("register_task", partition=partition, task=task, fields=list(fields),
+                   batch_size=batch_size, dp_size=dp_size, replicas=replicas,
+                   lease_timeout=lease_timeout, drop_last=drop_last, sampler=spec)
+
+    def set_version(self, partition: str, task: str, version: int) -> None:
+        self._call("set_version", partition=partition, task=task, version=version)
+
+    def get_meta(self, partition: str, task: str, step: int, dp_rank: int = 0,
+                 timeout: float = 60.0) -> dict[str, Any]:
+        return self._long_poll("get_meta", timeout, partition=partition, task=task, step=step,
+                               dp_rank=dp_rank)
+
+    def ack(self, partition: str, task: str, step: int, dp_rank: int, index: Any,
+            generation: Any) -> int:
+        return self._call("ack", partition=partition, task=task, step=step, dp_rank=dp_rank,
+                          index=index, generation=generation)
+
+    def release(self, partition: str, task: str, step: int, dp_rank: int, index: Any,
+                generation: Any) -> None:
+        self._call("release", partition=partition, task=task, step=step, dp_rank=dp_rank,
+                   index=index, generation=generation)
+
+    def renew(self, partition: str, task: str, step: int) -> None:
+        self._call("renew", partition=partition, task=task, step=step)
+
+    # --- access
+    def clear(self, partition: str, keys: Sequence[str] | None = None) -> int:
+        return self._call("clear", partition=partition,
+                          keys=None if keys is None else list(keys))
+
+    def lookup(self, partition: str, keys: Sequence[str],
+               fields: Sequence[str] | None = ()) -> dict[str, Any]:
+        return self._call("lookup", partition=partition, keys=list(keys),
+                          fields=None if fields is None else list(fields))
+
+    def list_rows(self, partition: str) -> list[dict[str, Any]]:
+        return self._call("list_rows", partition=partition)
+
+    def set_tags(self, partition: str, keys: Sequence[str], tags: list) -> None:
+        self._call("set_tags", partition=partition, keys=list(keys), tags=tags)
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("stats")
+
+    # --- deployment
+    def units(self) -> list[dict[str, Any]]:
+        return self._call("units")
+
+    def attach_units(self, units: list[dict[str, Any]]) -> None:
+        self._call("attach_units", units=units)
+
+    def ping(self) -> dict[str, Any]:
+        return self._call("ping")
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._call("state_dict")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._call("load_state_dict", state=state)
+
+
+class RemoteUnit(StorageUnit):
+    """A storage unit in another process, reached through an RpcClient."""
+
+    def __init__(self, rpc: Any, timeout: float) -> None:
+        self._rpc = rpc
+        self._timeout = timeout
+
+    def put(self, partition: str, slots: np.ndarray, columns: dict[str, Column]) -> None:
+        self._rpc.call("put", {"partition": partition, "slots": np.asarray(slots),
+                               "columns": dict(columns)}, timeout=self._timeout)
+
+    def get(self, partition: str, slots: np.ndarray, fields: Sequence[str]) -> dict[str, Column]:
+        return self._rpc.call("get", {"partition": partition, "slots": np.asarray(slots),
+                                      "fields": list(fields)}, timeout=self._timeout)
+
+    def free(self, partition: str, slots: np.ndarray) -> None:
+        self._rpc.call("free", {"partition": partition, "slots": np.asarray(slots)},
+                       timeout=self._timeout)
+
+    def drop(self, partition: str) -> None:
+        self._rpc.call("drop", {"partition": partition}, timeout=self._timeout)
+
+    def nbytes(self) -> int:
+        return self._rpc.call("nbytes", {}, timeout=self._timeout)
+
+    def ping(self) -> dict[str, Any]:
+        return self._rpc.call("ping", {}, timeout=self._timeout)
+
+    def close(self) -> None:
+        self._rpc.close()

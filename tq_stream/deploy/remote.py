@@ -1,0 +1,134 @@
+"""Out-of-process deployments: the client side (``connect``) and ``init`` for local/ray.
+
+A ``RemoteBackend`` is what a Stream holds in every process: the controller's
+address plus lazily made RPC clients (so it pickles to the address alone and
+rebuilds sockets after a fork). Storage-unit clients read same-host dense
+fields straight from shared memory (``RemoteUnit`` + ``ShmReader``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from tq_stream.config import StreamConfig
+from tq_stream.errors import ConfigError
+from tq_stream.stream import Stream
+
+
+class RemoteBackend:
+    """Connections of one process to a running deployment."""
+
+    def __init__(self, address: str, config: StreamConfig,
+                 curve_server_key: bytes | None = None) -> None:
+        if not isinstance(address, str) or "://" not in address:
+            raise ConfigError(f"address must be a zmq endpoint like 'tcp://127.0.0.1:5555', "
+                              f"got {address!r}")
+        self.address = address
+        self._config = config
+        self._curve = curve_server_key
+        self._lock = threading.Lock()
+        self._ctrl: Any = None
+        self._units: list[Any] | None = None
+
+    def _rpc(self, address: str) -> Any:
+        from tq_stream.transport.zeromq import RpcClient
+
+        return RpcClient(address, timeout=self._config.timeout, curve_server_key=self._curve)
+
+    def controller(self) -> Any:
+        if self._ctrl is None:
+            from tq_stream.deploy.proxies import RemoteController
+
+            with self._lock:
+                if self._ctrl is None:
+                    self._ctrl = RemoteController(self._rpc(self.address), self._config.timeout)
+        return self._ctrl
+
+    def units(self) -> list[Any]:
+        if self._units is None:
+            from tq_stream.deploy.local_read import SameHostUnit
+            from tq_stream.deploy.proxies import RemoteUnit
+            from tq_stream.deploy.services import host_id
+
+            infos = self.controller().units()
+            here = host_id()
+            with self._lock:
+                if self._units is None:
+                    units = []
+                    for info in infos:
+                        unit = RemoteUnit(self._rpc(info["address"]), self._config.timeout)
+                        units.append(SameHostUnit(unit) if info["host"] == here else unit)
+                    self._units = units
+        return self._units
+
+    def preferred_unit(self) -> int:
+        """A unit on this host for writers to use, or -1 (spread over all units) when
+        every unit is on this host or none is."""
+        from tq_stream.deploy.services import host_id
+
+        here = host_id()
+        infos = self.controller().units()
+        same = [i for i, u in enumerate(infos) if u["host"] == here]
+        if not same or len(same) == len(infos):
+            return -1
+        return int(np.random.default_rng().choice(same))
+
+    def reduce_stream(self, config: StreamConfig) -> tuple[Any, tuple]:
+        return _rebuild, (self.address, config, self._curve)
+
+    def close(self) -> None:
+        for u in self._units or []:
+            u.close()
+
+
+def _rebuild(address: str, config: StreamConfig, curve: bytes | None) -> Stream:
+    return Stream(RemoteBackend(address, config, curve), config, "remote")
+
+
+def connect(address: str, config: StreamConfig, curve_server_key: bytes | None = None) -> Stream:
+    """A Stream on the deployment whose controller serves at ``address``."""
+    backend = RemoteBackend(address, config, curve_server_key)
+    backend.controller().ping()
+    return Stream(backend, config, "remote", owner=_ConnectionOwner(backend))
+
+
+class _ConnectionOwner:
+    """Closing a connected handle closes its sockets only, never the deployment."""
+
+    def __init__(self, backend: RemoteBackend) -> None:
+        self._backend = backend
+
+    def save(self, path: str) -> None:
+        from tq_stream.deploy import snapshot
+
+        snapshot.save(path, self._backend.controller(), self._backend.units())
+
+    def close(self) -> None:
+        self._backend.close()
+
+
+def start(mode: str, n_units: int, restore: str | None, config: StreamConfig,
+          **options: Any) -> Stream:
+    """Start a local or Ray deployment; the returned Stream owns it."""
+    if mode == "local":
+        from tq_stream.deploy.local import LocalDeployment
+
+        owner: Any = LocalDeployment(n_units, **options)
+    else:
+        from tq_stream.deploy.ray_deploy import RayDeployment
+
+        owner = RayDeployment(n_units, **options)
+    try:
+        backend = RemoteBackend(owner.address, config, owner.curve_server_key)
+        owner.attach(backend)
+        if restore is not None:
+            from tq_stream.deploy import snapshot
+
+            snapshot.restore(restore, backend.controller(), backend.units())
+    except BaseException:
+        owner.close()
+        raise
+    return Stream(backend, config, mode, owner=owner)

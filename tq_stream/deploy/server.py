@@ -1,0 +1,120 @@
+"""Serving a controller or a storage unit: in a child process, or a Ray actor.
+
+``python -m tq_stream.deploy.server`` (settings as JSON on stdin) runs one
+service until SIGTERM/SIGINT, or until its parent dies: the parent holds the
+write end of a pipe whose read end the child watches, so even a SIGKILLed
+parent leaves no orphans (and Linux's PR_SET_PDEATHSIG backs that up). The
+child prints one JSON line with its address once it serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from tq_stream.config import DEFAULT_TIMEOUT
+
+
+def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = (),
+                  shm: bool = True, timeout: float = DEFAULT_TIMEOUT,
+                  curve_server_key: bytes | None = None) -> tuple[Any, Any]:
+    """The handler for ``role`` and a cleanup callable."""
+    from tq_stream.deploy.services import ControllerService, UnitService
+
+    if role == "unit":
+        if shm:
+            from tq_stream.backends.shm import ShmUnit
+
+            unit: Any = ShmUnit()
+        else:
+            from tq_stream.backends.memory import MemoryUnit
+
+            unit = MemoryUnit()
+        return UnitService(unit), unit.close
+    from tq_stream.transport.zeromq import RpcClient
+
+    def client(address: str) -> Any:
+        return RpcClient(address, timeout=timeout, curve_server_key=curve_server_key)
+
+    service = ControllerService(units, sampler_modules, unit_client=client)
+    return service, service.close
+
+
+def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, ...] = (),
+          shm: bool = True, curve_secret_key: bytes | None = None,
+          curve_server_key: bytes | None = None) -> tuple[Any, Any]:
+    """Start serving ``role`` at ``address``; returns (server, cleanup)."""
+    from tq_stream.transport.zeromq import RpcServer
+
+    service, cleanup = build_service(role, units, sampler_modules, shm,
+                                     curve_server_key=curve_server_key)
+    workers = 64 if role == "controller" else 16
+    server = RpcServer(service, address, workers=workers, backlog=1024,
+                       curve_secret_key=curve_secret_key).start()
+
+    def stop() -> None:
+        server.close()
+        cleanup()
+
+    return server, stop
+
+
+def _watch_parent(fd: int, done: threading.Event) -> None:
+    try:
+        while os.read(fd, 1):
+            pass
+    except OSError:
+        pass
+    done.set()
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: the pipe watch still applies
+
+
+def run_child(cfg: dict[str, Any], out: Any) -> int:
+    """Serve until SIGTERM/SIGINT or the parent's death; announce the address on ``out``."""
+    _die_with_parent()
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    if cfg.get("parent_fd", -1) >= 0:
+        threading.Thread(target=_watch_parent, args=(cfg["parent_fd"], done),
+                         daemon=True).start()
+    server, stop = serve(
+        cfg["role"], cfg.get("address", "tcp://127.0.0.1:0"), cfg.get("units", 1),
+        tuple(cfg.get("sampler_modules", ())), cfg.get("shm", True),
+        (cfg.get("curve_secret") or "").encode() or None,
+        (cfg.get("curve_server") or "").encode() or None)
+    try:
+        from tq_stream.deploy.services import host_id
+
+        out.write(json.dumps({"address": server.address, "pid": os.getpid(),
+                              "host": host_id()}) + "\n")
+        out.flush()
+        while not done.wait(timeout=3600.0):
+            pass
+    finally:
+        stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of a spawned child; settings arrive as one JSON line on stdin (keys
+    stay out of the process table)."""
+    argparse.ArgumentParser(prog="tq_stream.deploy.server").parse_args(argv)
+    return run_child(json.loads(sys.stdin.readline()), sys.stdout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
