@@ -36,8 +36,20 @@ def init(mode: str = "embedded", storage_units: int = 1, restore: str | None = N
     raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
 
 
-def connect(address: str, config: StreamConfig | None = None) -> Stream:
-    """Join a running local or Ray deployment at ``address`` from any process."""
+def connect(address: str | None = None, config: StreamConfig | None = None,
+            curve_server_key: bytes | None = None, name: str = "tq_stream",
+            namespace: str = "tq_stream") -> Stream:
+    """Join a running local or Ray deployment from any process.
+
+    Args:
+        address: the controller's zmq address (``stream.address``); None looks up the
+            Ray deployment ``name`` in ``namespace`` (inside a Ray job).
+        curve_server_key: the deployment's public key when it requires CURVE.
+    """
     from tq_stream.deploy import remote
 
-    return remote.connect(address, config or StreamConfig())
+    if address is None:
+        from tq_stream.deploy.ray_deploy import controller_address
+
+        address = controller_address(name, namespace)
+    return remote.connect(address, config or StreamConfig(), curve_server_key)
