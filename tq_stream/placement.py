@@ -7,6 +7,7 @@ and put the rows back in batch order with one copy per field.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -17,12 +18,15 @@ import torch
 from tq_stream.columns import Column, Ragged, concat, take
 
 _POOL: ThreadPoolExecutor | None = None
+_POOL_PID = -1
 
 
 def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
+    # A pool inherited through fork has no threads in the child: make a new one there.
+    global _POOL, _POOL_PID
+    if _POOL is None or _POOL_PID != os.getpid():
         _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tq-io")
+        _POOL_PID = os.getpid()
     return _POOL
 
 

@@ -1,0 +1,168 @@
+"""Unit tests of the transport contract without sockets: dispatch, errors, inproc."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tq_stream import errors
+from tq_stream.errors import (
+    ClosedError,
+    ConfigError,
+    KeyConflictError,
+    RemoteError,
+    SerializationError,
+    TQError,
+    WaitTimeout,
+)
+from tq_stream.transport import Dispatcher, InprocTransport, Transport
+from tq_stream.transport.remote_errors import error_from_value, error_to_value
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Handler:
+    RPC_METHODS = frozenset({"echo", "add", "fail", "crash"})
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def echo(self, value=None):
+        self.calls += 1
+        return value
+
+    def add(self, a, b=0):
+        return a + b
+
+    def fail(self, message):
+        raise KeyConflictError(message)
+
+    def crash(self):
+        return {}["missing"]
+
+    def secret(self):  # public, but not in the allowlist
+        return "secret"
+
+
+def test_inproc_passes_objects_through_unchanged():
+    transport = InprocTransport(Handler())
+    value = {"t": torch.ones(3), "items": [object()]}  # not even serializable: no encoding
+    assert transport.call("echo", {"value": value}) is value
+    assert transport.call("add", {"a": 2, "b": 3}, timeout=1.0) == 5
+    assert transport.call("echo") is None
+
+
+def test_inproc_is_a_transport_and_a_context_manager():
+    with InprocTransport(Handler(), name="unit") as transport:
+        assert isinstance(transport, Transport)
+        assert transport.call("add", {"a": 1}) == 1
+    with pytest.raises(ClosedError, match="unit is closed"):
+        transport.call("add", {"a": 1})
+    transport.close()  # idempotent
+
+
+@pytest.mark.parametrize("method", ["secret", "__init__", "_private", "nope", "", None, 3])
+def test_only_allowlisted_methods_can_be_called(method):
+    handler = Handler()
+    with pytest.raises(ConfigError, match="method must be one of"):
+        InprocTransport(handler).call(method, {})
+    assert handler.calls == 0
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        ({"b": 1}, "missing a required argument: 'a'"),
+        ({"a": 1, "c": 2}, "unexpected keyword argument 'c'"),
+        ([1, 2], "must be a dict"),
+        ({1: 2}, "must be a dict with str keys"),
+    ],
+)
+def test_arguments_must_bind_to_the_signature(args, words):
+    with pytest.raises(ConfigError, match=words):
+        InprocTransport(Handler()).call("add", args)
+
+
+@pytest.mark.parametrize(
+    "allowlist, words",
+    [
+        (None, "must define RPC_METHODS"),
+        (["echo"], "must define RPC_METHODS as a frozenset"),
+        (frozenset({"echo", "missing"}), "'missing'"),
+        (frozenset({"_hidden"}), "public methods"),
+        (frozenset({"__init__"}), "public methods"),
+        (frozenset({"value"}), "'value'"),  # an attribute, not a method
+    ],
+)
+def test_bad_allowlists_fail_at_construction(allowlist, words):
+    class Bad:
+        value = 3
+
+        def _hidden(self):
+            return 1
+
+        def echo(self):
+            return 1
+
+    if allowlist is not None:
+        Bad.RPC_METHODS = allowlist
+    with pytest.raises(ConfigError, match=words):
+        Dispatcher(Bad())
+
+
+def test_dispatcher_lists_its_methods():
+    assert Dispatcher(Handler()).methods == ["add", "crash", "echo", "fail"]
+
+
+def test_tq_errors_propagate_unchanged():
+    with pytest.raises(KeyConflictError, match="duplicate key 'a'"):
+        InprocTransport(Handler()).call("fail", {"message": "duplicate key 'a'"})
+
+
+def test_other_errors_arrive_as_remote_error_like_over_a_socket():
+    with pytest.raises(RemoteError) as info:
+        InprocTransport(Handler(), name="unit").call("crash")
+    assert info.value.kind == "KeyError"
+    assert info.value.where == "unit"
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+@pytest.mark.parametrize("timeout", [0, -1, "5", True])
+def test_bad_timeouts_are_rejected(timeout):
+    with pytest.raises(ConfigError, match="timeout"):
+        InprocTransport(Handler()).call("echo", {}, timeout=timeout)
+
+
+# ------------------------------------------------------------- errors as values
+
+TREE = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, TQError)]
+
+
+@pytest.mark.parametrize("cls", [c for c in TREE if c is not RemoteError], ids=lambda c: c.__name__)
+def test_every_tq_error_crosses_as_the_same_class(cls):
+    value = error_to_value(cls("the message"), "tcp://server:1")
+    again = error_from_value(value, "ignored")
+    assert type(again) is cls
+    assert str(again) == "the message"
+    assert "raised at tcp://server:1" in again.__notes__[0]
+
+
+def test_remote_and_foreign_errors_become_remote_error():
+    again = error_from_value(error_to_value(ValueError("bad"), "srv"), "fallback")
+    assert type(again) is RemoteError and again.kind == "ValueError" and again.where == "srv"
+    assert "ValueError: bad" in again.__notes__[0]  # the remote traceback
+    nested = error_from_value(error_to_value(RemoteError("OSError", "disk", "a"), "b"), "c")
+    assert (nested.kind, nested.where) == ("OSError", "b")
+    # a received class name never selects a class outside the tq_stream tree
+    value = {"kind": "SystemExit", "message": "bye", "where": ""}
+    assert type(error_from_value(value, "srv")) is RemoteError
+
+
+def test_expected_errors_travel_without_traceback():
+    assert error_to_value(WaitTimeout("late"), "srv")["traceback"] == ""
+
+
+@pytest.mark.parametrize("value", [None, "boom", {"kind": 1}, {"kind": "X", "message": "m"}])
+def test_malformed_error_values_raise_serialization_error(value):
+    with pytest.raises(SerializationError, match="malformed error reply from srv"):
+        error_from_value(value, "srv")

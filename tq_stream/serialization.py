@@ -1,0 +1,441 @@
+"""The wire format: one msgpack header frame plus one raw frame per tensor; never pickle.
+
+A message is a list of frames. Frame 0 is the msgspec/msgpack header
+``["tqs", VERSION, n_frames, body]``; ``body`` is the encoded object in which
+every tensor-like leaf is a msgpack *ext* value (so it can never be confused
+with user data) describing one raw buffer frame:
+
+=========  ====================================================================
+ext code   payload (msgpack)
+=========  ====================================================================
+1 tensor   ``[torch dtype name, shape, byte length, frame number]``
+2 ndarray  ``[numpy dtype str ("<f4"), shape, byte length, frame number]``
+3 ragged   ``[ext tensor values, ext tensor offsets]``
+4 tuple    ``[item, ...]`` (so tuples come back as tuples)
+=========  ====================================================================
+
+Supported values: dict (str keys), list, tuple, str, int, float, bool, None,
+bytes, and as leaves ``torch.Tensor`` (strided, any common dtype incl.
+bfloat16/float8), ``numpy.ndarray`` (bool/int/uint/float/complex dtypes) and
+``tq_stream.columns.Ragged``. bytearray/memoryview leaves come back as bytes,
+dict/list/tuple subclasses (OrderedDict, namedtuple) as the plain type, enum
+members as their value. numpy scalars are refused (use ``.item()``). Anything
+else raises SerializationError: nothing is ever pickled.
+
+Zero copy: ``encode`` exposes each (contiguous) tensor's memory as a
+memoryview; ``decode`` builds tensors over the received buffers. Decoded
+tensors and arrays SHARE the frame memory and keep it alive. numpy keeps arrays
+over read-only frames (bytes) read-only; torch has no read-only tensors, so
+treat a tensor decoded from a read-only frame as read-only (``clone()`` before
+writing in place). Frames received from zmq and files read by ``load`` are
+private writable memory.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import reprlib
+import secrets
+import struct
+from collections.abc import Sequence
+from enum import Enum
+from typing import Any
+
+import msgspec
+import numpy as np
+import torch
+
+from tq_stream.columns import Ragged
+from tq_stream.errors import SerializationError
+
+__all__ = ["VERSION", "decode", "dump", "encode", "load"]
+
+VERSION = 1
+_MAGIC = "tqs"
+_EXT_TENSOR, _EXT_NDARRAY, _EXT_RAGGED, _EXT_TUPLE = 1, 2, 3, 4
+_MAX_DEPTH = 64  # nesting limit: bounds recursion on encode (msgspec bounds decode)
+
+_PLAIN = frozenset({str, int, float, bool, type(None), bytes})
+
+_TORCH_DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, name)
+    for name in (
+        "bool uint8 int8 int16 int32 int64 uint16 uint32 uint64 float16 bfloat16 float32 "
+        "float64 complex64 complex128 float8_e4m3fn float8_e5m2 float8_e4m3fnuz float8_e5m2fnuz"
+    ).split()
+    if isinstance(getattr(torch, name, None), torch.dtype)
+}
+_TORCH_NAMES = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
+
+# Keyed by dtype.str ("<f4", "|b1"); decode looks names up here and never parses
+# a received string with np.dtype().
+_NUMPY_DTYPES: dict[str, np.dtype] = {
+    dt.str: dt
+    for name in (
+        "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 "
+        "complex64 complex128"
+    ).split()
+    for dt in (np.dtype(name).newbyteorder("<"), np.dtype(name).newbyteorder(">"))
+}
+
+_ENCODER = msgspec.msgpack.Encoder()
+_ENVELOPE = msgspec.msgpack.Decoder(list[msgspec.Raw])
+_STR = msgspec.msgpack.Decoder(str)
+_INT = msgspec.msgpack.Decoder(int)
+_BUFFER_DESC = msgspec.msgpack.Decoder(tuple[str, list[int], int, int])
+_PAIR = msgspec.msgpack.Decoder(tuple[msgspec.msgpack.Ext, msgspec.msgpack.Ext])
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__name__} {reprlib.repr(value)}"
+
+
+# ---------------------------------------------------------------------------- encode
+
+
+def encode(obj: Any) -> list[bytes | memoryview]:
+    """Encode ``obj`` as ``[header, *buffers]`` without copying tensor bytes.
+
+    Args:
+        obj: a nested dict/list/tuple of plain values and tensor-like leaves.
+
+    Returns:
+        Frame 0 (bytes) is the header; frame i >= 1 is a memoryview over the
+        bytes of the i-th tensor (a contiguous copy only if the tensor was not
+        contiguous, or lives on a device other than the CPU).
+
+    Raises:
+        SerializationError: a value that is not supported, naming its type.
+    """
+    buffers: list[memoryview] = []
+    body = _prepare(obj, buffers, 0)
+    try:
+        header = _ENCODER.encode([_MAGIC, VERSION, 1 + len(buffers), body])
+    except (TypeError, ValueError, OverflowError) as exc:  # e.g. an int beyond 64 bits
+        raise SerializationError(f"cannot encode message: {exc}") from exc
+    return [header, *buffers]
+
+
+def _all_plain(values: Any) -> bool:
+    # set(map(type, ...)) scans in C; most lists (object columns) are all plain.
+    return set(map(type, values)) <= _PLAIN
+
+
+def _prepare(obj: Any, buffers: list[memoryview], depth: int) -> Any:
+    """Return ``obj`` with tensor-like leaves and tuples replaced by ext values."""
+    kind = type(obj)
+    if kind in _PLAIN:
+        return obj
+    if depth >= _MAX_DEPTH:
+        raise SerializationError(f"value is nested deeper than {_MAX_DEPTH} levels")
+    if isinstance(obj, dict):
+        if not set(map(type, obj)) <= {str}:
+            bad = next(k for k in obj if type(k) is not str)
+            raise SerializationError(f"dict keys must be str, got key {_describe(bad)}")
+        if kind is dict and _all_plain(obj.values()):
+            return obj
+        return {k: _prepare(v, buffers, depth + 1) for k, v in obj.items()}
+    if isinstance(obj, list):
+        if kind is list and _all_plain(obj):
+            return obj
+        return [_prepare(v, buffers, depth + 1) for v in obj]
+    if isinstance(obj, tuple):
+        items = [_prepare(v, buffers, depth + 1) for v in obj]
+        return msgspec.msgpack.Ext(_EXT_TUPLE, _ENCODER.encode(items))
+    if isinstance(obj, torch.Tensor):
+        return _tensor_ext(obj, buffers)
+    if isinstance(obj, np.ndarray):
+        return _ndarray_ext(obj, buffers)
+    if isinstance(obj, Ragged):
+        if not isinstance(obj.values, torch.Tensor) or not isinstance(obj.offsets, torch.Tensor):
+            raise SerializationError(f"Ragged values and offsets must be tensors, got {obj!r}")
+        pair = [_tensor_ext(obj.values, buffers), _tensor_ext(obj.offsets, buffers)]
+        return msgspec.msgpack.Ext(_EXT_RAGGED, _ENCODER.encode(pair))
+    if isinstance(obj, np.generic):
+        raise SerializationError(
+            f"cannot serialize numpy scalar {_describe(obj)}; convert it with .item() or "
+            "wrap it in a 0-d array"
+        )
+    if isinstance(obj, Enum):
+        return _prepare(obj.value, buffers, depth + 1)
+    if isinstance(obj, str | int | float | bytes | bytearray | memoryview):
+        return obj  # subclasses of plain types; msgspec writes them as the base type
+    raise SerializationError(
+        f"cannot serialize {_describe(obj)}: supported are dict (str keys), list, tuple, str, "
+        "int, float, bool, None, bytes, torch.Tensor, numpy.ndarray and Ragged (no pickle)"
+    )
+
+
+def _tensor_ext(t: torch.Tensor, buffers: list[memoryview]) -> msgspec.msgpack.Ext:
+    name = _TORCH_NAMES.get(t.dtype)
+    if name is None:
+        raise SerializationError(f"unsupported tensor dtype {t.dtype} (shape {tuple(t.shape)})")
+    if t.layout != torch.strided or t.is_nested or t.is_quantized:
+        raise SerializationError(f"only dense strided tensors are supported, got {t.layout}")
+    shape = list(t.shape)
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()  # device memory cannot back a frame; this is the one copy
+    t = t.resolve_conj().resolve_neg().contiguous()  # no-ops (no copy) in the common case
+    # view(uint8) exposes any dtype's bytes, including ones numpy lacks (bfloat16).
+    view = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    return _buffer_ext(_EXT_TENSOR, name, shape, view, buffers)
+
+
+def _ndarray_ext(a: np.ndarray, buffers: list[memoryview]) -> msgspec.msgpack.Ext:
+    if a.dtype.str not in _NUMPY_DTYPES:
+        raise SerializationError(
+            f"unsupported ndarray dtype {a.dtype} (shape {a.shape}); "
+            "only bool, int, uint, float and complex dtypes are supported"
+        )
+    shape = list(a.shape)
+    flat = np.ascontiguousarray(a).reshape(-1)  # no copy if already C-contiguous
+    return _buffer_ext(_EXT_NDARRAY, a.dtype.str, shape, memoryview(flat.view(np.uint8)), buffers)
+
+
+def _buffer_ext(
+    code: int, dtype: str, shape: list[int], view: memoryview, buffers: list[memoryview]
+) -> msgspec.msgpack.Ext:
+    buffers.append(view)
+    desc = [dtype, shape, view.nbytes, len(buffers)]  # frame number: header is frame 0
+    return msgspec.msgpack.Ext(code, _ENCODER.encode(desc))
+
+
+# ---------------------------------------------------------------------------- decode
+
+
+def decode(frames: Sequence[Any]) -> Any:
+    """Rebuild the object ``encode`` produced, sharing memory with ``frames``.
+
+    Args:
+        frames: bytes, bytearray, memoryview or zmq.Frame objects.
+
+    Returns:
+        The object; tensors and arrays are views over the frames (no copy).
+
+    Raises:
+        SerializationError: for any malformed, truncated or unsupported message;
+            decode of arbitrary bytes raises nothing else.
+    """
+    views = [_frame_view(i, f) for i, f in enumerate(frames)]
+    if not views:
+        raise SerializationError("message has no frames; expected a header frame")
+    try:
+        return _decode_views(views)
+    except SerializationError:
+        raise
+    except Exception as exc:
+        # Received bytes are untrusted: whatever msgspec/numpy/torch raise while
+        # interpreting them (RecursionError, ValueError, ...) is a malformed message.
+        raise SerializationError(f"malformed message: {type(exc).__name__}: {exc}") from exc
+
+
+def _frame_view(i: int, frame: Any) -> memoryview:
+    if not isinstance(frame, bytes | bytearray | memoryview):
+        frame = getattr(frame, "buffer", None)  # zmq.Frame, without importing zmq here
+        if not isinstance(frame, memoryview):
+            raise SerializationError(f"frame {i} must be bytes-like or a zmq.Frame, got {frame!r}")
+    view = memoryview(frame)
+    if view.format != "B" or view.ndim != 1:
+        if not view.c_contiguous:
+            raise SerializationError(f"frame {i} is not a contiguous buffer")
+        view = view.cast("B")
+    return view
+
+
+def _decode_views(views: list[memoryview]) -> Any:
+    try:
+        parts = _ENVELOPE.decode(views[0])
+    except msgspec.MsgspecError as exc:
+        raise SerializationError(f"malformed header frame ({len(views[0])} bytes): {exc}") from exc
+    if len(parts) != 4 or _STR.decode(parts[0]) != _MAGIC:
+        raise SerializationError("header frame is not a tq_stream message (bad magic or length)")
+    version = _INT.decode(parts[1])
+    if version != VERSION:
+        raise SerializationError(f"unsupported format version {version}; this reads {VERSION}")
+    n_frames = _INT.decode(parts[2])
+    if n_frames != len(views):
+        raise SerializationError(f"header announces {n_frames} frames, got {len(views)}")
+    reader = _BodyReader(views)
+    obj = reader.decoder.decode(parts[3])
+    unused = [i for i, used in enumerate(reader.used) if not used]
+    if unused:
+        raise SerializationError(f"frames {unused} are not referenced by the header")
+    return obj
+
+
+class _BodyReader:
+    """Per-message ext hook: turns ext values into tensors over the frames.
+
+    Invariant: every frame i >= 1 is consumed exactly once (``used``).
+    """
+
+    def __init__(self, views: list[memoryview]) -> None:
+        self.views = views
+        self.used = [True] + [False] * (len(views) - 1)
+        self.decoder = msgspec.msgpack.Decoder(ext_hook=self.ext_hook)
+
+    def ext_hook(self, code: int, data: memoryview) -> Any:
+        if code == _EXT_TENSOR:
+            return self._tensor(data)
+        if code == _EXT_NDARRAY:
+            return self._ndarray(data)
+        if code == _EXT_RAGGED:
+            values, offsets = (
+                self.ext_hook(e.code, memoryview(e.data)) for e in _PAIR.decode(data)
+            )
+            if not isinstance(values, torch.Tensor) or not isinstance(offsets, torch.Tensor):
+                raise SerializationError("ragged value must hold two tensors")
+            return Ragged(values, offsets)
+        if code == _EXT_TUPLE:
+            items = self.decoder.decode(data)
+            if not isinstance(items, list):
+                raise SerializationError(f"tuple payload must be an array, got {_describe(items)}")
+            return tuple(items)
+        raise SerializationError(f"unknown ext type {code} in header")
+
+    def _buffer(self, data: memoryview, table: dict[str, Any]) -> tuple[Any, list[int], memoryview]:
+        """Validate one buffer descriptor against ``table`` and claim its frame."""
+        name, shape, nbytes, frame = _BUFFER_DESC.decode(data)
+        dtype = table.get(name)
+        if dtype is None:
+            raise SerializationError(f"unsupported dtype {name!r} in header")
+        if len(shape) > 64 or any(d < 0 for d in shape):
+            raise SerializationError(f"invalid shape {shape} for dtype {name}")
+        expected = math.prod(shape) * dtype.itemsize
+        if expected != nbytes:
+            raise SerializationError(f"{name}{shape} takes {expected} bytes, header says {nbytes}")
+        if not 1 <= frame < len(self.views) or self.used[frame]:
+            raise SerializationError(f"header references frame {frame}: missing or used twice")
+        view = self.views[frame]
+        if view.nbytes != nbytes:
+            raise SerializationError(f"frame {frame} has {view.nbytes} bytes, header says {nbytes}")
+        self.used[frame] = True
+        return dtype, shape, view
+
+    def _tensor(self, data: memoryview) -> torch.Tensor:
+        dtype, shape, view = self._buffer(data, _TORCH_DTYPES)
+        if view.nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        if view.readonly:
+            # torch.frombuffer would warn (torch has no read-only tensors); DLPack over
+            # a read-only numpy view shares the memory the same way, without the warning.
+            flat = torch.from_dlpack(np.frombuffer(view, dtype=np.uint8)).view(dtype)
+        else:
+            flat = torch.frombuffer(view, dtype=dtype)
+        return flat.view(shape)
+
+    def _ndarray(self, data: memoryview) -> np.ndarray:
+        dtype, shape, view = self._buffer(data, _NUMPY_DTYPES)
+        return np.frombuffer(view, dtype=dtype).reshape(shape)
+
+
+# ---------------------------------------------------------------------------- files
+
+_FILE_MAGIC = b"TQSDUMP1"
+_ALIGN = 64  # every frame starts 64-byte aligned in the file (and in load's buffer)
+_U64 = struct.Struct("<Q")
+
+
+def dump(obj: Any, path: str | os.PathLike[str]) -> None:
+    """Write ``encode(obj)`` to ``path`` atomically (tmp file, fsync, os.replace).
+
+    Layout: magic (8 bytes), frame count (u64), (offset, length) u64 pairs, then
+    each frame at a 64-byte aligned offset.
+
+    Raises:
+        SerializationError: ``obj`` is not serializable (nothing is written).
+        OSError: the file could not be written.
+    """
+    frames = encode(obj)
+    table_end = len(_FILE_MAGIC) + 8 + 16 * len(frames)
+    offsets, pos = [], table_end
+    for frame in frames:
+        pos += -pos % _ALIGN
+        offsets.append(pos)
+        pos += memoryview(frame).nbytes
+    prefix = bytearray(_FILE_MAGIC + _U64.pack(len(frames)))
+    for offset, frame in zip(offsets, frames, strict=True):
+        prefix += _U64.pack(offset) + _U64.pack(memoryview(frame).nbytes)
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(prefix)
+            written = len(prefix)
+            for offset, frame in zip(offsets, frames, strict=True):
+                f.write(bytes(offset - written))
+                written = offset + f.write(frame)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: str) -> None:
+    # Makes the rename durable; not supported on every platform/filesystem.
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load(path: str | os.PathLike[str], *, mmap: bool = False) -> Any:
+    """Read an object written by ``dump``.
+
+    Args:
+        path: the file.
+        mmap: map the file copy-on-write instead of reading it into memory;
+            tensors then page in lazily and writes to them never reach the file.
+
+    Returns:
+        The object; its tensors share one buffer holding the whole file.
+
+    Raises:
+        SerializationError: not a dump file, or a truncated/corrupt one.
+        OSError: the file could not be read.
+    """
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < len(_FILE_MAGIC) + 8:
+            raise SerializationError(f"{os.fspath(path)!r} is too short ({size} bytes) for a dump")
+        if mmap:
+            import mmap as mmap_module
+
+            buf = memoryview(mmap_module.mmap(f.fileno(), 0, access=mmap_module.ACCESS_COPY))
+        else:
+            data = bytearray(size)
+            if f.readinto(data) != size:
+                raise SerializationError(f"{os.fspath(path)!r} changed size while being read")
+            buf = memoryview(data)
+    return decode(_file_frames(buf, os.fspath(path)))
+
+
+def _file_frames(buf: memoryview, path: str) -> list[memoryview]:
+    if bytes(buf[:8]) != _FILE_MAGIC:
+        raise SerializationError(f"{path!r} is not a tq_stream dump (magic {bytes(buf[:8])!r})")
+    (count,) = _U64.unpack_from(buf, 8)
+    if not 1 <= count <= (len(buf) - 16) // 16:
+        raise SerializationError(f"{path!r} announces {count} frames; file has {len(buf)} bytes")
+    frames = []
+    for i in range(count):
+        offset, length = struct.unpack_from("<QQ", buf, 16 + 16 * i)
+        if offset + length > len(buf):
+            raise SerializationError(
+                f"{path!r} is truncated: frame {i} spans [{offset}, {offset + length}) "
+                f"beyond {len(buf)} bytes"
+            )
+        frames.append(buf[offset : offset + length])
+    return frames

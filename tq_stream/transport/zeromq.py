@@ -1,0 +1,26 @@
+"""The zmq transport: RPC server/client, PUB/SUB events and CURVE keys.
+
+Importing this module imports pyzmq; ``import tq_stream`` does not.
+
+Usage (a handler is any object with ``RPC_METHODS: frozenset[str]``):
+
+    server = RpcServer(handler, "tcp://127.0.0.1:0").start()
+    client = RpcClient(server.address, timeout=30)
+    client.call("method", {"arg": value}, timeout=10)
+    client.close(); server.close()
+"""
+
+from tq_stream.transport.zmq_client import RpcClient
+from tq_stream.transport.zmq_notify import Publisher, Subscriber
+from tq_stream.transport.zmq_security import generate_keys, public_key
+from tq_stream.transport.zmq_server import BUSY, RpcServer
+
+__all__ = [
+    "BUSY",
+    "Publisher",
+    "RpcClient",
+    "RpcServer",
+    "Subscriber",
+    "generate_keys",
+    "public_key",
+]

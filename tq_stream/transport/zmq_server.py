@@ -1,0 +1,346 @@
+"""RpcServer: serves a handler's RPC_METHODS over a zmq ROUTER socket."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import zmq
+
+from tq_stream.errors import (
+    ClosedError,
+    ConfigError,
+    SerializationError,
+    TQError,
+    WaitTimeout,
+    check_positive,
+    check_timeout,
+)
+from tq_stream.serialization import decode, encode
+from tq_stream.transport.dispatch import Dispatcher
+from tq_stream.transport.remote_errors import error_to_value
+from tq_stream.transport.zmq_security import Key, make_curve_server, start_client_allowlist
+from tq_stream.transport.zmq_sockets import SocketGroup
+
+logger = logging.getLogger(__name__)
+
+BUSY = "ServerBusy"  # RemoteError.kind of the reply to a request refused for lack of room
+_STOP = None  # work-queue sentinel: one per worker thread at close
+
+
+def parse_request(request: Any) -> tuple[int, str, dict[str, Any], float]:
+    """``(id, method, args, timeout)`` of a decoded request, or SerializationError."""
+    if not isinstance(request, dict):
+        raise SerializationError(f"request must be a dict, got {type(request).__name__}")
+    req_id, method = request.get("id"), request.get("method")
+    args, timeout = request.get("args", {}), request.get("timeout", 0.0)
+    if type(req_id) is not int or not isinstance(method, str) or not isinstance(args, dict):
+        raise SerializationError(
+            f"request needs an int 'id', a str 'method' and a dict 'args', got id={req_id!r}, "
+            f"method={method!r}, args of type {type(args).__name__}"
+        )
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool):
+        raise SerializationError(f"request 'timeout' must be a number, got {timeout!r}")
+    return req_id, method, args, float(timeout)
+
+
+class RpcServer:
+    """Serves ``handler.<method>(**args)`` for the names in ``handler.RPC_METHODS``.
+
+    One IO thread owns the ROUTER socket; ``workers`` threads run handler
+    methods, which may block (long-polls), and hand replies back to the IO
+    thread through their own inproc PUSH sockets. Invariants:
+
+    - only the IO thread touches the ROUTER socket (zmq sockets are not thread-safe);
+    - at most ``workers`` requests run and at most ``backlog`` wait; a request
+      arriving when the backlog is full is answered at once with a RemoteError
+      of kind ``"ServerBusy"``, never queued;
+    - every request with a usable envelope and header gets exactly one reply
+      (result or error) unless the server closes first; a request that waited
+      longer than its caller's timeout is not run (the caller has given up);
+    - received bytes are only ever decoded by ``tq_stream.serialization``.
+
+    Results are sent zero-copy after the handler returns: a handler must return
+    tensors that nothing mutates afterwards (a gathered copy, not a view of a
+    live storage slab). Tensors in ``args`` are views of private receive buffers.
+
+    Example:
+        >>> from tq_stream.transport.zeromq import RpcClient, RpcServer
+        >>> class Echo:
+        ...     RPC_METHODS = frozenset({"echo"})
+        ...     def echo(self, value):
+        ...         return value
+        >>> with RpcServer(Echo()) as server, RpcClient(server.address) as client:
+        ...     client.call("echo", {"value": 1}, timeout=5)
+        1
+
+    Args:
+        handler: the object whose allowlisted methods are served.
+        address: ``tcp://host:port`` (port 0 picks a free port) or ``ipc://path``;
+            ``.address`` is the actual bound endpoint.
+        workers: threads running handler methods.
+        backlog: requests that may wait for a worker.
+        curve_secret_key: serve CURVE-encrypted; clients need the public key
+            (``zmq_security.public_key(secret)``).
+        curve_client_keys: with a secret key, admit only these client public keys.
+    """
+
+    def __init__(
+        self,
+        handler: Any,
+        address: str = "tcp://127.0.0.1:0",
+        *,
+        workers: int = 8,
+        backlog: int = 64,
+        curve_secret_key: Key | None = None,
+        curve_client_keys: Iterable[Key] | None = None,
+    ) -> None:
+        if not isinstance(address, str) or "://" not in address:
+            raise ConfigError(
+                f"address must be a zmq endpoint like 'tcp://127.0.0.1:0' or 'ipc://path', "
+                f"got {address!r}"
+            )
+        self._dispatch = Dispatcher(handler)
+        self._workers_n = check_positive("workers", workers)
+        self._backlog = check_positive("backlog", backlog)
+        if curve_client_keys is not None and curve_secret_key is None:
+            raise ConfigError("curve_client_keys needs curve_secret_key, got no secret key")
+        self._group = SocketGroup(f"RpcServer({address})")
+        self._auth = None
+        token = secrets.token_hex(8)
+        try:
+            if curve_client_keys is not None:
+                self._auth = start_client_allowlist(self._group.context, curve_client_keys)
+            self._router = self._group.socket(zmq.ROUTER)
+            if curve_secret_key is not None:
+                make_curve_server(self._router, curve_secret_key)
+            try:
+                self._router.bind(address)
+            except zmq.ZMQError as exc:
+                raise ConfigError(f"address {address!r} cannot be bound: {exc}") from None
+            self.address: str = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+            self._replies_at = f"inproc://tq-rpc-replies-{token}"
+            self._replies = self._group.socket(zmq.PULL)
+            self._replies.bind(self._replies_at)
+            self._control_at = f"inproc://tq-rpc-control-{token}"
+            self._control = self._group.socket(zmq.PULL)
+            self._control.bind(self._control_at)
+        except BaseException:
+            self._teardown_unstarted()
+            raise
+        # Sized for the backlog plus one stop sentinel per worker; the IO thread (the
+        # only producer of requests) enforces the backlog bound itself.
+        self._work: queue.Queue[Any] = queue.Queue(maxsize=self._backlog + self._workers_n)
+        self._threads: list[threading.Thread] = []
+        self._state_lock = threading.Lock()
+        self._started = False
+        self._closed = False
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting for a worker (a snapshot)."""
+        return self._work.qsize()
+
+    def start(self) -> RpcServer:
+        """Start the IO and worker threads; idempotent.
+
+        Raises:
+            ClosedError: after ``close()``.
+        """
+        with self._state_lock:
+            if self._closed:
+                raise ClosedError(f"server at {self.address} is closed; cannot start it")
+            if self._started:
+                return self
+            self._started = True
+            name = f"tq-rpc {self.address}"
+            self._threads = [threading.Thread(target=self._serve, name=f"{name} io", daemon=True)]
+            self._threads += [
+                threading.Thread(target=self._work_loop, name=f"{name} worker {i}", daemon=True)
+                for i in range(self._workers_n)
+            ]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop serving and release the sockets; idempotent.
+
+        Requests still waiting are dropped (their callers time out). Waits up to
+        ``timeout`` seconds for handlers that are running to return; a handler
+        still blocked after that finishes in its daemon thread, and the last
+        socket is released when it does.
+        """
+        check_timeout("timeout", timeout)
+        with self._state_lock:
+            if self._closed:
+                return
+            self._closed = True
+            started = self._started
+        if not started:
+            self._teardown_unstarted()
+            return
+        deadline = time.monotonic() + timeout
+        wake = self._group.socket(zmq.PUSH)
+        try:
+            wake.connect(self._control_at)
+            wake.send(b"", flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # the IO thread is gone already
+        finally:
+            self._group.release(wake)
+        self._threads[0].join(max(0.0, deadline - time.monotonic()))
+        while True:  # drop waiting requests so the stop sentinels fit
+            try:
+                self._work.get_nowait()
+            except queue.Empty:
+                break
+        for _ in range(self._workers_n):
+            try:
+                self._work.put_nowait(_STOP)
+            except queue.Full:  # only if the IO thread outlived its join; workers are daemons
+                break
+        for thread in self._threads[1:]:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._stop_auth()
+        self._group.close()
+
+    def __enter__(self) -> RpcServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --------------------------------------------------------------- IO thread
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        for sock in (self._router, self._replies, self._control):
+            poller.register(sock, zmq.POLLIN)
+        try:
+            while True:
+                # The control socket wakes us for close(); the poll timeout is only a
+                # safety net, not a polling interval.
+                events = dict(poller.poll(1000))
+                if self._control in events or self._closed:
+                    return
+                if self._replies in events:
+                    self._forward_replies()
+                if self._router in events:
+                    self._accept_requests()
+        except zmq.ZMQError as exc:
+            if not self._closed:
+                logger.error("RPC server at %s stopped: %s", self.address, exc)
+        finally:
+            for sock in (self._router, self._replies, self._control):
+                self._group.release(sock)
+
+    def _forward_replies(self) -> None:
+        for _ in range(self._backlog + self._workers_n):  # bounded: requests are served too
+            try:
+                reply = self._replies.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            # ROUTER drops (never blocks on) replies to clients that are gone or full.
+            self._router.send_multipart(reply, copy=False)
+
+    def _accept_requests(self) -> None:
+        for _ in range(self._backlog + self._workers_n):
+            try:
+                msg = self._router.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            if len(msg) < 3 or len(msg[1]) != 0:
+                logger.debug("dropped a request without [identity, '', header] envelope")
+                continue
+            identity, frames = msg[0], msg[2:]
+            if self._work.qsize() >= self._backlog:
+                self._reply_busy(identity, frames)
+                continue
+            self._work.put_nowait((identity, frames, time.monotonic()))
+
+    def _reply_busy(self, identity: zmq.Frame, frames: list[zmq.Frame]) -> None:
+        try:
+            req_id = parse_request(decode(frames))[0]
+        except SerializationError:
+            return  # no id to answer to
+        error = {
+            "kind": BUSY,
+            "message": f"{self._workers_n} workers busy and {self._backlog} requests waiting; "
+            "retry later or raise workers/backlog",
+            "where": self.address,
+        }
+        reply = encode({"id": req_id, "ok": False, "error": error})
+        self._router.send_multipart([identity, b"", *reply], copy=False)
+
+    # ------------------------------------------------------------ worker threads
+
+    def _work_loop(self) -> None:
+        try:
+            push = self._group.socket(zmq.PUSH)
+        except ClosedError:
+            return
+        try:
+            push.sndtimeo = 1000  # the IO thread drains continuously; bound it anyway
+            push.connect(self._replies_at)
+            while True:
+                # Blocks without a timeout by design: close() always enqueues one
+                # stop sentinel per worker.
+                item = self._work.get()
+                if item is _STOP:
+                    return
+                identity, frames, received = item
+                reply = self._handle(frames, received)
+                # After close() the IO thread is gone and a send would wait for sndtimeo.
+                if reply is not None and not self._closed:
+                    try:
+                        push.send_multipart([identity, b"", *reply], copy=False)
+                    except zmq.ZMQError as exc:
+                        logger.warning("reply from %s dropped: %s", self.address, exc)
+        finally:
+            self._group.release(push)
+
+    def _handle(self, frames: list[zmq.Frame], received: float) -> list[Any] | None:
+        """The encoded reply to one request, or None when no one can receive it."""
+        req_id = None
+        try:
+            request = decode(frames)
+            if isinstance(request, dict) and type(request.get("id")) is int:
+                req_id = request["id"]  # known early so a bad request still gets its answer
+            req_id, method, args, timeout = parse_request(request)
+            waited = time.monotonic() - received
+            if timeout and waited > timeout:
+                raise WaitTimeout(
+                    f"request {method!r} waited {waited:.3g} s for a worker at {self.address}, "
+                    f"longer than its timeout {timeout:g} s; not run"
+                )
+            result = self._dispatch(method, args)
+            return encode({"id": req_id, "ok": True, "result": result})
+        except Exception as exc:
+            if req_id is None:
+                logger.debug("dropped a request at %s: %s", self.address, exc)
+                return None  # the caller cannot match a reply without its id
+            if not isinstance(exc, TQError):
+                logger.warning("handler error at %s", self.address, exc_info=exc)
+            error = error_to_value(exc, self.address)
+            return encode({"id": req_id, "ok": False, "error": error})
+
+    # ------------------------------------------------------------------ teardown
+
+    def _teardown_unstarted(self) -> None:
+        for name in ("_router", "_replies", "_control"):
+            sock = self.__dict__.pop(name, None)
+            if sock is not None:
+                self._group.release(sock)
+        self._stop_auth()
+        self._group.close()
+
+    def _stop_auth(self) -> None:
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
