@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tq_stream.buffers import POOL
 from tq_stream.columns import Column, Ragged, concat, take
 
 _POOL: ThreadPoolExecutor | None = None
@@ -74,7 +75,7 @@ def load(units: Sequence[Any], partition: str, unit: np.ndarray, slot: np.ndarra
         cols = [p[f] for p in parts]
         if isinstance(cols[0], torch.Tensor):
             first = cols[0]
-            res = first.new_empty((len(unit), *first.shape[1:]))
+            res = POOL.empty((len(unit), *first.shape[1:]), first.dtype)
             for (_, pos), c in zip(groups, cols, strict=True):
                 res[torch.from_numpy(pos)] = c
             out[f] = res

@@ -6,19 +6,25 @@
   slot; freed space is reclaimed by compaction once it exceeds the live part.
 - ``ObjectSlots``: a numpy object array of plain Python values.
 
-Every store grows by doubling and can report its bytes. An ``alloc`` callable
+Every store grows by doubling, can report its bytes, and knows which slots hold a
+value: reading a slot that was never written (or was freed) raises
+KeyConflictError instead of returning stale bytes. An ``alloc`` callable
 (``alloc(shape, dtype) -> Tensor``) decides where slab memory comes from, so a
-shared-memory unit reuses the same stores.
+shared-memory unit reuses the same stores. ``Generations`` holds the occupancy
+token of every slot of a partition (see ``tq_stream.backends.base.occupancy``).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
+from tq_stream.buffers import POOL
 from tq_stream.columns import Column, Ragged, dtype_from_name, schema_of
+from tq_stream.errors import KeyConflictError, StateError
 
 Alloc = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
 _MIN_ROWS = 16
@@ -34,12 +40,37 @@ def _grown(n: int, need: int) -> int:
     return n
 
 
+def _check_written(written: np.ndarray, slots: np.ndarray) -> None:
+    """Raise KeyConflictError unless every slot in ``slots`` holds a value.
+
+    ``written`` is a per-slot bool mask, or the arena's length array (-1: empty).
+    """
+    inside = (slots >= 0) & (slots < written.shape[0])
+    ok = inside.copy()
+    ok[inside] = written[slots[inside]] if written.dtype == bool else \
+        written[slots[inside]] >= 0
+    if not ok.all():
+        bad = slots[~ok][:5].tolist()
+        raise KeyConflictError(f"slots must hold a value to be read, got slots {bad} that "
+                               f"were never written or were freed")
+
+
+def _mark(written: np.ndarray, slots: np.ndarray, value: bool) -> np.ndarray:
+    top = int(slots.max()) + 1 if len(slots) else 0
+    if top > written.shape[0]:
+        written = np.concatenate([written, np.zeros(_grown(max(written.shape[0], 1), top)
+                                                    - written.shape[0], dtype=bool)])
+    written[slots] = value
+    return written
+
+
 class DenseSlab:
     """Fixed-shape rows in one tensor ``[capacity, *shape]``."""
 
     def __init__(self, dtype: torch.dtype, shape: tuple[int, ...], alloc: Alloc = heap_alloc):
         self.dtype, self.shape, self._alloc = dtype, shape, alloc
         self.data = alloc((_MIN_ROWS, *shape), dtype)
+        self.written = np.zeros(_MIN_ROWS, dtype=bool)
 
     def _ensure(self, max_slot: int) -> None:
         cap = self.data.shape[0]
@@ -53,15 +84,18 @@ class DenseSlab:
         self._ensure(int(slots.max()))
         idx = torch.from_numpy(slots)
         self.data.index_copy_(0, idx, values.to(self.dtype).reshape(-1, *self.shape))
+        self.written = _mark(self.written, slots, True)
 
     def get(self, slots: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
+        _check_written(self.written, slots)
         idx = torch.from_numpy(slots)
         if out is None:
-            return self.data.index_select(0, idx)
+            out = POOL.empty((len(slots), *self.shape), self.dtype)
         return torch.index_select(self.data, 0, idx, out=out)
 
     def free(self, slots: np.ndarray) -> None:
-        pass  # slots are simply overwritten on reuse
+        slots = slots[slots < self.written.shape[0]]
+        self.written[slots] = False  # the bytes stay until the slot is written again
 
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size()
@@ -132,6 +166,7 @@ class RaggedArena:
         self.live += int(lengths.sum())
 
     def get(self, slots: np.ndarray) -> Ragged:
+        _check_written(self.length, slots)
         lengths = self.length[slots]
         offsets = np.zeros(len(slots) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
@@ -147,11 +182,21 @@ class RaggedArena:
         return self.values.numel() * self.values.element_size() + self.start.nbytes * 2
 
 
+def _own(value: object) -> object:
+    """A copy of a mutable plain value (lists/dicts), so storage and callers never share it."""
+    return copy.deepcopy(value) if isinstance(value, list | dict | tuple) else value
+
+
 class ObjectSlots:
-    """Plain Python values (str, numbers, bytes, lists/dicts) per slot."""
+    """Plain Python values (str, numbers, bytes, lists/dicts) per slot.
+
+    Containers are copied on the way in and out: mutating a value passed to
+    ``put`` or returned by ``get`` never changes what is stored.
+    """
 
     def __init__(self) -> None:
         self.data = np.empty(_MIN_ROWS, dtype=object)
+        self.written = np.zeros(_MIN_ROWS, dtype=bool)
 
     def put(self, slots: np.ndarray, values: list) -> None:
         cap = self.data.shape[0]
@@ -159,20 +204,91 @@ class ObjectSlots:
         if top >= cap:
             self.data = np.concatenate([self.data, np.empty(_grown(cap, top + 1) - cap, object)])
         for s, v in zip(slots.tolist(), values, strict=True):
-            self.data[s] = v
+            self.data[s] = _own(v)
+        self.written = _mark(self.written, slots, True)
 
     def get(self, slots: np.ndarray) -> list:
-        return self.data[slots].tolist()
+        _check_written(self.written, slots)
+        return [_own(v) for v in self.data[slots].tolist()]
 
     def free(self, slots: np.ndarray) -> None:
         slots = slots[slots < self.data.shape[0]]
         self.data[slots] = None
+        self.written[slots[slots < self.written.shape[0]]] = False
 
     def nbytes(self) -> int:
         return self.data.nbytes
 
 
 Store = DenseSlab | RaggedArena | ObjectSlots
+
+UNSET = -1  # the token of a slot that is free, or being written right now
+
+
+class Generations:
+    """The occupancy token of each slot of one partition; a seqlock word per slot.
+
+    Invariants: a slot's token is ``UNSET`` while a put writes it (``begin`` ..
+    ``end``) and after it is freed; otherwise it is the token of the row whose
+    values the slot holds. Tokens are never reused within a partition, so a
+    reader that copied rows and *then* finds each slot's token equal to the one
+    it expects knows that no put touched those slots during its copy and that
+    they still hold its rows (a reader in another process does this on the
+    shared-memory slabs, see ``ShmReader.current``). A token array that is
+    replaced (growth) or discarded is first set to ``UNSET`` everywhere, so a
+    reader still mapping it never trusts it. Memory order: on x86 (TSO) stores
+    and loads are not reordered among themselves, which this relies on.
+    """
+
+    def __init__(self, alloc: Alloc = heap_alloc) -> None:
+        self._alloc = alloc
+        self.data = alloc((_MIN_ROWS,), torch.int64)
+        self.data.fill_(UNSET)
+
+    def begin(self, slots: np.ndarray) -> None:
+        """Mark ``slots`` as being written (growing the array to hold them)."""
+        cap = self.data.shape[0]
+        if int(slots.max()) >= cap:
+            new = self._alloc((_grown(cap, int(slots.max()) + 1),), torch.int64)
+            new.fill_(UNSET)
+            new[:cap].copy_(self.data)
+            self.retire()
+            self.data = new
+        self.data[torch.from_numpy(slots)] = UNSET
+
+    def end(self, slots: np.ndarray, tokens: np.ndarray | None) -> None:
+        """Publish the tokens of the rows just written (``None``: unknown, UNSET)."""
+        idx = torch.from_numpy(slots)
+        if tokens is None:
+            self.data[idx] = UNSET
+        else:
+            self.data[idx] = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+
+    def free(self, slots: np.ndarray) -> None:
+        slots = slots[(slots >= 0) & (slots < self.data.shape[0])]
+        self.data[torch.from_numpy(slots)] = UNSET
+
+    def retire(self) -> None:
+        """Invalidate every slot (before the array is replaced or dropped)."""
+        self.data.fill_(UNSET)
+
+    def check(self, partition: str, slots: np.ndarray, tokens: np.ndarray) -> None:
+        """Raise StateError unless every slot holds the row of its token."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if tokens.shape != slots.shape:
+            raise StateError(f"generations must have one entry per slot ({len(slots)}), "
+                             f"got shape {tokens.shape}")
+        inside = (slots >= 0) & (slots < self.data.shape[0])
+        ok = inside.copy()
+        ok[inside] = self.data.numpy()[slots[inside]] == tokens[inside]
+        if not ok.all():
+            raise stale_rows(partition, slots[~ok])
+
+
+def stale_rows(partition: str, slots: np.ndarray) -> StateError:
+    return StateError(
+        f"rows must still exist to be read, but slots {slots[:5].tolist()} of partition "
+        f"{partition!r} were cleared (and may hold newer rows) since their metadata was read")
 
 
 def store_for(column: Column, alloc: Alloc = heap_alloc) -> Store:

@@ -10,6 +10,7 @@ import torch
 
 from tq_stream.backends.base import StorageUnit
 from tq_stream.backends.shm import ShmReader
+from tq_stream.buffers import POOL
 from tq_stream.columns import Column, dtype_from_name
 from tq_stream.errors import StateError
 
@@ -48,7 +49,8 @@ class SameHostUnit(StorageUnit):
         idx = torch.from_numpy(slots)
         for f, lay in layout.items():
             view = _READER.view(lay["shm"], dtype_from_name(lay["dtype"]), tuple(lay["shape"]))
-            out[f] = view.index_select(0, idx)
+            res = POOL.empty((len(slots), *view.shape[1:]), view.dtype)
+            out[f] = torch.index_select(view, 0, idx, out=res)
         return out
 
     def free(self, partition: str, slots: np.ndarray) -> None:

@@ -110,8 +110,13 @@ class Candidates:
             return tags[name][[pos[int(r)] for r in rows]]
 
         rt = np.arange(len(index), dtype=np.float64) if ready_time is None else ready_time
-        return Candidates(index, np.asarray(rt, dtype=np.float64), _tags=lookup,
-                          _has_tag=tags.__contains__, **kwargs)
+        return Candidates(
+            index,
+            np.asarray(rt, dtype=np.float64),
+            _tags=lookup,
+            _has_tag=tags.__contains__,
+            **kwargs,
+        )
 
 
 @dataclass(frozen=True)
@@ -144,8 +149,9 @@ class Selection:
         return Selection(self.shares, merge_discards(self.discard, more))
 
     @staticmethod
-    def split(rows: np.ndarray, dp_size: int,
-              discard: Mapping[str, np.ndarray] | None = None) -> Selection:
+    def split(
+        rows: np.ndarray, dp_size: int, discard: Mapping[str, np.ndarray] | None = None
+    ) -> Selection:
         """Split ``rows`` into ``dp_size`` contiguous shares of equal length."""
         rows = np.asarray(rows, dtype=np.int64)
         if rows.shape[0] % dp_size:
@@ -166,6 +172,13 @@ class Sampler:
     """
 
     STATE_KEYS: tuple[str, ...] = ()
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Sampler:
+        # The constructor arguments let a remote controller build the same sampler
+        # (see tq_stream.samplers.spec); nothing else reads them.
+        self = super().__new__(cls)
+        self._spec_args = (args, kwargs)
+        return self
 
     def sample(self, candidates: Candidates, batch_size: int) -> Selection:
         raise NotImplementedError
@@ -207,6 +220,20 @@ def merge_discards(*parts: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
             if len(rows):
                 out.setdefault(reason, []).append(np.asarray(rows, dtype=np.int64))
     return {r: v[0] if len(v) == 1 else np.concatenate(v) for r, v in out.items()}
+
+
+def numeric_tag(values: np.ndarray, name: str) -> np.ndarray:
+    """Int/float tag values as they are; bool/object ones as float64 (None -> NaN).
+
+    Raises:
+        ConfigError: if a value is not a number (e.g. a str in tag ``name``).
+    """
+    if values.dtype.kind in "iuf":
+        return values
+    try:
+        return np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"tag {name!r} must hold numbers, got {values[:3].tolist()!r}...") from e
 
 
 def missing_mask(values: np.ndarray) -> np.ndarray:

@@ -1,0 +1,174 @@
+"""SeqlenBalancedSampler, karmarkar_karp and lpt: balanced, whole, non-empty shares."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_samplers_common import check_selection, columns_candidates, grouped_columns
+
+from tq_stream.errors import ConfigError
+from tq_stream.samplers import (
+    Candidates,
+    DynamicFilterSampler,
+    GroupSampler,
+    SeqlenBalancedSampler,
+    SequentialSampler,
+    StalenessSampler,
+)
+from tq_stream.samplers.seqlen_balanced import karmarkar_karp, lpt
+
+SETTINGS = settings(max_examples=80, deadline=None, database=None)
+costs_st = st.lists(st.one_of(st.integers(0, 5000), st.floats(0, 1e4)), min_size=0, max_size=60)
+
+
+@SETTINGS
+@given(costs=costs_st, k=st.integers(1, 9), method=st.sampled_from([karmarkar_karp, lpt]))
+def test_partition_is_complete_non_empty_and_within_bound(costs, k, method):
+    costs = np.asarray(costs, dtype=np.float64)
+    parts = method(costs, k)
+    assert len(parts) == k
+    items = np.concatenate(parts) if parts else np.empty(0)
+    assert sorted(items.tolist()) == list(range(len(costs)))
+    if len(costs) >= k:
+        assert all(len(p) > 0 for p in parts)
+    if len(costs):
+        sums = [costs[p].sum() for p in parts]
+        assert max(sums) - min(sums) <= costs.max() * (1 + 1e-9) + 1e-9
+
+
+def test_kk_beats_lpt_on_the_textbook_case():
+    costs = np.array([8, 7, 6, 5, 4])
+    spread = {}
+    for m in (karmarkar_karp, lpt):
+        sums = [costs[p].sum() for p in m(costs, 2)]
+        spread[m.__name__] = max(sums) - min(sums)
+    assert spread == {"karmarkar_karp": 2, "lpt": 4}
+
+
+@SETTINGS
+@given(
+    seed=st.integers(0, 2**31),
+    dp=st.integers(1, 6),
+    per_rank=st.integers(1, 3),
+    method=st.sampled_from(["kk", "lpt"]),
+)
+def test_groups_stay_whole_and_ranks_balanced(seed, dp, per_rank, method):
+    cols = grouped_columns(seed, 60, 4, p_incomplete=0.2)
+    cands = columns_candidates(cols, np.arange(cols["uid"].shape[0]), dp_size=dp)
+    inner = GroupSampler(group_size=4)
+    s = SeqlenBalancedSampler(inner, method=method)
+    assert s.group_tag == "uid"
+    plain, sel = inner.sample(cands, 4 * per_rank), s.sample(cands, 4 * per_rank)
+    check_selection(sel, cands)
+    assert sel.ready == plain.ready
+    if not sel.ready:
+        return
+    assert sorted(sel.rows.tolist()) == sorted(plain.rows.tolist())  # same rows, re-split
+    owner = {}
+    for r, share in enumerate(sel.shares):
+        for u in cols["uid"][share].tolist():
+            assert owner.setdefault(u, r) == r
+    seqlen = cols["seqlen"]
+    unit_cost = [seqlen[sel.rows][cols["uid"][sel.rows] == u].sum() for u in owner]
+    loads = [seqlen[s].sum() for s in sel.shares]
+    assert max(loads) - min(loads) <= max(unit_cost)
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**31), dp=st.integers(2, 8), batch=st.integers(1, 20))
+def test_row_units_with_a_cost_function(seed, dp, batch):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 200))
+    cols = {"seqlen": rng.integers(1, 4096, n), "prompt": rng.integers(1, 512, n)}
+    cands = columns_candidates(cols, np.arange(n), dp_size=dp)
+
+    def cost(tags):
+        total = tags["seqlen"] + tags["prompt"]
+        return 2.0 * total + total.astype(np.float64) ** 2 / 4096
+
+    sel = SeqlenBalancedSampler(cost=cost).sample(cands, batch)
+    check_selection(sel, cands)
+    assert sel.ready == (n >= batch * dp)
+    if sel.ready:
+        assert sorted(sel.rows.tolist()) == list(range(batch * dp))
+        c = cost({k: v[sel.rows] for k, v in cols.items()})
+        loads = [c[np.isin(sel.rows, s)].sum() for s in sel.shares]
+        assert max(loads) - min(loads) <= c.max() + 1e-6
+
+
+def test_group_tag_is_found_through_wrappers():
+    g = GroupSampler(group_size=4, group_tag="prompt")
+    assert SeqlenBalancedSampler(StalenessSampler(g)).group_tag == "prompt"
+    assert SeqlenBalancedSampler(DynamicFilterSampler(g)).group_tag == "prompt"
+    assert SeqlenBalancedSampler(SequentialSampler()).group_tag is None
+    assert SeqlenBalancedSampler(g, group_tag=None).group_tag is None
+
+
+def test_tail_is_balanced_too():
+    cols = {"uid": np.repeat(np.arange(3), 2), "seqlen": np.array([9, 9, 1, 1, 5, 5])}
+    cands = Candidates.from_arrays(np.arange(6), cols, dp_size=2, closed=True)
+    s = SeqlenBalancedSampler(GroupSampler(group_size=2))
+    assert not s.sample(cands, 4).ready
+    tail = s.tail(cands, 4)
+    assert sorted(tail.shares, key=len)[0].tolist() == [0, 1]  # the heavy group alone
+
+
+def test_1024_rows_dp8_well_under_50ms():
+    rng = np.random.default_rng(0)
+    n = 4096
+    cols = {"seqlen": rng.integers(64, 8192, n), "uid": np.arange(n) // 8}
+    cands = columns_candidates(cols, np.arange(n), dp_size=8)
+    for inner in (SequentialSampler(), GroupSampler(group_size=8)):
+        for method in ("kk", "lpt"):
+            s = SeqlenBalancedSampler(inner, method=method)
+            best = float("inf")
+            for _ in range(3):
+                t = time.perf_counter()
+                sel = s.sample(cands, 128)
+                best = min(best, time.perf_counter() - t)
+            assert sel.rows.shape[0] == 1024
+            assert best < 0.05, (type(inner).__name__, method, best)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"method": "greedy"}, ["method", "'greedy'", "kk", "lpt"]),
+        ({"cost": 3}, ["cost", "3"]),
+        ({"cost_tag": ""}, ["cost_tag", "''"]),
+        ({"group_tag": 5}, ["group_tag", "5"]),
+    ],
+)
+def test_bad_arguments_name_argument_and_value(kwargs, words):
+    with pytest.raises(ConfigError) as e:
+        SeqlenBalancedSampler(**kwargs)
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("seqlen", "cost", "words"),
+    [
+        (np.array([1.0, np.nan, 2.0, 3.0]), None, ["'seqlen'", "nan", "row 1"]),
+        (np.array([1, -4, 2, 3]), None, [">= 0", "-4", "row 1"]),
+        (np.array([1, 2, 3, 4]), lambda t: t["seqlen"][:2], ["one cost per row", "(2,)"]),
+    ],
+)
+def test_bad_costs_are_clear_errors(seqlen, cost, words):
+    cands = Candidates.from_arrays(np.arange(4), {"seqlen": seqlen}, dp_size=2)
+    with pytest.raises(ConfigError) as e:
+        SeqlenBalancedSampler(cost=cost).sample(cands, 2)
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_custom_method_is_validated():
+    cands = Candidates.from_arrays(np.arange(4), {"seqlen": np.ones(4)}, dp_size=2)
+
+    def everything_on_rank0(costs, k):
+        return [np.arange(len(costs))] + [np.empty(0, dtype=np.int64)] * (k - 1)
+
+    with pytest.raises(ConfigError, match="non-empty parts"):
+        SeqlenBalancedSampler(method=everything_on_rank0).sample(cands, 2)
