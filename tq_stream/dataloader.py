@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -22,7 +23,7 @@ import torch
 from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
-from tq_stream.datasets.batch import batch_meta, select_rows
+from tq_stream.datasets.batch import batch_meta, loader_step, select_rows
 from tq_stream.datasets.streaming import StreamingDataset
 from tq_stream.errors import ConfigError, check_positive
 
@@ -59,6 +60,7 @@ class StreamingDataLoader:
         self._client = dataset.stream.client()
         self._next_step = dataset.start_step
         self._unacked: list[TensorDict] = []
+        self._rows: Counter[str] = Counter()  # rows yielded per partition
 
     def __iter__(self) -> Iterator[TensorDict]:
         self.dataset.register()
@@ -71,7 +73,8 @@ class StreamingDataLoader:
             except StopIteration:
                 return
             self._unacked.append(batch)
-            self._next_step = batch_meta(batch).step + 1
+            self._next_step = loader_step(batch) + 1
+            self._rows[batch_meta(batch).partition] += len(batch_meta(batch))
             yield batch
 
     def ack(self, batch: TensorDict | None = None) -> None:
@@ -121,6 +124,12 @@ class StreamingDataLoader:
         self._unacked = []
 
     def stats(self) -> dict[str, Any]:
-        """The controller's counters for this loader's task."""
+        """This loader's task counters per partition (handed out, acked, discarded by
+        reason...) and the rows this loader yielded from each partition."""
         ds = self.dataset
-        return self._client._controller.stats()[ds.partition]["tasks"].get(ds.task, {})
+        everything = self._client._controller.stats()
+        return {
+            "rows": {p: self._rows[p] for p in ds.partitions},
+            "tasks": {p: everything.get(p, {}).get("tasks", {}).get(ds.task, {})
+                      for p in ds.partitions},
+        }

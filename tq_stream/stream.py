@@ -80,6 +80,11 @@ class Stream:
         """Set the consumer's current policy version for staleness-aware samplers."""
         self._controller().set_version(partition=partition, task=task, version=version)
 
+    def set_admission(self, partition: str, task: str, steps_per_version: int) -> None:
+        """How many steps ``task`` takes per policy version (for ``Writer.reserve``)."""
+        self._controller().set_admission(partition=partition, task=task,
+                                         steps_per_version=steps_per_version)
+
     def stats(self) -> dict[str, Any]:
         """Rows, fields, and per-task counters (handed out, acked, discarded by reason)."""
         return self._controller().stats()

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tq_stream import placement
+from tq_stream.backends.base import occupancy
 from tq_stream.columns import Column
 from tq_stream.controller.tags import check_tags
 from tq_stream.convert import schemas_of, single_row, to_columns
@@ -81,20 +82,40 @@ class Writer:
         """``put`` for asyncio code: runs in a worker thread, never blocks the loop."""
         await asyncio.to_thread(self.put, keys, data, tags, timeout)
 
+    def reserve(self, n: int, timeout: float | None = None) -> int:
+        """Wait until ``n`` more rows may be started without going stale; returns ``n``.
+
+        Call it before generating rows: while the partition already holds as many
+        rows as the consumers' staleness window allows (tasks whose sampler bounds
+        staleness, e.g. StalenessSampler, and whose consumer set a version), it
+        blocks, pacing producers instead of throwing their work away.
+
+        Raises:
+            WaitTimeout: the window stayed full for ``timeout`` seconds.
+        """
+        timeout = self._stream.config.timeout if timeout is None else timeout
+        return self._stream._controller().admit(partition=self.partition, n=n,
+                                                timeout=timeout)
+
+    async def areserve(self, n: int, timeout: float | None = None) -> int:
+        """``reserve`` for asyncio code."""
+        return await asyncio.to_thread(self.reserve, n, timeout)
+
     def close_partition(self) -> None:
         """No more rows will come: drain-mode loaders end after the last batch."""
         self._stream._controller().close_partition(partition=self.partition)
 
     def _write(self, keys: list[str], cols: dict[str, Column], tags: list | None,
-               timeout: float | None) -> None:
+               timeout: float | None, expect: Any = None) -> None:
         ctrl = self._stream._controller()
         schemas = schemas_of(cols)
         timeout = self._stream.config.timeout if timeout is None else timeout
+        extra = {} if expect is None else {"expect": expect}
         place = ctrl.reserve(partition=self.partition, keys=keys, schemas=schemas,
-                             unit=self._unit, timeout=timeout)
+                             unit=self._unit, timeout=timeout, **extra)
         try:
             placement.store(self._stream._units(), self.partition, place["unit"],
-                            place["slot"], cols)
+                            place["slot"], cols, occupancy(place["index"], place["generation"]))
             ctrl.commit(partition=self.partition, index=place["index"],
                         generation=place["generation"], schemas=schemas, tags=tags)
         except BaseException:

@@ -1,13 +1,17 @@
 """Controller metadata as plain data (dicts, lists, numpy arrays) and back.
 
-The state of a task is restored when the task is registered again (its sampler
-object comes from the resumed consumer; the sampler's own state is loaded into
-it). Leases are kept: a resumed consumer asking for a step it had not acked
-gets the same rows again; nobody asking lets the lease expire as usual.
+A restored task exists at once (its rows keep their consumption state, so rows
+it has not acked are never freed by other tasks' acks, new rows are offered to
+it, and a second checkpoint keeps it), but it serves no step until its consumer
+registers it again with the same settings; the sampler object comes from that
+consumer and the checkpointed sampler state is loaded into it. Leases are kept:
+a resumed consumer asking for a step it had not acked gets the same rows again;
+nobody asking lets the lease expire as usual.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import Counter
 from typing import Any
@@ -18,38 +22,46 @@ from tq_stream.columns import FieldSchema
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task import StepRecord, TaskConfig, TaskState
 from tq_stream.errors import ConfigError
+from tq_stream.samplers.base import Sampler
 
 FORMAT = 1
+STATE_KEYS = ("format", "partitions", "tasks")
 
 
 def _part_state(part: PartitionMeta) -> dict[str, Any]:
     rows = np.flatnonzero(part.used)
     return {
-        "capacity": part.capacity, "closed": part.closed,
+        "capacity": part.capacity, "closed": part.closed, "admitted": part.admitted,
         "schemas": {f: s.to_dict() for f, s in part.schemas.items()},
         "size": part.size, "rows": rows, "keys": part.keys[rows].tolist(),
         "unit": part.unit[rows], "slot": part.slot[rows],
         "generation": part.generation, "write_time": part.write_time[rows],
+        "created": part.created[rows], "next_created": part.next_created,
         "ready": {f: r[rows] for f, r in part.ready.items()},
         "tags": part.tags.state_dict(),
         "next_row": part._next_row, "free_rows": list(part._free_rows),
-        "pools": [{"next": p.next, "free": list(p.free)} for p in part._pools],
+        "pools": [{"next": p.next, "free": sorted(p.free)} for p in part._pools],
     }
 
 
 def _task_state(task: TaskState) -> dict[str, Any]:
     c = task.config
+    if task.restored is not None:  # not registered again yet: keep the checkpointed sampler
+        sampler, sampler_state = task.restored
+    else:
+        sampler, sampler_state = type(task.sampler).__name__, task.sampler.state_dict()
     return {
         "config": {"fields": list(c.fields), "batch_size": c.batch_size, "dp_size": c.dp_size,
                    "replicas": c.replicas, "lease_timeout": c.lease_timeout,
                    "drop_last": c.drop_last},
-        "sampler": type(task.sampler).__name__, "sampler_state": task.sampler.state_dict(),
+        "sampler": sampler, "sampler_state": sampler_state,
         "state": task.state, "acks": task.acks,
         "available": task.queue.ordered(),
         "steps": [{"step": s, "end": r.end, "done": list(r.done),
                    "shares": [None if x is None else x for x in r.shares]}
                   for s, r in task.steps.items()],
         "next_step": task.next_step, "ended": task.ended, "version": task.version,
+        "steps_per_version": task.steps_per_version,
         "discards": dict(task.discards), "handed_out": task.handed_out, "acked": task.acked,
     }
 
@@ -63,9 +75,13 @@ def controller_state(parts: dict[str, PartitionMeta],
     }
 
 
-def load_controller(state: dict[str, Any], n_units: int) -> tuple[dict, dict]:
-    if state.get("format") != FORMAT:
-        raise ConfigError(f"checkpoint format must be {FORMAT}, got {state.get('format')!r}")
+def load_controller(state: Any, n_units: int) -> tuple[dict, dict]:
+    """Partitions and (restored, not yet registered) tasks from ``state``."""
+    if not isinstance(state, dict) or set(state) != set(STATE_KEYS):
+        got = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise ConfigError(f"controller state must have keys {sorted(STATE_KEYS)}, got {got}")
+    if state["format"] != FORMAT:
+        raise ConfigError(f"checkpoint format must be {FORMAT}, got {state['format']!r}")
     parts: dict[str, PartitionMeta] = {}
     for name, s in state["partitions"].items():
         if len(s["pools"]) != n_units:
@@ -73,6 +89,7 @@ def load_controller(state: dict[str, Any], n_units: int) -> tuple[dict, dict]:
                               f"checkpoint, got {n_units}")
         part = PartitionMeta(name, s["capacity"], n_units)
         part.closed = s["closed"]
+        part.admitted = int(s.get("admitted", 0))
         part._grow_to(int(s["size"]))
         part.fix_schemas({f: FieldSchema.from_dict(d) for f, d in s["schemas"].items()})
         rows = np.asarray(s["rows"], dtype=np.int64)
@@ -82,6 +99,8 @@ def load_controller(state: dict[str, Any], n_units: int) -> tuple[dict, dict]:
         part.slot[rows] = s["slot"]
         part.generation[:] = s["generation"]
         part.write_time[rows] = s["write_time"]
+        part.created[rows] = s["created"]
+        part.next_created = int(s["next_created"])
         for f, r in s["ready"].items():
             part.ready[f][rows] = r
         part.tags.load_state_dict(s["tags"])
@@ -91,31 +110,45 @@ def load_controller(state: dict[str, Any], n_units: int) -> tuple[dict, dict]:
         for pool, ps in zip(part._pools, s["pools"], strict=True):
             pool.next, pool.free = int(ps["next"]), sorted(ps["free"])
         parts[name] = part
-    return parts, {n: dict(ts) for n, ts in state["tasks"].items()}
+    tasks: dict[str, dict[str, TaskState]] = {name: {} for name in parts}
+    for name, ts in state["tasks"].items():
+        if name not in parts:
+            raise ConfigError(f"tasks of partition {name!r} must come with that partition in "
+                              f"the checkpoint, got partitions {sorted(parts)}")
+        for task, s in ts.items():
+            tasks[name][task] = _load_task(task, s, parts[name])
+    return parts, tasks
 
 
-def load_task(task: TaskState, s: dict[str, Any], part: PartitionMeta) -> None:
-    """Fill a freshly registered ``task`` from its checkpointed state ``s``."""
-    saved = TaskConfig(tuple(s["config"]["fields"]), **{
+def _load_task(name: str, s: dict[str, Any], part: PartitionMeta) -> TaskState:
+    config = TaskConfig(tuple(s["config"]["fields"]), **{
         k: v for k, v in s["config"].items() if k != "fields"})
-    if saved != task.config:
-        raise ConfigError(f"task {task.name!r} must be registered with its checkpointed "
-                          f"settings {saved}, got {task.config}")
-    if s["sampler"] != type(task.sampler).__name__:
-        raise ConfigError(f"sampler of task {task.name!r} must be {s['sampler']} as "
-                          f"checkpointed, got {type(task.sampler).__name__}")
-    task.sampler.load_state_dict(s["sampler_state"])
-    task.grow(part.size)
+    task = TaskState(name, config, Sampler(), part.size)
+    task.restored = (s["sampler"], copy.deepcopy(s["sampler_state"]))
     task.state[: len(s["state"])] = s["state"]
     task.acks[: len(s["acks"])] = s["acks"]
     task.queue.push(np.asarray(s["available"], dtype=np.int64))
     expiry = time.time() + task.config.lease_timeout
     for st in s["steps"]:
-        shares = [None if x is None else np.asarray(x, dtype=np.int64) for x in st["shares"]]
+        shares = [None if x is None else np.array(x, dtype=np.int64) for x in st["shares"]]
         task.steps[int(st["step"])] = StepRecord(
             shares, float("inf") if st["end"] else expiry, st["end"], list(st["done"]))
     task.next_step, task.ended, task.version = s["next_step"], s["ended"], s["version"]
+    task.steps_per_version = int(s.get("steps_per_version", 1))
     task.discards = Counter(s["discards"])
     task.handed_out, task.acked = s["handed_out"], s["acked"]
+    return task
 
 
+def adopt(task: TaskState, config: TaskConfig, sampler: Sampler) -> None:
+    """A consumer registers a restored ``task`` again: check it, load its sampler's state."""
+    if config != task.config:
+        raise ConfigError(f"task {task.name!r} must be registered with its checkpointed "
+                          f"settings {task.config}, got {config}")
+    assert task.restored is not None
+    name, sampler_state = task.restored
+    if name != type(sampler).__name__:
+        raise ConfigError(f"sampler of task {task.name!r} must be {name} as checkpointed, "
+                          f"got {type(sampler).__name__}")
+    sampler.load_state_dict(sampler_state)
+    task.sampler, task.restored = sampler, None

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from tq_stream.columns import FieldSchema
+from tq_stream.controller.admission import AdmissionLogic
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.steps import StepLogic
 from tq_stream.controller.task import TaskConfig, TaskState
@@ -44,7 +45,7 @@ def _no_free(unit: int, partition: str, slots: np.ndarray) -> None:
     pass
 
 
-class Controller(StepLogic):
+class Controller(StepLogic, AdmissionLogic):
     """The metadata service of one deployment.
 
     Args:
@@ -57,6 +58,7 @@ class Controller(StepLogic):
         "create_partition", "close_partition", "reserve", "commit", "abort",
         "register_task", "get_meta", "ack", "release", "renew", "clear", "lookup",
         "list_rows", "set_tags", "set_version", "stats", "partitions",
+        "admit", "set_admission", "admission",
     })
 
     def __init__(self, n_units: int = 1, free: FreeFn = _no_free) -> None:
@@ -65,14 +67,12 @@ class Controller(StepLogic):
         self._cond = threading.Condition(threading.RLock())
         self._parts: dict[str, PartitionMeta] = {}
         self._tasks: dict[str, dict[str, TaskState]] = {}
-        self._restored: dict[str, dict[str, dict[str, Any]]] = {}
         self._rr = 0
         self._closed = False
 
     # ------------------------------------------------------------ partitions
     def _part(self, partition: str, create: bool = False) -> PartitionMeta:
-        if self._closed:
-            raise ClosedError("controller is closed")
+        self._check_open()
         part = self._parts.get(partition)
         if part is None:
             if not create:
@@ -110,27 +110,41 @@ class Controller(StepLogic):
 
     # ----------------------------------------------------------------- writes
     def reserve(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
-                unit: int = -1, timeout: float = 60.0) -> dict[str, Any]:
+                unit: int = -1, timeout: float = 60.0,
+                expect: Sequence[int] | None = None) -> dict[str, Any]:
         """Validate a put and place its rows; new rows wait for capacity.
 
+        A closed partition takes no new rows, but fields of its existing rows can
+        still be written (later stages add their fields while the partition drains).
+
+        Args:
+            expect: generations the rows must still have (a write through a
+                BatchMeta): no row is created, and rows freed meanwhile are an error.
         Returns:
             dict of ``index``, ``unit``, ``slot``, ``generation`` (arrays aligned
             with ``keys``) and ``new`` (mask of rows created by this call).
         Raises:
-            SchemaError, ClosedError, ConfigError, WaitTimeout.
+            SchemaError, ClosedError, ConfigError, StateError, WaitTimeout.
         """
         schemas_ = {f: FieldSchema.from_dict(s) for f, s in schemas.items()}
+        if not schemas_:
+            raise ConfigError("a put must write at least one field, got none")
         check_timeout("timeout", timeout)
         deadline = time.monotonic() + timeout
         with self._cond:
-            part = self._part(partition, create=True)
+            part = self._part(partition, create=expect is None)
             while True:
-                if part.closed:
-                    raise ClosedError(f"partition {partition!r} is closed to new writes")
                 part.check_schemas(schemas_)
                 idx = part.lookup(list(keys))
                 new = idx < 0
                 n_new = int(new.sum())
+                if expect is not None:
+                    self._check_expected(part, keys, idx, expect)
+                if n_new and part.closed:
+                    raise ClosedError(
+                        f"partition {partition!r} is closed to new rows, got new keys "
+                        f"{[k for k, m in zip(keys, new.tolist(), strict=True) if m][:5]}"
+                    )
                 cap = part.capacity
                 if cap is not None and n_new > cap:
                     raise ConfigError(
@@ -146,12 +160,29 @@ class Controller(StepLogic):
                         f"timeout={timeout}s; consumers must ack rows to free capacity"
                     )
                 self._cond.wait(left)
+                self._check_open()
             if n_new:
                 new_keys = [k for k, m in zip(keys, new.tolist(), strict=True) if m]
                 idx[new] = part.allocate(new_keys, self._place(unit, n_new))
                 self._grow_tasks(part)
             return {"index": idx, "unit": part.unit[idx], "slot": part.slot[idx],
                     "generation": part.generation[idx], "new": new}
+
+    def _check_expected(self, part: PartitionMeta, keys: Sequence[str], idx: np.ndarray,
+                        expect: Sequence[int]) -> None:
+        gen = np.asarray(expect, dtype=np.int64)
+        ok = idx >= 0
+        ok[ok] = part.generation[idx[ok]] == gen[ok]
+        if not ok.all():
+            gone = [k for k, g in zip(keys, ok.tolist(), strict=True) if not g][:5]
+            raise StateError(
+                f"rows of partition {part.name!r} must still exist to be written through "
+                f"their meta, but {int((~ok).sum())} were freed meanwhile (e.g. {gone})"
+            )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("controller is closed (the stream was closed while waiting)")
 
     def _place(self, unit: int, n: int) -> np.ndarray:
         if 0 <= unit < self.n_units:
@@ -251,6 +282,12 @@ class Controller(StepLogic):
         with self._cond:
             part = self._part(partition, create=True)
             existing = self._tasks[partition].get(task)
+            if existing is not None and existing.restored is not None:
+                from tq_stream.controller.checkpoint import adopt
+
+                adopt(existing, config, sampler)
+                self._cond.notify_all()
+                return
             if existing is not None:
                 if existing.config != config:
                     raise ConfigError(
@@ -264,24 +301,18 @@ class Controller(StepLogic):
                     )
                 return
             state = TaskState(task, config, sampler, part.size)
-            restored = self._restored.get(partition, {}).pop(task, None)
-            if restored is not None:
-                from tq_stream.controller.checkpoint import load_task
-
-                load_task(state, restored, part)
-            else:
-                rows = np.flatnonzero(part.used)
-                rows = rows[np.argsort(part.write_time[rows], kind="stable")]
-                state.offer(rows, part.ready_for(config.fields, rows))
+            rows = part.oldest_first(np.flatnonzero(part.used))
+            state.offer(rows, part.ready_for(config.fields, rows))
             self._tasks[partition][task] = state
             self._cond.notify_all()
 
     def _task(self, partition: str, task: str) -> tuple[PartitionMeta, TaskState]:
         part = self._part(partition)
         state = self._tasks[partition].get(task)
-        if state is None:
+        if state is None or state.restored is not None:
+            again = " again after the restore" if state is not None else ""
             raise KeyConflictError(
-                f"task must be registered on partition {partition!r} first "
+                f"task must be registered on partition {partition!r}{again} first "
                 f"(register_task), got {task!r}"
             )
         return part, state
@@ -325,6 +356,7 @@ class Controller(StepLogic):
                         f"{state.config.batch_size * state.config.dp_size} needed per step"
                     )
                 self._cond.wait(min(left, self._next_expiry(state)))
+                self._check_open()
 
     def ack(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,
             generation: np.ndarray) -> int:
@@ -408,11 +440,10 @@ class Controller(StepLogic):
         }
 
     def list_rows(self, partition: str) -> list[dict[str, Any]]:
-        """Every row: key, tags and the fields written."""
+        """Every row: key, tags and the fields written; oldest (first created) first."""
         with self._cond:
             part = self._part(partition)
-            rows = np.flatnonzero(part.used)
-            rows = rows[np.argsort(part.write_time[rows], kind="stable")]
+            rows = part.oldest_first(np.flatnonzero(part.used))
             tags = part.tags.rows_as_dicts(rows)
             return [{"key": part.keys[r], "tags": t, "fields": part.fields_of(r)}
                     for r, t in zip(rows.tolist(), tags, strict=True)]
@@ -457,5 +488,5 @@ class Controller(StepLogic):
         with self._cond:
             if self._parts:
                 raise StateError("load_state_dict must be called on an empty controller")
-            self._parts, self._restored = load_controller(state, self.n_units)
-            self._tasks = {name: {} for name in self._parts}
+            self._parts, self._tasks = load_controller(state, self.n_units)
+            self._cond.notify_all()

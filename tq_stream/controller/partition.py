@@ -1,7 +1,8 @@
 """PartitionMeta: the rows of one partition, their keys, placement and readiness.
 
 Row indexes are reused after a row is freed; ``generation[i]`` counts reuses so
-a stale handle can be told from the row now in that place. Each row lives in
+a stale handle can be told from the row now in that place. ``created[i]`` numbers
+rows in creation order (oldest first), which writes of later fields never change. Each row lives in
 one storage unit (``unit[i]``) at a slot of that unit (``slot[i]``); slots are
 allocated per unit, lowest freed first, so slabs stay compact.
 """
@@ -58,6 +59,7 @@ class PartitionMeta:
         self.name = name
         self.capacity = capacity
         self.closed = False
+        self.admitted = 0  # rows producers started through Writer.reserve
         self.schemas: dict[str, FieldSchema] = {}
         self.key_index: dict[str, int] = {}
         self.keys = np.empty(_MIN, dtype=object)
@@ -66,11 +68,13 @@ class PartitionMeta:
         self.slot = np.zeros(_MIN, dtype=np.int64)
         self.generation = np.zeros(_MIN, dtype=np.int64)
         self.write_time = np.zeros(_MIN, dtype=np.float64)
+        self.created = np.zeros(_MIN, dtype=np.int64)
         self.ready: dict[str, np.ndarray] = {}
         self.tags = TagTable(_MIN)
         self.live = 0
         self._free_rows: list[int] = []
         self._next_row = 0
+        self.next_created = 0
         self._pools = [_SlotPool() for _ in range(n_units)]
 
     @property
@@ -89,6 +93,7 @@ class PartitionMeta:
         self.slot = _grow(self.slot, n)
         self.generation = _grow(self.generation, n)
         self.write_time = _grow(self.write_time, n)
+        self.created = _grow(self.created, n)
         self.ready = {f: _grow(r, n, False) for f, r in self.ready.items()}
         self.tags.grow(n)
 
@@ -130,6 +135,8 @@ class PartitionMeta:
         self.keys[idx] = keys
         self.used[idx] = True
         self.write_time[idx] = time.time()
+        self.created[idx] = np.arange(self.next_created, self.next_created + n)
+        self.next_created += n
         for k, i in zip(keys, rows, strict=True):
             self.key_index[k] = i
         self.live += n
@@ -156,6 +163,10 @@ class PartitionMeta:
         self._free_rows.extend(idx.tolist())
         self.live -= len(idx)
         return freed
+
+    def oldest_first(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` sorted by creation."""
+        return rows[np.argsort(self.created[rows], kind="stable")]
 
     def give_slots(self, unit: int, slots: np.ndarray) -> None:
         self._pools[unit].give(slots)

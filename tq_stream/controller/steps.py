@@ -3,8 +3,11 @@
 A step is formed once, for all DP ranks together, by the task's sampler; every
 rank (and every replica of a rank) asking for that step gets its own share.
 A share returned by ``release`` or lease expiry is refilled on the next request
-for it. A closed, drained partition ends with one ``end`` step that every rank
-receives, so all ranks see the same number of batches.
+for it. No new step is formed while an earlier step has such a hole: the rows
+returned stay available for the refill, so a later step cannot take them and
+leave the earlier step unfillable at the end of the stream (ranks of a DP job
+advance together anyway). A closed, drained partition ends with one ``end``
+step that every rank receives, so all ranks see the same number of batches.
 
 Called with the controller's lock held; ``self`` is the Controller.
 """
@@ -52,6 +55,8 @@ class StepLogic:
             n += len(done)
             freed += self._finish_rows(part, done)
         self._free_slots(part.name, freed)  # type: ignore[attr-defined]
+        if n:
+            self._cond.notify_all()  # type: ignore[attr-defined]  # admission may open
         return n
 
     def _check_selection(self, state: TaskState, sel: Selection, dp_size: int) -> None:
@@ -65,9 +70,15 @@ class StepLogic:
                 f"{[len(s) for s in sel.shares]}"
             )
 
+    @staticmethod
+    def _has_holes(state: TaskState) -> bool:
+        """True if a formed step has a returned share waiting to be refilled."""
+        return any(s is None and not d for rec in state.steps.values() if not rec.end
+                   for s, d in zip(rec.shares, rec.done, strict=True))
+
     def _select(self, part: PartitionMeta, state: TaskState) -> bool:
         """Try to form step ``state.next_step``; True if it was formed."""
-        if state.ended:
+        if state.ended or self._has_holes(state):
             return False
         cfg, step = state.config, state.next_step
         while True:
@@ -120,6 +131,7 @@ class StepLogic:
         state.handed_out += len(share)
         rec.shares[dp_rank] = share
         rec.expiry = time.time() + state.config.lease_timeout
+        self._cond.notify_all()  # type: ignore[attr-defined]  # a hole closed: steps may form
         return share
 
     def _try_step(self, part: PartitionMeta, state: TaskState, step: int,
@@ -140,7 +152,10 @@ class StepLogic:
             )
         if rec.end:
             meta = self._placement(part, np.zeros(0, np.int64), state.config.fields)  # type: ignore[attr-defined]
-            return {**meta, "task": state.name, "step": step, "dp_rank": dp_rank, "end": True}
+            # An end meta carries the end step itself, so a reader that asked for a later
+            # step learns where the stream ended (multi-partition loaders route by it).
+            return {**meta, "task": state.name, "step": state.next_step - 1,
+                    "dp_rank": dp_rank, "end": True}
         if rec.done[dp_rank]:
             raise LeaseError(f"step {step} of task {state.name!r} was already acked by rank "
                              f"{dp_rank}; it must not be read again")
@@ -191,7 +206,7 @@ class StepLogic:
         share = rec.shares[dp_rank]
         if share is not None and (state.state[share] >= ACKED).all():
             rec.done[dp_rank] = True
-        if all(d or s is None for s, d in zip(rec.shares, rec.done, strict=True)):
+        if all(rec.done):  # a returned share (None) still needs its refill: keep the step
             del state.steps[step]
         return done
 

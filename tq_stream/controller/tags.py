@@ -1,8 +1,10 @@
 """TagTable: small per-row metadata as typed numpy columns.
 
 A tag's column type follows its values: bool -> bool, int -> int64,
-float (or int mixed with float) -> float64, anything else (str, None...) ->
-object. A row without the tag reads as NaN in a float column, and None in an
+float (or int mixed with float) -> float64, anything else (str, None, bool
+mixed with numbers...) -> object; a column only ever widens along
+bool/int -> float -> object, and bool never mixes with numbers (True must not
+read back as 1.0). A row without the tag reads as NaN in a float column, and None in an
 object column; int and bool columns are promoted to float64/object the
 first time a row lacks the tag, so a missing value is always visible.
 """
@@ -19,6 +21,8 @@ from tq_stream.errors import ConfigError
 
 TagValue = str | int | float | bool | None
 _SCALARS = (str, int, float, bool, type(None))
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
+_ENTRY_KEYS = {"kind", "rows", "values"}
 
 
 def check_tags(tags: Any, n: int) -> list[dict[str, TagValue]] | None:
@@ -29,8 +33,9 @@ def check_tags(tags: Any, n: int) -> list[dict[str, TagValue]] | None:
         tags = [tags] * n if n == 1 else None
         if tags is None:
             raise ConfigError(f"tags must be a list of {n} dicts (one per row), got one dict")
-    if not isinstance(tags, Sequence) or isinstance(tags, str) or len(tags) != n:
-        got = len(tags) if isinstance(tags, Sequence) else type(tags).__name__
+    if not isinstance(tags, Sequence) or isinstance(tags, str | bytes) or len(tags) != n:
+        got = type(tags).__name__ if not isinstance(tags, Sequence) or \
+            isinstance(tags, str | bytes) else len(tags)
         raise ConfigError(f"tags must be a list of {n} dicts (one per row), got {got}")
     for i, row in enumerate(tags):
         if not isinstance(row, Mapping):
@@ -43,6 +48,8 @@ def check_tags(tags: Any, n: int) -> list[dict[str, TagValue]] | None:
                     f"tags[{i}][{k!r}] must be a str, int, float, bool or None "
                     f"(not NaN), got {v!r}"
                 )
+            if type(v) is int and not _INT_MIN <= v <= _INT_MAX:
+                raise ConfigError(f"tags[{i}][{k!r}] must fit in int64, got {v!r}")
     return [dict(r) for r in tags]
 
 
@@ -94,9 +101,11 @@ class TagTable:
                 kind == "object" else np.zeros(self.capacity, dtype=_DTYPES[kind])
             self.columns[name], self.present[name], self.kinds[name] = col, \
                 np.zeros(self.capacity, bool), kind
-        elif _RANK[kind] > _RANK[old] or (kind, old) in (("int", "bool"), ("bool", "int")):
-            target = "object" if {kind, old} & {"object", "bool"} else kind
-            self._promote(name, target)
+        elif kind != old and old != "object":
+            if "bool" in (kind, old) or "object" in (kind, old):
+                self._promote(name, "object")
+            elif _RANK[kind] > _RANK[old]:
+                self._promote(name, kind)
         return self.columns[name]
 
     def _promote(self, name: str, kind: str) -> None:
@@ -162,6 +171,11 @@ class TagTable:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for name, entry in state.items():
+            if not isinstance(entry, Mapping) or set(entry) != _ENTRY_KEYS \
+                    or entry["kind"] not in _DTYPES:
+                raise ConfigError(f"tag state {name!r} must be a dict with keys "
+                                  f"{sorted(_ENTRY_KEYS)} and a known kind, got {entry!r:.80}")
         for name, entry in state.items():
             rows = np.asarray(entry["rows"], dtype=np.int64)
             kind = entry["kind"]

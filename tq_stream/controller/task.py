@@ -65,9 +65,13 @@ class TaskState:
         self.next_step = 0
         self.ended = False
         self.version: int | None = None
+        self.steps_per_version = 1
         self.discards: Counter[str] = Counter()
         self.handed_out = 0
         self.acked = 0
+        # (sampler class name, sampler state) of a task restored from a checkpoint and
+        # not yet registered again by its consumer; None once registered.
+        self.restored: tuple[str, Any] | None = None
 
     def grow(self, size: int) -> None:
         extra = size - self.state.shape[0]

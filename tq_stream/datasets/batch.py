@@ -18,9 +18,21 @@ from tq_stream.meta import BatchMeta
 META_KEY = "_meta"
 
 
-def attach_meta(td: TensorDict, meta: BatchMeta) -> TensorDict:
+STEP_KEY = "_step"
+
+
+def attach_meta(td: TensorDict, meta: BatchMeta, step: int | None = None) -> TensorDict:
+    """Attach ``meta`` and the loader step (which differs from ``meta.step`` when a
+    loader reads several partitions) to a batch."""
     td.set_non_tensor(META_KEY, meta)
+    td.set_non_tensor(STEP_KEY, meta.step if step is None else int(step))
     return td
+
+
+def loader_step(batch: TensorDict) -> int:
+    """The loader step that produced ``batch``."""
+    step = batch.get_non_tensor(STEP_KEY, default=None)
+    return batch_meta(batch).step if step is None else int(step)
 
 
 def batch_meta(batch: TensorDict) -> BatchMeta:
@@ -52,6 +64,6 @@ def select_rows(batch: TensorDict, positions: Sequence[int] | torch.Tensor) -> T
     meta = batch_meta(batch)
     out = TensorDict({}, batch_size=[len(pos)])
     for key in batch.keys():
-        if key != META_KEY:
+        if key not in (META_KEY, STEP_KEY):
             out.set(key, _take(batch.get(key), pos))
-    return attach_meta(out, meta.select(pos.numpy()))
+    return attach_meta(out, meta.select(pos.numpy()), loader_step(batch))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -21,9 +22,18 @@ from tensordict import TensorDict
 from torch.utils.data import IterableDataset, get_worker_info
 
 from tq_stream.config import DEFAULT_PREFETCH
-from tq_stream.datasets.batch import attach_meta, batch_meta
-from tq_stream.errors import ConfigError, StateError, check_name, check_positive
+from tq_stream.datasets.batch import attach_meta, batch_meta, loader_step
+from tq_stream.errors import (
+    ConfigError,
+    StateError,
+    WaitTimeout,
+    check_name,
+    check_positive,
+    check_timeout,
+)
+from tq_stream.meta import BatchMeta
 from tq_stream.samplers.base import Sampler
+from tq_stream.samplers.partition import PartitionSampler
 
 _END = object()
 
@@ -60,14 +70,26 @@ class StreamingDataset(IterableDataset):
         >>> for batch in tq.StreamingDataLoader(ds): ...
     """
 
-    def __init__(self, stream: Any, partition: str, task: str, fields: Sequence[str],
+    STOP_CHECK = 0.2  # seconds: how soon a stopped prefetch thread notices
+
+    def __init__(self, stream: Any, partition: str | list[str] | None, task: str, fields: Sequence[str],
                  batch_size: int, sampler: Sampler | None = None, dp_rank: int = 0,
                  dp_size: int = 1, replicas: int = 1, timeout: float | None = None,
                  lease_timeout: float | None = None, drop_last: bool = False,
                  ragged: str = "nested", prefetch: int = DEFAULT_PREFETCH) -> None:
         super().__init__()
         self.stream = stream
-        self.partition = check_name("partition", partition)
+        self._router = sampler if isinstance(sampler, PartitionSampler) else None
+        if self._router is not None:
+            if partition is not None and partition != self._router.partitions:
+                raise ConfigError(f"partition must be None (or {self._router.partitions}) "
+                                  f"with a PartitionSampler, got {partition!r}")
+            self.partitions = list(self._router.partitions)
+        else:
+            self.partitions = [check_name("partition", partition)]
+        # One name for state dicts and messages; "a,b" for a multi-partition loader.
+        self.partition = ",".join(self.partitions)
+        self._ends: dict[str, int] = {}
         self.task = check_name("task", task)
         if isinstance(fields, str) or not fields:
             raise ConfigError(f"fields must be a non-empty list of field names, got {fields!r}")
@@ -80,9 +102,10 @@ class StreamingDataset(IterableDataset):
         self.dp_rank = dp_rank
         self.replicas = check_positive("replicas", replicas)
         self.sampler = sampler
-        self.timeout = stream.config.timeout if timeout is None else timeout
+        self.timeout = stream.config.timeout if timeout is None else \
+            check_timeout("timeout", timeout)
         self.lease_timeout = stream.config.lease_timeout if lease_timeout is None \
-            else lease_timeout
+            else check_timeout("lease_timeout", lease_timeout)
         self.drop_last = bool(drop_last)
         if ragged not in ("nested", "padded"):
             raise ConfigError(f"ragged must be 'nested' or 'padded', got {ragged!r}")
@@ -95,10 +118,13 @@ class StreamingDataset(IterableDataset):
     def register(self) -> None:
         """Declare the task on the controller (done on first iteration)."""
         if not self._registered:
-            self.stream.client().register_task(
-                self.partition, self.task, self.fields, self.batch_size, dp_size=self.dp_size,
-                replicas=self.replicas, lease_timeout=self.lease_timeout,
-                drop_last=self.drop_last, sampler=self.sampler)
+            for p in self.partitions:
+                sampler = self.sampler if self._router is None else \
+                    self._router.sampler_for(p)
+                self.stream.client().register_task(
+                    p, self.task, self.fields, self.batch_size, dp_size=self.dp_size,
+                    replicas=self.replicas, lease_timeout=self.lease_timeout,
+                    drop_last=self.drop_last, sampler=sampler)
             self._registered = True
 
     def _steps(self) -> Iterator[int]:
@@ -112,18 +138,49 @@ class StreamingDataset(IterableDataset):
             yield step
             step += workers
 
-    def _fetch(self, client: Any, step: int) -> TensorDict | None:
-        meta = client.get_meta(self.partition, self.task, step, self.dp_rank, self.timeout)
-        if meta.end:
+    def _wait_meta(self, client: Any, partition: str, step: int,
+                   stop: threading.Event) -> BatchMeta | None:
+        """get_meta for ``step``, waiting at most ``timeout`` in all, in slices of at most
+        ``STOP_CHECK`` seconds so a stopped iterator's thread ends promptly (None then)."""
+        deadline = time.monotonic() + self.timeout
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            try:
+                return client.get_meta(partition, self.task, step, self.dp_rank,
+                                       max(min(left, self.STOP_CHECK), 1e-3))
+            except WaitTimeout as exc:
+                if left <= self.STOP_CHECK:
+                    raise WaitTimeout(f"{exc} (the loader of rank {self.dp_rank} waited "
+                                      f"timeout={self.timeout}s in all)") from None
+        return None
+
+    def _fetch(self, client: Any, step: int, stop: threading.Event) -> TensorDict | None:
+        if self._router is None:
+            meta = self._wait_meta(client, self.partitions[0], step, stop)
+        else:
+            meta = self._routed_meta(client, step, stop)
+        if meta is None or meta.end:
             return None
         td = client.get_data(meta, self.fields, ragged=self.ragged)
-        return attach_meta(td, meta)
+        return attach_meta(td, meta, step)
+
+    def _routed_meta(self, client: Any, step: int, stop: threading.Event) -> BatchMeta | None:
+        """The meta of loader ``step`` of a multi-partition loader (None at its end)."""
+        assert self._router is not None
+        while True:
+            route = self._router.route(step, self._ends)
+            if route is None:
+                return None
+            meta = self._wait_meta(client, route[0], route[1], stop)
+            if meta is None or not meta.end:
+                return meta
+            self._ends[route[0]] = meta.step  # ended there for every rank: route again
 
     def _producer(self, out: queue.Queue, stop: threading.Event) -> None:
         client = self.stream.client()
         try:
             for step in self._steps():
-                item = self._fetch(client, step)
+                item = self._fetch(client, step, stop)
                 if not self._offer(out, stop, _END if item is None else item):
                     if item is not None:  # nobody will read it: hand the rows back now
                         client.release(batch_meta(item))
@@ -167,19 +224,26 @@ class StreamingDataset(IterableDataset):
                 if self.auto_ack and last is not None:  # before waiting: the end of a
                     client.ack(batch_meta(last))        # stream waits for every ack
                     last = None
-                item = out.get(timeout=self.timeout + 5.0)
+                try:
+                    item = out.get(timeout=self.timeout + 5.0)
+                except queue.Empty:
+                    raise WaitTimeout(
+                        f"no batch of task {self.task!r} arrived within timeout="
+                        f"{self.timeout}s (+5 s) from the prefetch thread") from None
                 if item is _END:
                     return
                 if isinstance(item, _Failure):
                     raise item.exc
                 last = item
                 if single:
-                    self.start_step = batch_meta(item).step + 1
+                    self.start_step = loader_step(item) + 1
                 yield item
         finally:
             stop.set()
             if self.auto_ack and last is not None:
                 client.ack(batch_meta(last))
             self._drain(out, client)
-            thread.join(timeout=1.0)
+            # the thread ends within STOP_CHECK (+ one get_data); joining it means no
+            # stale prefetch can lease (and then release) a step a new iterator reads
+            thread.join(timeout=self.STOP_CHECK + 30.0)
             self._drain(out, client)

@@ -82,6 +82,16 @@ class RemoteController:
     def set_version(self, partition: str, task: str, version: int) -> None:
         self._call("set_version", partition=partition, task=task, version=version)
 
+    def admit(self, partition: str, n: int, timeout: float = 60.0) -> int:
+        return self._long_poll("admit", timeout, partition=partition, n=n)
+
+    def set_admission(self, partition: str, task: str, steps_per_version: int) -> None:
+        self._call("set_admission", partition=partition, task=task,
+                   steps_per_version=steps_per_version)
+
+    def admission(self, partition: str) -> dict[str, Any]:
+        return self._call("admission", partition=partition)
+
     def get_meta(self, partition: str, task: str, step: int, dp_rank: int = 0,
                  timeout: float = 60.0) -> dict[str, Any]:
         return self._long_poll("get_meta", timeout, partition=partition, task=task, step=step,
@@ -126,6 +136,9 @@ class RemoteController:
     def attach_units(self, units: list[dict[str, Any]]) -> None:
         self._call("attach_units", units=units)
 
+    def drop_unit(self, unit: int, info: dict[str, Any] | None = None) -> dict[str, int]:
+        return self._call("drop_unit", unit=unit, info=info)
+
     def ping(self) -> dict[str, Any]:
         return self._call("ping")
 
@@ -136,6 +149,10 @@ class RemoteController:
         self._call("load_state_dict", state=state)
 
 
+def _array(values: np.ndarray | None) -> np.ndarray | None:
+    return None if values is None else np.asarray(values, dtype=np.int64)
+
+
 class RemoteUnit(StorageUnit):
     """A storage unit in another process, reached through an RpcClient."""
 
@@ -143,13 +160,18 @@ class RemoteUnit(StorageUnit):
         self._rpc = rpc
         self._timeout = timeout
 
-    def put(self, partition: str, slots: np.ndarray, columns: dict[str, Column]) -> None:
+    def put(self, partition: str, slots: np.ndarray, columns: dict[str, Column],
+            generations: np.ndarray | None = None) -> None:
         self._rpc.call("put", {"partition": partition, "slots": np.asarray(slots),
-                               "columns": dict(columns)}, timeout=self._timeout)
+                               "columns": dict(columns), "generations": _array(generations)},
+                       timeout=self._timeout)
 
-    def get(self, partition: str, slots: np.ndarray, fields: Sequence[str]) -> dict[str, Column]:
+    def get(self, partition: str, slots: np.ndarray, fields: Sequence[str],
+            generations: np.ndarray | None = None) -> dict[str, Column]:
         return self._rpc.call("get", {"partition": partition, "slots": np.asarray(slots),
-                                      "fields": list(fields)}, timeout=self._timeout)
+                                      "fields": list(fields),
+                                      "generations": _array(generations)},
+                              timeout=self._timeout)
 
     def free(self, partition: str, slots: np.ndarray) -> None:
         self._rpc.call("free", {"partition": partition, "slots": np.asarray(slots)},

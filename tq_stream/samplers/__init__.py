@@ -3,6 +3,7 @@
 from tq_stream.samplers.base import Candidates, Sampler, Selection
 from tq_stream.samplers.dynamic_filter import DynamicFilterSampler
 from tq_stream.samplers.group import GroupSampler
+from tq_stream.samplers.partition import PartitionSampler
 from tq_stream.samplers.priority import PrioritySampler
 from tq_stream.samplers.seqlen_balanced import SeqlenBalancedSampler
 from tq_stream.samplers.sequential import SequentialSampler
@@ -12,6 +13,7 @@ __all__ = [
     "Candidates",
     "DynamicFilterSampler",
     "GroupSampler",
+    "PartitionSampler",
     "PrioritySampler",
     "Sampler",
     "Selection",
