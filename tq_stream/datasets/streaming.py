@@ -72,8 +72,9 @@ class StreamingDataset(IterableDataset):
 
     STOP_CHECK = 0.2  # seconds: how soon a stopped prefetch thread notices
 
-    def __init__(self, stream: Any, partition: str | list[str] | None, task: str, fields: Sequence[str],
-                 batch_size: int, sampler: Sampler | None = None, dp_rank: int = 0,
+    def __init__(self, stream: Any, partition: str | list[str] | None, task: str,
+                 fields: Sequence[str], batch_size: int,
+                 sampler: Sampler | PartitionSampler | None = None, dp_rank: int = 0,
                  dp_size: int = 1, replicas: int = 1, timeout: float | None = None,
                  lease_timeout: float | None = None, drop_last: bool = False,
                  ragged: str = "nested", prefetch: int = DEFAULT_PREFETCH) -> None:
