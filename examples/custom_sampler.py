@@ -51,12 +51,7 @@ def self_test() -> None:
 
 
 def end_to_end() -> None:
-    """The sampler plugged into a StreamingDataset over an embedded stream.
-
-    CHECK (controller/dataset author): written against the public API of DESIGN.md
-    (tq.init, stream.writer(...).put(keys, TensorDict, tags=[...]), close_partition,
-    tq.StreamingDataset(..., sampler=...)); adjust if that API changes.
-    """
+    """The sampler plugged into a StreamingDataset over an embedded stream."""
     import torch
     from tensordict import TensorDict
 

@@ -53,6 +53,11 @@ class Stream:
         """Where ``tq.connect`` reaches this deployment (None when embedded)."""
         return getattr(self._backend, "address", None)
 
+    @property
+    def curve_server_key(self) -> bytes | None:
+        """The deployment's CURVE public key, which clients pass to ``tq.connect``."""
+        return getattr(self._backend, "_curve", None)
+
     def writer(self, partition: str, unit: int = -1) -> Writer:
         """A producer handle on ``partition`` (created on first write).
 
