@@ -24,6 +24,8 @@ from tq_stream.controller.task import ACKED, LEASED, NEW, StepRecord, TaskState
 from tq_stream.errors import LeaseError, StateError
 from tq_stream.samplers.base import Candidates, Selection
 
+PREFIX_MIN = 16384  # candidates a prefix-ok sampler sees at least
+
 
 class StepLogic:
     """Mixin of Controller; see the module docstring."""
@@ -31,8 +33,8 @@ class StepLogic:
     _tasks: dict[str, dict[str, TaskState]]
 
     def _candidates(self, part: PartitionMeta, state: TaskState, dp_size: int,
-                    step: int) -> Candidates:
-        index = state.queue.ordered()
+                    step: int, limit: int | None = None) -> Candidates:
+        index = state.queue.ordered(limit)
         tags = part.tags
         return Candidates(
             index=index, ready_time=part.write_time[index], dp_size=dp_size,
@@ -81,9 +83,17 @@ class StepLogic:
         if state.ended or self._has_holes(state):
             return False
         cfg, step = state.config, state.next_step
+        # Samplers that want the oldest rows first see a prefix of the ready queue;
+        # only when it cannot fill a step do they see every candidate.
+        window = max(8 * cfg.batch_size * cfg.dp_size, PREFIX_MIN) \
+            if state.sampler.prefix_ok else None
         while True:
-            cands = self._candidates(part, state, cfg.dp_size, step)
+            cands = self._candidates(part, state, cfg.dp_size, step, window)
             sel = state.sampler.sample(cands, cfg.batch_size)
+            if not sel.ready and window is not None and cands.count >= window:
+                self._apply_discards(part, state, sel)
+                window = None  # the prefix was not enough: look at everything
+                continue
             if sel.ready:
                 self._check_selection(state, sel, cfg.dp_size)
                 self._apply_discards(part, state, sel)

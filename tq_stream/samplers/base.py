@@ -173,6 +173,14 @@ class Sampler:
 
     STATE_KEYS: tuple[str, ...] = ()
 
+    @property
+    def prefix_ok(self) -> bool:
+        """True if the sampler picks among the oldest candidates, so the controller may
+        show it only a prefix of the ready queue first (much faster on large queues);
+        when the prefix cannot fill a step the sampler is called with every candidate.
+        False (the default) always shows every candidate."""
+        return False
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Sampler:
         # The constructor arguments let a remote controller build the same sampler
         # (see tq_stream.samplers.spec); nothing else reads them.

@@ -69,6 +69,10 @@ class DynamicFilterSampler(Sampler):
     def required_tags(self) -> tuple[str, ...]:
         return (*self.inner.required_tags(), self.reward_tag)
 
+    @property
+    def prefix_ok(self) -> bool:
+        return self.inner.prefix_ok
+
     def sample(self, candidates: Candidates, batch_size: int) -> Selection:
         self.inner.check_batch(batch_size)
         need = batch_size * candidates.dp_size

@@ -100,6 +100,10 @@ class GroupSampler(Sampler):
     def required_tags(self) -> tuple[str, ...]:
         return (self.group_tag,) if self.size_tag is None else (self.group_tag, self.size_tag)
 
+    @property
+    def prefix_ok(self) -> bool:
+        return True
+
     def sample(self, candidates: Candidates, batch_size: int) -> Selection:
         self.check_batch(batch_size)
         need = batch_size * candidates.dp_size

@@ -130,6 +130,10 @@ class SeqlenBalancedSampler(Sampler):
         own = () if self.cost is not None else (self.cost_tag,)
         return (*own, *self.inner.required_tags())
 
+    @property
+    def prefix_ok(self) -> bool:
+        return self.inner.prefix_ok
+
     def sample(self, candidates: Candidates, batch_size: int) -> Selection:
         return self._balance(candidates, self.inner.sample(candidates, batch_size))
 

@@ -13,6 +13,10 @@ class SequentialSampler(Sampler):
         ...                          sampler=SequentialSampler())
     """
 
+    @property
+    def prefix_ok(self) -> bool:
+        return True
+
     def sample(self, candidates: Candidates, batch_size: int) -> Selection:
         need = batch_size * candidates.dp_size
         if candidates.count < need:

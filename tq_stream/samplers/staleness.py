@@ -105,6 +105,10 @@ class StalenessSampler(Sampler):
         """``admission_limit(held, rows_per_version, self.max_staleness, lag)``."""
         return admission_limit(held, rows_per_version, self.max_staleness, lag)
 
+    @property
+    def prefix_ok(self) -> bool:
+        return self.inner.prefix_ok
+
     def sample(self, candidates: Candidates, batch_size: int) -> Selection:
         fresh, discard = self._filter(candidates)
         return self.inner.sample(fresh, batch_size).with_discard(discard)

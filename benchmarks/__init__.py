@@ -1,0 +1,1 @@
+"""Benchmarks: every workload against every system, side by side in one run."""

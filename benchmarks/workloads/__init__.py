@@ -1,0 +1,1 @@
+"""One module per workload; each returns rows of a results table."""
