@@ -30,7 +30,7 @@ class TqStreamSystem(System):
         self.units = storage_units if mode != "embedded" else 1
         self.name = f"tq_stream {mode}" + (f" ({self.units} units)" if mode != "embedded" else "")
         self.supports_stream = mode != "embedded"
-        self.stream: Any = None
+        self._tq: Any = None
         self._runs = itertools.count()
         self._partition = ""
 
@@ -45,71 +45,72 @@ class TqStreamSystem(System):
             from benchmarks.systems import ray_util
 
             ray_util.ensure_ray()
-        self.stream = tq.init(mode=self.mode, storage_units=self.units) \
+        self._tq = tq.init(mode=self.mode, storage_units=self.units) \
             if self.mode != "embedded" else tq.init()
 
     def stop(self) -> None:
-        if self.stream is not None:
-            self.stream.close()
-            self.stream = None
+        if self._tq is not None:
+            self._tq.close()
+            self._tq = None
 
     def put(self, keys: list[str], td: Any) -> None:
-        self.stream.kv.put_batch(keys, td, partition=PARTITION)
+        self._tq.kv.put_batch(keys, td, partition=PARTITION)
 
     def get(self, keys: list[str], fields: list[str] | None = None) -> Any:
-        return self.stream.kv.get_batch(keys, fields, partition=PARTITION)
+        return self._tq.kv.get_batch(keys, fields, partition=PARTITION)
 
     def clear(self, keys: list[str]) -> None:
-        self.stream.kv.clear(keys, partition=PARTITION)
+        self._tq.kv.clear(keys, partition=PARTITION)
 
     def pids(self) -> list[int]:
-        owner = getattr(self.stream, "_owner", None)
-        return [os.getpid(), *getattr(owner, "pids", [])]
+        """The deployment's processes: this one when embedded, else the servers."""
+        owner = getattr(self._tq, "_owner", None)
+        return list(getattr(owner, "pids", [])) if self.mode != "embedded" else [os.getpid()]
 
     # --- workload 3
     def stream_setup(self, spec: StreamSpec) -> None:
         self._partition = f"{spec.partition}-{next(self._runs)}"
-        self.stream.create_partition(self._partition)
+        self._tq.create_partition(self._partition)
 
     def stream_teardown(self, spec: StreamSpec) -> None:
-        self.stream.kv.clear(None, partition=self._partition)
+        self._tq.kv.clear(None, partition=self._partition)
 
     def stream_writer(self, spec: StreamSpec) -> _Writer:
-        return _Writer(self.stream, self._partition)
+        return _Writer(self._tq, self._partition)
 
     def stream_reader(self, spec: StreamSpec, rank: int) -> _Reader:
-        return _Reader(self.stream, self._partition, spec, rank)
+        return _Reader(self._tq, self._partition, spec, rank)
 
 
 class _Writer:
     """A producer process's end: the picklable Stream and a partition name."""
 
     def __init__(self, stream: Any, partition: str) -> None:
-        self.stream, self.partition = stream, partition
+        self._tq, self.partition = stream, partition
         self._writer: Any = None
 
     def open(self) -> None:
-        self._writer = self.stream.writer(self.partition)
+        self._writer = self._tq.writer(self.partition)
 
     def put(self, keys: list[str], td: Any) -> None:
         self._writer.put(keys, td)
 
     def close(self) -> None:
-        self.stream.close()
+        self._tq.close()
 
 
 class _Reader:
     """A consumer rank's end: a StreamingDataLoader over its DP rank."""
 
     def __init__(self, stream: Any, partition: str, spec: StreamSpec, rank: int) -> None:
-        self.stream, self.partition, self.spec, self.rank = stream, partition, spec, rank
+        self._tq, self.partition, self.spec, self.rank = stream, partition, spec, rank
         self._loader: Any = None
 
     def open(self) -> None:
         import tq_stream as tq
 
         ds = tq.StreamingDataset(
-            self.stream, self.partition, self.spec.task, list(self.spec.fields),
+            self._tq, self.partition, self.spec.task, list(self.spec.fields),
             batch_size=self.spec.batch_size, dp_rank=self.rank,
             dp_size=self.spec.consumer_ranks, timeout=self.spec.timeout_s)
         self._loader = tq.StreamingDataLoader(ds, num_workers=self.spec.num_workers)
@@ -121,4 +122,4 @@ class _Reader:
             yield tq.batch_meta(batch).keys
 
     def close(self) -> None:
-        self.stream.close()
+        self._tq.close()

@@ -16,7 +16,8 @@ VARIANTS = ("dense", "ragged", "string")
 
 
 def make_data(shapes: Shapes, variant: str, seed: int = 0) -> tuple[TensorDict, int]:
-    """The batch of a variant and its payload bytes."""
+    """The batch of a variant and its payload bytes (field names carry the variant, so
+    variants never collide on one field's schema)."""
     g = torch.Generator().manual_seed(seed)
     n, f, w = shapes.bulk_rows, shapes.bulk_fields, shapes.bulk_width
     fields: dict = {}
@@ -25,10 +26,10 @@ def make_data(shapes: Shapes, variant: str, seed: int = 0) -> tuple[TensorDict, 
         if variant == "ragged" and i == 0:
             lengths = torch.randint(1, w + 1, (n,), generator=g)
             rows = [torch.randn(int(k), generator=g) for k in lengths]
-            fields[f"f{i}"] = torch.nested.nested_tensor(rows, layout=torch.jagged)
+            fields[f"{variant}{i}"] = torch.nested.nested_tensor(rows, layout=torch.jagged)
             nbytes += int(lengths.sum()) * 4
         else:
-            fields[f"f{i}"] = torch.randn(n, w, generator=g)
+            fields[f"{variant}{i}"] = torch.randn(n, w, generator=g)
             nbytes += n * w * 4
     if variant == "string":
         texts = [f"response {i}: " + "x" * (i % 200) for i in range(n)]
