@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from tensordict import TensorDict
 
 from tq_stream import placement
+from tq_stream.backends.base import occupancy
 from tq_stream.convert import to_columns, to_tensordict
 from tq_stream.errors import ConfigError, check_name
 from tq_stream.meta import BatchMeta
@@ -58,13 +59,20 @@ class Client:
                  ragged: str = "nested") -> TensorDict:
         """The values of ``fields`` (default: ``meta.fields``) of meta's rows."""
         fields = list(meta.fields if fields is None else fields)
-        cols = placement.load(self._stream._units(), meta.partition, meta.unit, meta.slot, fields)
+        cols = placement.load(self._stream._units(), meta.partition, meta.unit, meta.slot, fields,
+                              occupancy(meta.index, meta.generation))
         return to_tensordict(cols, len(meta), ragged=ragged)
 
     def put_data(self, meta: BatchMeta, data: Any, timeout: float | None = None) -> None:
-        """Write new fields (or overwrite fields) of meta's rows."""
+        """Write new fields (or overwrite fields) of meta's rows.
+
+        Raises:
+            StateError: if some of meta's rows were freed meanwhile (acked by every
+                task, or cleared); nothing is written then, no row is re-created.
+        """
         cols = to_columns(data, len(meta))
-        self._stream.writer(meta.partition)._write(list(meta.keys), cols, None, timeout)
+        self._stream.writer(meta.partition)._write(list(meta.keys), cols, None, timeout,
+                                                   expect=meta.generation)
 
     def ack(self, meta: BatchMeta) -> int:
         """This rank is done with meta's rows; returns how many rows became acked."""

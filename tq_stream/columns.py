@@ -124,6 +124,41 @@ def schema_of(column: Column) -> FieldSchema:
     return FieldSchema("object")
 
 
+def coercible(fixed: FieldSchema, given: FieldSchema) -> bool:
+    """True if a column of schema ``given`` may be converted to ``fixed`` (see ``coerce``)."""
+    if fixed.dtype != given.dtype:
+        return False
+    if fixed.kind == "ragged" and given.kind == "dense":
+        return bool(given.shape) and given.shape[1:] == fixed.shape
+    if fixed.kind == "dense" and given.kind == "ragged":
+        return bool(fixed.shape) and fixed.shape[1:] == given.shape
+    return False
+
+
+def coerce(column: Column, fixed: FieldSchema) -> Column | None:
+    """``column`` converted to the ``fixed`` schema of its field, or None if it does not fit.
+
+    A dense ``[n, L, *tail]`` tensor becomes ragged rows of length ``L``; ragged rows
+    that all have length ``L`` become a dense ``[n, L, *tail]`` tensor.
+    """
+    given = schema_of(column)
+    if given == fixed:
+        return column
+    if not coercible(fixed, given):
+        return None
+    if isinstance(column, torch.Tensor):
+        n, length = column.shape[0], column.shape[1]
+        offsets = torch.arange(n + 1, dtype=torch.int64) * length
+        return Ragged(column.reshape(n * length, *column.shape[2:]), offsets)
+    assert isinstance(column, Ragged)
+    length = fixed.shape[0]
+    if not bool((column.lengths == length).all()):
+        return None
+    lo = int(column.offsets[0])
+    values = column.values[lo : lo + len(column) * length]
+    return values.reshape(len(column), length, *values.shape[1:])
+
+
 def column_len(column: Column) -> int:
     return column.shape[0] if isinstance(column, torch.Tensor) else len(column)
 
@@ -143,8 +178,8 @@ def concat(columns: list[Column]) -> Column:
     if isinstance(first, torch.Tensor):
         return torch.cat(columns)
     if isinstance(first, Ragged):
-        values = torch.cat([c.values for c in columns])
-        parts, base = [first.offsets[:1]], 0
+        values = torch.cat([c.values[int(c.offsets[0]) : int(c.offsets[-1])] for c in columns])
+        parts, base = [torch.zeros(1, dtype=torch.int64)], 0
         for c in columns:
             parts.append(c.offsets[1:] - c.offsets[0] + base)
             base += int(c.offsets[-1] - c.offsets[0])

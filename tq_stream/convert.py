@@ -1,9 +1,17 @@
 """User data <-> normalized columns.
 
 In: a ``TensorDict`` with batch size ``[n]``, or a dict of field -> value where
-a value is a tensor ``[n, ...]``, a jagged nested tensor, a list of n tensors
-(ragged when their first dims differ), or a list of n plain values. A single
-row (``keys`` a str) is a dict of field -> one row's value.
+a value is a tensor ``[n, ...]`` (dense), a jagged nested tensor (ragged), a
+list of n tensors (ragged along their first dim; a list of 0-d tensors is
+dense), or a list of n plain values. A single row (``keys`` a str) is a dict of
+field -> one row's value; a row's tensor counts as a list of one tensor.
+
+The kind of a column follows the form of the input, never the lengths that
+happen to be in one batch: a list of equal-length tensors is still ragged.
+A field keeps the schema its first write fixed; a later write in the other
+form is converted when the data fits (``columns.coerce``): a dense ``[n, L, ...]``
+tensor into a ragged field, or ragged rows all of length ``L`` into a dense
+``[L, ...]`` field.
 
 Out: a ``TensorDict`` of batch size ``[n]``; ragged fields come back as jagged
 nested tensors (or padded dense tensors), object fields as ``NonTensorStack``.
@@ -43,13 +51,14 @@ def _check_plain(field: str, value: Any, depth: int = 0) -> None:
 
 def _from_list(field: str, rows: list) -> Column:
     if rows and all(isinstance(r, torch.Tensor) for r in rows):
-        if any(r.dim() == 0 for r in rows):
-            return torch.stack(rows)
-        tails = {(r.dtype, tuple(r.shape[1:])) for r in rows}
+        if any(r.is_nested for r in rows):
+            raise SchemaError(f"field {field!r} rows must be plain tensors, got a nested one")
+        rows = [r.detach().cpu() for r in rows]
+        tails = {(r.dtype, tuple(r.shape[1:]), r.dim() == 0) for r in rows}
         if len(tails) != 1:
             raise SchemaError(f"field {field!r} rows must share dtype and shape after the "
                               f"first dim, got {sorted(map(str, tails))[:4]}")
-        if len({r.shape[0] for r in rows}) == 1:
+        if rows[0].dim() == 0:
             return torch.stack(rows)
         return Ragged.from_list([r.contiguous() for r in rows])
     if any(isinstance(r, torch.Tensor) for r in rows):
@@ -59,26 +68,43 @@ def _from_list(field: str, rows: list) -> Column:
     return list(rows)
 
 
+def _from_nested(field: str, value: torch.Tensor) -> Ragged:
+    """A nested tensor as a Ragged column with offsets from 0 (views and holes resolved)."""
+    if value.layout != torch.jagged:
+        rows = [r.detach().cpu() for r in value.unbind()]
+        _from_list(field, rows)  # checks the rows share dtype and shape after the first dim
+        return Ragged.from_list([r.contiguous() for r in rows])
+    if getattr(value, "_ragged_idx", 1) != 1:
+        raise SchemaError(f"field {field!r} must be ragged in the dim after the batch dim, "
+                          f"got a nested tensor ragged in dim {value._ragged_idx}")
+    value = value.detach()
+    if value.lengths() is not None:  # a non-contiguous view (e.g. narrow): gather its rows
+        return Ragged.from_list([r.cpu().contiguous() for r in value.unbind()])
+    offsets = value.offsets().detach().cpu().to(torch.int64)
+    values = value.values().cpu()
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    if lo or hi != values.shape[0]:
+        values, offsets = values[lo:hi], offsets - lo
+    return Ragged(values.contiguous(), offsets)
+
+
 def to_column(field: str, value: Any, n: int) -> Column:
     """Normalize one field's values for ``n`` rows."""
     if isinstance(value, torch.Tensor):
         if value.is_nested:
-            col: Column = Ragged(value.values().contiguous(), value.offsets().to(torch.int64)) \
-                if value.layout == torch.jagged else Ragged.from_list(list(value.unbind()))
+            col: Column = _from_nested(field, value)
         elif value.dim() == 0:
             raise SchemaError(f"field {field!r} must have a leading batch dim of {n}, "
                               f"got a 0-d tensor")
         else:
             col = value.detach().cpu()
-            if col.requires_grad:
-                col = col.detach()
     elif isinstance(value, NonTensorStack):
         col = _from_list(field, value.tolist())
     elif isinstance(value, NonTensorData):
         data = value.data
         col = _from_list(field, list(data) if isinstance(data, list) else [data] * n)
     elif isinstance(value, np.ndarray):
-        if value.dtype == object:
+        if value.dtype.kind in "OUS":  # objects, str, bytes: plain values per row
             col = _from_list(field, value.tolist())
         else:
             col = torch.from_numpy(np.ascontiguousarray(value))
@@ -124,12 +150,17 @@ def single_row(data: Any) -> dict[str, Column]:
         data = {k: data.get(k) for k in data.keys()}
     if not isinstance(data, Mapping):
         raise ConfigError(f"data for one key must be a dict of fields, got {type(data).__name__}")
+    if not data:
+        raise ConfigError("data must contain at least one field, got none")
     out = {}
     for name, value in data.items():
-        if isinstance(value, torch.Tensor) and not value.is_nested:
-            out[name] = value.detach().cpu().unsqueeze(0)
-        else:
-            out[name] = to_column(name, [value], 1)
+        check_name("field name", name)
+        if isinstance(value, np.ndarray) and value.dtype.kind not in "OUS":
+            value = torch.from_numpy(np.ascontiguousarray(value))
+        if isinstance(value, torch.Tensor) and value.is_nested:
+            raise SchemaError(f"field {name!r} of one row must be a plain tensor (its row), "
+                              f"got a nested tensor; use a list of keys to put many rows")
+        out[name] = to_column(name, [value], 1)
     return out
 
 

@@ -52,6 +52,10 @@ class StreamingDataLoader:
         self.dataset = dataset
         dataset.auto_ack = False
         self.num_workers = check_positive("num_workers", num_workers, allow_zero=True)
+        if num_workers and getattr(dataset.stream, "mode", "") == "embedded":
+            raise ConfigError(f"num_workers must be 0 with an embedded stream (its controller "
+                              f"lives in this process), got {num_workers}; use "
+                              f"tq.init(mode='local') for worker processes")
         self._kwargs: dict[str, Any] = {"batch_size": None, "num_workers": num_workers,
                                         "collate_fn": _identity, "pin_memory": pin_memory}
         if num_workers:

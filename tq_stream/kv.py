@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from tensordict import TensorDict
 
 from tq_stream import placement
+from tq_stream.backends.base import occupancy
 from tq_stream.convert import to_tensordict
 from tq_stream.errors import ConfigError, check_name
 from tq_stream.meta import BatchMeta
@@ -60,7 +61,7 @@ class KV:
         """The fields of many rows as a TensorDict ``[n]`` (rows in ``keys`` order)."""
         meta = self.meta(keys, fields, partition)
         cols = placement.load(self._stream._units(), partition, meta.unit, meta.slot,
-                              meta.fields)
+                              meta.fields, occupancy(meta.index, meta.generation))
         return to_tensordict(cols, len(meta), ragged=ragged)
 
     def get(self, key: str, fields: Sequence[str] | None = None,
@@ -70,7 +71,7 @@ class KV:
             raise ConfigError(f"key must be a str (use get_batch for many), got {key!r}")
         meta = self.meta([key], fields, partition)
         cols = placement.load(self._stream._units(), partition, meta.unit, meta.slot,
-                              meta.fields)
+                              meta.fields, occupancy(meta.index, meta.generation))
         out: dict[str, Any] = {}
         for f, c in cols.items():
             out[f] = c.row(0) if hasattr(c, "row") else c[0]

@@ -19,12 +19,14 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from tq_stream import placement
 from tq_stream.backends.base import occupancy
-from tq_stream.columns import Column
+from tq_stream.columns import Column, FieldSchema, coerce
 from tq_stream.controller.tags import check_tags
 from tq_stream.convert import schemas_of, single_row, to_columns
-from tq_stream.errors import ConfigError, KeyConflictError, check_name
+from tq_stream.errors import ConfigError, KeyConflictError, SchemaError, check_name
 
 if TYPE_CHECKING:
     from tq_stream.stream import Stream
@@ -46,6 +48,20 @@ def check_keys(keys: Any) -> list[str]:
         raise KeyConflictError(f"keys must be distinct within one put, got duplicates "
                                f"{sorted(set(dup))[:5]}")
     return keys
+
+
+def _coerced(cols: dict[str, Column], fixed: dict[str, Any]) -> dict[str, Column]:
+    """Columns converted to their fields' fixed schemas (SchemaError if one cannot be)."""
+    out = dict(cols)
+    for name, schema in fixed.items():
+        want = FieldSchema.from_dict(schema)
+        col = coerce(cols[name], want)
+        if col is None:
+            lengths = sorted(set(getattr(cols[name], "lengths", torch.zeros(0)).tolist()))
+            raise SchemaError(f"field {name!r} must be {want.describe()} (fixed by its first "
+                              f"write), got ragged rows of lengths {lengths[:8]}")
+        out[name] = col
+    return out
 
 
 class Writer:
@@ -108,12 +124,22 @@ class Writer:
     def _write(self, keys: list[str], cols: dict[str, Column], tags: list | None,
                timeout: float | None, expect: Any = None) -> None:
         ctrl = self._stream._controller()
+        spares = None if expect is not None else self._stream._spares(self.partition, self._unit)
+        if spares is not None and spares.put(ctrl, self._stream._units(), keys, cols, tags):
+            return  # two calls: bytes to spare rows, then commit_new (tq_stream.spares)
         schemas = schemas_of(cols)
         timeout = self._stream.config.timeout if timeout is None else timeout
-        extra = {} if expect is None else {"expect": expect}
+        extra: dict[str, Any] = {} if expect is None else {"expect": expect}
+        if spares is not None and spares.wanted():
+            extra["spare"] = spares.wanted()
         place = ctrl.reserve(partition=self.partition, keys=keys, schemas=schemas,
                              unit=self._unit, timeout=timeout, **extra)
+        if spares is not None:
+            spares.add(place.get("spare"))
+            spares.learn(place.get("schemas", {}))
         try:
+            cols = _coerced(cols, place.get("schemas", {}))
+            schemas = schemas_of(cols)
             placement.store(self._stream._units(), self.partition, place["unit"],
                             place["slot"], cols, occupancy(place["index"], place["generation"]))
             ctrl.commit(partition=self.partition, index=place["index"],

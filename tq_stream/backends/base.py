@@ -4,6 +4,11 @@ A storage unit knows nothing of keys, readiness, tasks or sampling: the
 controller assigns every row a slot in one unit, and the unit stores the row's
 field values there. Values arrive and leave as normalized columns
 (see ``tq_stream.columns``). Every backend passes ``tests/backend_contract.py``.
+
+Slots are reused after rows are freed. Callers that know which rows they mean
+pass ``generations`` (one ``occupancy`` token per slot): a put records them, a
+get checks them and raises StateError for a slot that no longer holds the row
+(cleared, and perhaps reused by a newer row) instead of returning its bytes.
 """
 
 from __future__ import annotations
@@ -14,6 +19,17 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from tq_stream.columns import Column
+
+
+def occupancy(index: np.ndarray, generation: np.ndarray) -> np.ndarray:
+    """The token of rows ``index`` at ``generation`` (``BatchMeta`` fields).
+
+    Unique within a partition for every (row index, generation) pair, so it
+    names one occupancy of a storage slot: the controller's generation alone
+    counts reuses of a row *index*, while a slot may pass to another index.
+    """
+    gen = np.asarray(generation, dtype=np.int64)
+    return (gen << 32) | np.asarray(index, dtype=np.int64)
 
 
 class StorageUnit(ABC):
@@ -27,15 +43,21 @@ class StorageUnit(ABC):
       alias storage that a later ``put``/``free`` may overwrite.
     - ``free`` makes slots reusable; freed rows are never returned again.
     - ``drop`` of a partition returns all of its memory.
+    - ``get`` with ``generations`` never returns a value written under another
+      token than ``generations[i]`` for slot ``slots[i]`` (StateError instead).
     """
 
     @abstractmethod
-    def put(self, partition: str, slots: np.ndarray, columns: Mapping[str, Column]) -> None:
-        """Write ``columns[f][i]`` into slot ``slots[i]`` of field ``f``."""
+    def put(self, partition: str, slots: np.ndarray, columns: Mapping[str, Column],
+            generations: np.ndarray | None = None) -> None:
+        """Write ``columns[f][i]`` into slot ``slots[i]`` of field ``f``; the slots now
+        hold the rows of tokens ``generations`` (None: no token, unreadable with one)."""
 
     @abstractmethod
-    def get(self, partition: str, slots: np.ndarray, fields: Sequence[str]) -> dict[str, Column]:
-        """Read ``fields`` of ``slots``, in order."""
+    def get(self, partition: str, slots: np.ndarray, fields: Sequence[str],
+            generations: np.ndarray | None = None) -> dict[str, Column]:
+        """Read ``fields`` of ``slots``, in order; with ``generations``, raise StateError
+        unless every slot still holds the row of its token."""
 
     @abstractmethod
     def free(self, partition: str, slots: np.ndarray) -> None:

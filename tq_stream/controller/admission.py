@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from tq_stream.errors import WaitTimeout, check_positive, check_timeout
+from tq_stream.transport.dispatch import WouldBlock, may_block
 
 
 class AdmissionLogic:
@@ -59,6 +60,8 @@ class AdmissionLogic:
                 if room is None or n <= room:
                     part.admitted += n
                     return n
+                if not may_block():
+                    raise WouldBlock  # nothing admitted yet: a worker thread waits
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise WaitTimeout(

@@ -30,17 +30,24 @@ STATE_KEYS = ("format", "partitions", "tasks")
 
 def _part_state(part: PartitionMeta) -> dict[str, Any]:
     rows = np.flatnonzero(part.used)
+    # Spare rows belong to writers of this deployment only: a restored one gets them
+    # back as free rows and slots (with a new generation, so old handles never match).
+    spare = np.flatnonzero(part.spare)
+    generation = part.generation.copy()
+    generation[spare] += 1
     return {
         "capacity": part.capacity, "closed": part.closed, "admitted": part.admitted,
         "schemas": {f: s.to_dict() for f, s in part.schemas.items()},
         "size": part.size, "rows": rows, "keys": part.keys[rows].tolist(),
         "unit": part.unit[rows], "slot": part.slot[rows],
-        "generation": part.generation, "write_time": part.write_time[rows],
+        "generation": generation, "write_time": part.write_time[rows],
         "created": part.created[rows], "next_created": part.next_created,
         "ready": {f: r[rows] for f, r in part.ready.items()},
         "tags": part.tags.state_dict(),
-        "next_row": part._next_row, "free_rows": list(part._free_rows),
-        "pools": [{"next": p.next, "free": sorted(p.free)} for p in part._pools],
+        "next_row": part._next_row, "free_rows": list(part._free_rows) + spare.tolist(),
+        "pools": [{"next": p.next,
+                   "free": sorted(p.free + part.slot[spare[part.unit[spare] == u]].tolist())}
+                  for u, p in enumerate(part._pools)],
     }
 
 

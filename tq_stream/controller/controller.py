@@ -23,6 +23,7 @@ import numpy as np
 from tq_stream.columns import FieldSchema
 from tq_stream.controller.admission import AdmissionLogic
 from tq_stream.controller.partition import PartitionMeta
+from tq_stream.controller.spares import SpareLogic, check_spare
 from tq_stream.controller.steps import StepLogic
 from tq_stream.controller.task import TaskConfig, TaskState
 from tq_stream.errors import (
@@ -37,6 +38,7 @@ from tq_stream.errors import (
 )
 from tq_stream.samplers.base import Sampler
 from tq_stream.samplers.sequential import SequentialSampler
+from tq_stream.transport.dispatch import WouldBlock, may_block
 
 FreeFn = Callable[[int, str, np.ndarray], None]
 
@@ -45,7 +47,7 @@ def _no_free(unit: int, partition: str, slots: np.ndarray) -> None:
     pass
 
 
-class Controller(StepLogic, AdmissionLogic):
+class Controller(StepLogic, AdmissionLogic, SpareLogic):
     """The metadata service of one deployment.
 
     Args:
@@ -58,7 +60,17 @@ class Controller(StepLogic, AdmissionLogic):
         "create_partition", "close_partition", "reserve", "commit", "abort",
         "register_task", "get_meta", "ack", "release", "renew", "clear", "lookup",
         "list_rows", "set_tags", "set_version", "stats", "partitions",
-        "admit", "set_admission", "admission",
+        "admit", "set_admission", "admission", "commit_new", "release_spares",
+    })
+    # Methods that never wait, so a server may run them on its IO thread: they hold the
+    # lock only for short CPU work; reserve and admit raise WouldBlock instead of waiting.
+    # Not here: get_meta (waits, and a sampler's discards free storage through the units),
+    # ack / clear / abort (free storage through the units), list_rows / register_task
+    # (work proportional to the partition, or a sampler module import).
+    RPC_INLINE = frozenset({
+        "create_partition", "close_partition", "partitions", "reserve", "commit", "release",
+        "renew", "lookup", "set_tags", "set_version", "stats", "admit", "set_admission",
+        "admission", "commit_new",
     })
 
     def __init__(self, n_units: int = 1, free: FreeFn = _no_free) -> None:
@@ -111,7 +123,7 @@ class Controller(StepLogic, AdmissionLogic):
     # ----------------------------------------------------------------- writes
     def reserve(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
                 unit: int = -1, timeout: float = 60.0,
-                expect: Sequence[int] | None = None) -> dict[str, Any]:
+                expect: Sequence[int] | None = None, spare: int = 0) -> dict[str, Any]:
         """Validate a put and place its rows; new rows wait for capacity.
 
         A closed partition takes no new rows, but fields of its existing rows can
@@ -120,9 +132,14 @@ class Controller(StepLogic, AdmissionLogic):
         Args:
             expect: generations the rows must still have (a write through a
                 BatchMeta): no row is created, and rows freed meanwhile are an error.
+            spare: also place this many spare rows for the caller's next puts (see
+                ``commit_new``); none when the partition has a capacity or with ``expect``.
         Returns:
             dict of ``index``, ``unit``, ``slot``, ``generation`` (arrays aligned
-            with ``keys``) and ``new`` (mask of rows created by this call).
+            with ``keys``), ``new`` (mask of rows created by this call) and
+            ``schemas`` (the fixed schema of each written field that has one; the
+            writer converts columns in the other form to it); with ``spare``, also
+            ``spare``: ``index``, ``unit``, ``slot``, ``generation`` of the spare rows.
         Raises:
             SchemaError, ClosedError, ConfigError, StateError, WaitTimeout.
         """
@@ -130,11 +147,12 @@ class Controller(StepLogic, AdmissionLogic):
         if not schemas_:
             raise ConfigError("a put must write at least one field, got none")
         check_timeout("timeout", timeout)
+        check_spare(spare)
         deadline = time.monotonic() + timeout
         with self._cond:
             part = self._part(partition, create=expect is None)
             while True:
-                part.check_schemas(schemas_)
+                part.check_schemas(schemas_, coerce=True)
                 idx = part.lookup(list(keys))
                 new = idx < 0
                 n_new = int(new.sum())
@@ -153,6 +171,8 @@ class Controller(StepLogic, AdmissionLogic):
                     )
                 if cap is None or part.live + n_new <= cap:
                     break
+                if not may_block():
+                    raise WouldBlock  # nothing allocated yet: a worker thread waits
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise WaitTimeout(
@@ -165,8 +185,13 @@ class Controller(StepLogic, AdmissionLogic):
                 new_keys = [k for k, m in zip(keys, new.tolist(), strict=True) if m]
                 idx[new] = part.allocate(new_keys, self._place(unit, n_new))
                 self._grow_tasks(part)
-            return {"index": idx, "unit": part.unit[idx], "slot": part.slot[idx],
-                    "generation": part.generation[idx], "new": new}
+            fixed = {f: part.schemas[f].to_dict() for f in schemas_ if f in part.schemas}
+            out = {"index": idx, "unit": part.unit[idx], "slot": part.slot[idx],
+                   "generation": part.generation[idx], "new": new, "schemas": fixed}
+            if spare:
+                out["spare"] = self._spares(part, unit, spare if expect is None
+                                            and part.capacity is None else 0)
+            return out
 
     def _check_expected(self, part: PartitionMeta, keys: Sequence[str], idx: np.ndarray,
                         expect: Sequence[int]) -> None:
@@ -182,7 +207,7 @@ class Controller(StepLogic, AdmissionLogic):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ClosedError("controller is closed (the stream was closed while waiting)")
+            raise ClosedError("controller is closed (its stream was closed)")
 
     def _place(self, unit: int, n: int) -> np.ndarray:
         if 0 <= unit < self.n_units:
@@ -203,17 +228,19 @@ class Controller(StepLogic, AdmissionLogic):
         with self._cond:
             part = self._part(partition)
             self._check_generation(part, index, generation)
-            part.fix_schemas(schemas_)
-            for f in schemas_:
-                part.ready[f][index] = True
-            part.write_time[index] = time.time()
-            if tags is not None:
-                part.tags.set(index, tags)
-            else:
-                part.tags.set(index, [{}] * len(index))
-            for task in self._tasks[partition].values():
-                task.offer(index, part.ready_for(task.config.fields, index))
-            self._cond.notify_all()
+            self._mark_written(part, index, schemas_, tags)
+
+    def _mark_written(self, part: PartitionMeta, index: np.ndarray,
+                      schemas_: dict[str, FieldSchema], tags: list | None) -> None:
+        """Commit the fields of rows ``index`` (lock held; generations checked)."""
+        part.fix_schemas(schemas_)
+        for f in schemas_:
+            part.ready[f][index] = True
+        part.write_time[index] = time.time()
+        part.tags.set(index, tags if tags is not None else [{}] * len(index))
+        for task in self._tasks[part.name].values():
+            task.offer(index, part.ready_for(task.config.fields, index))
+        self._cond.notify_all()
 
     def _check_generation(self, part: PartitionMeta, index: np.ndarray, gen: Any) -> None:
         gen = np.asarray(gen, dtype=np.int64)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tq_stream.columns import FieldSchema
+from tq_stream.columns import FieldSchema, coercible
 from tq_stream.controller.tags import TagTable
 from tq_stream.errors import SchemaError
 
@@ -53,6 +53,8 @@ class PartitionMeta:
 
     Invariants: ``used[i]`` iff row i holds a live key; ``key_index[keys[i]] == i``
     for used rows; ``ready[f][i]`` only for used rows; ``live == used.sum()``.
+    ``spare[i]`` (never with ``used[i]``): row i has a unit and slot but no key yet;
+    a writer holds it to store a later put's bytes before naming the keys (``bind``).
     """
 
     def __init__(self, name: str, capacity: int | None, n_units: int) -> None:
@@ -64,6 +66,7 @@ class PartitionMeta:
         self.key_index: dict[str, int] = {}
         self.keys = np.empty(_MIN, dtype=object)
         self.used = np.zeros(_MIN, dtype=bool)
+        self.spare = np.zeros(_MIN, dtype=bool)
         self.unit = np.zeros(_MIN, dtype=np.int32)
         self.slot = np.zeros(_MIN, dtype=np.int64)
         self.generation = np.zeros(_MIN, dtype=np.int64)
@@ -89,6 +92,7 @@ class PartitionMeta:
             return
         self.keys = _grow(self.keys, n, None)
         self.used = _grow(self.used, n, False)
+        self.spare = _grow(self.spare, n, False)
         self.unit = _grow(self.unit, n)
         self.slot = _grow(self.slot, n)
         self.generation = _grow(self.generation, n)
@@ -97,11 +101,13 @@ class PartitionMeta:
         self.ready = {f: _grow(r, n, False) for f, r in self.ready.items()}
         self.tags.grow(n)
 
-    def check_schemas(self, schemas: dict[str, FieldSchema]) -> None:
-        """Raise SchemaError if a field's data disagrees with its fixed schema."""
+    def check_schemas(self, schemas: dict[str, FieldSchema], coerce: bool = False) -> None:
+        """Raise SchemaError if a field's data disagrees with its fixed schema
+        (``coerce``: unless it can be converted to it, see ``columns.coerce``)."""
         for name, schema in schemas.items():
             fixed = self.schemas.get(name)
-            if fixed is not None and fixed != schema:
+            if fixed is not None and fixed != schema and not (coerce and
+                                                              coercible(fixed, schema)):
                 raise SchemaError(
                     f"field {name!r} of partition {self.name!r} must be "
                     f"{fixed.describe()} (fixed by its first write), got {schema.describe()}"
@@ -121,7 +127,34 @@ class PartitionMeta:
 
     def allocate(self, keys: list[str], units: np.ndarray) -> np.ndarray:
         """Create rows for new ``keys``, each in storage unit ``units[i]``."""
-        n = len(keys)
+        idx = self._place(units)
+        self._bind(keys, idx)
+        return idx
+
+    def allocate_spares(self, units: np.ndarray) -> np.ndarray:
+        """Spare rows (placed, no key yet), each in storage unit ``units[i]``."""
+        idx = self._place(units)
+        self.spare[idx] = True
+        return idx
+
+    def bind(self, keys: list[str], idx: np.ndarray) -> None:
+        """Give spare rows ``idx`` the new ``keys``: they become rows like ``allocate``'s."""
+        self.spare[idx] = False
+        self._bind(keys, idx)
+
+    def release_spares(self, idx: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """Take back spare rows (stale handles no longer match); returns ``(unit, slots)``
+        pairs to free in storage, reusable after ``give_slots`` (as for ``release``)."""
+        idx = idx[self.spare[idx]]
+        freed = [(u, self.slot[idx[self.unit[idx] == u]])
+                 for u in np.unique(self.unit[idx]).tolist()]
+        self.spare[idx] = False
+        self.generation[idx] += 1
+        self._free_rows.extend(idx.tolist())
+        return freed
+
+    def _place(self, units: np.ndarray) -> np.ndarray:
+        n = len(units)
         rows = [self._free_rows.pop() for _ in range(min(n, len(self._free_rows)))]
         extra = n - len(rows)
         rows.extend(range(self._next_row, self._next_row + extra))
@@ -132,15 +165,18 @@ class PartitionMeta:
             mask = units == u
             self.slot[idx[mask]] = self._pools[u].take(int(mask.sum()))
         self.unit[idx] = units
+        return idx
+
+    def _bind(self, keys: list[str], idx: np.ndarray) -> None:
+        n = len(keys)
         self.keys[idx] = keys
         self.used[idx] = True
         self.write_time[idx] = time.time()
         self.created[idx] = np.arange(self.next_created, self.next_created + n)
         self.next_created += n
-        for k, i in zip(keys, rows, strict=True):
+        for k, i in zip(keys, idx.tolist(), strict=True):
             self.key_index[k] = i
         self.live += n
-        return idx
 
     def release(self, idx: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """Free rows ``idx``; returns ``(unit, slots)`` pairs to free in storage.

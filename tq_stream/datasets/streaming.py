@@ -177,10 +177,16 @@ class StreamingDataset(IterableDataset):
                 return meta
             self._ends[route[0]] = meta.step  # ended there for every rank: route again
 
-    def _producer(self, out: queue.Queue, stop: threading.Event) -> None:
+    def _producer(self, out: queue.Queue, stop: threading.Event,
+                  room: threading.Semaphore) -> None:
         client = self.stream.client()
         try:
             for step in self._steps():
+                # fetch (and lease) a step only when the queue has room for it, so at
+                # most `prefetch` batches wait ahead of the one being consumed
+                while not room.acquire(timeout=0.1):
+                    if stop.is_set():
+                        return
                 item = self._fetch(client, step, stop)
                 if not self._offer(out, stop, _END if item is None else item):
                     if item is not None:  # nobody will read it: hand the rows back now
@@ -212,9 +218,10 @@ class StreamingDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[TensorDict]:
         self.register()
-        out: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        out: queue.Queue = queue.Queue(maxsize=self.prefetch + 1)
         stop = threading.Event()
-        thread = threading.Thread(target=self._producer, args=(out, stop), daemon=True,
+        room = threading.Semaphore(self.prefetch)
+        thread = threading.Thread(target=self._producer, args=(out, stop, room), daemon=True,
                                   name=f"tq-prefetch-{self.task}-{self.dp_rank}")
         thread.start()
         client = self.stream.client()
@@ -231,6 +238,7 @@ class StreamingDataset(IterableDataset):
                     raise WaitTimeout(
                         f"no batch of task {self.task!r} arrived within timeout="
                         f"{self.timeout}s (+5 s) from the prefetch thread") from None
+                room.release()
                 if item is _END:
                     return
                 if isinstance(item, _Failure):

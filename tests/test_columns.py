@@ -1,0 +1,97 @@
+"""Ragged columns, take/concat, and converting a column to its field's schema."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tq_stream.columns import (
+    FieldSchema,
+    Ragged,
+    coerce,
+    column_len,
+    column_nbytes,
+    concat,
+    dtype_from_name,
+    schema_of,
+    take,
+)
+from tq_stream.errors import SchemaError
+
+ROWS = [torch.tensor([1, 2, 3]), torch.tensor([], dtype=torch.int64), torch.tensor([4, 5])]
+
+
+def rows_of(r: Ragged) -> list[list]:
+    return [r.row(i).tolist() for i in range(len(r))]
+
+
+def test_from_list_offsets_and_lengths():
+    r = Ragged.from_list(ROWS)
+    assert len(r) == 3
+    assert r.offsets.tolist() == [0, 3, 3, 5]
+    assert r.lengths.tolist() == [3, 0, 2]
+    assert rows_of(r) == [[1, 2, 3], [], [4, 5]]
+
+
+def test_from_list_empty():
+    r = Ragged.from_list([])
+    assert len(r) == 0 and r.offsets.tolist() == [0]
+
+
+def test_to_padded():
+    r = Ragged.from_list(ROWS)
+    assert r.to_padded(pad_value=-1).tolist() == [[1, 2, 3], [-1, -1, -1], [4, 5, -1]]
+    tail = Ragged.from_list([torch.ones(2, 2), torch.zeros(1, 2)])
+    padded = tail.to_padded()
+    assert padded.shape == (2, 2, 2) and padded[1, 1].tolist() == [0, 0]
+
+
+def test_to_nested_shares_values():
+    r = Ragged.from_list([torch.arange(3.0), torch.arange(2.0)])
+    nt = r.to_nested()
+    assert nt.is_nested and [t.tolist() for t in nt.unbind()] == [[0, 1, 2], [0, 1]]
+    assert nt.values().data_ptr() == r.values.data_ptr()
+
+
+def test_take_and_concat():
+    a, b = Ragged.from_list(ROWS), Ragged.from_list([torch.tensor([9])])
+    assert rows_of(take(a, torch.tensor([2, 0]))) == [[4, 5], [1, 2, 3]]
+    joined = concat([a, b])
+    assert joined.offsets.tolist() == [0, 3, 3, 5, 6] and rows_of(joined)[-1] == [9]
+    dense = concat([torch.ones(2, 3), torch.zeros(1, 3)])
+    assert dense.shape == (3, 3) and take(dense, torch.tensor([2])).sum() == 0
+    assert concat([["a"], ["b", "c"]]) == ["a", "b", "c"]
+    assert take(["a", "b", "c"], torch.tensor([2, 2])) == ["c", "c"]
+
+
+def test_concat_of_ragged_views_not_starting_at_zero():
+    base = Ragged.from_list(ROWS)
+    view = Ragged(base.values, base.offsets[2:])  # just the last row, offsets from 3
+    joined = concat([view, Ragged.from_list([torch.tensor([7])])])
+    assert joined.offsets.tolist() == [0, 2, 3] and rows_of(joined) == [[4, 5], [7]]
+
+
+def test_schema_and_sizes():
+    assert schema_of(torch.ones(4, 2, dtype=torch.float16)) == FieldSchema("dense", "float16",
+                                                                           (2,))
+    assert schema_of(Ragged.from_list(ROWS)) == FieldSchema("ragged", "int64", ())
+    assert schema_of(["x"]) == FieldSchema("object")
+    assert FieldSchema("ragged", "int64", (3,)).describe() == "ragged int64[*, 3]"
+    assert FieldSchema.from_dict(FieldSchema("dense", "bool", (1,)).to_dict()) == \
+        FieldSchema("dense", "bool", (1,))
+    assert column_len(Ragged.from_list(ROWS)) == 3 and column_len(["a"]) == 1
+    assert column_nbytes(torch.ones(2, 2)) == 16 and column_nbytes(["a"]) == 0
+    with pytest.raises(SchemaError, match="'nope'"):
+        dtype_from_name("nope")
+
+
+def test_coerce_dense_into_ragged_and_back():
+    ragged_schema = FieldSchema("ragged", "float32", ())
+    as_ragged = coerce(torch.arange(6.0).reshape(2, 3), ragged_schema)
+    assert isinstance(as_ragged, Ragged) and rows_of(as_ragged) == [[0, 1, 2], [3, 4, 5]]
+    dense_schema = FieldSchema("dense", "float32", (2,))
+    same = Ragged.from_list([torch.ones(2), torch.zeros(2)])
+    assert coerce(same, dense_schema).tolist() == [[1, 1], [0, 0]]
+    assert coerce(Ragged.from_list([torch.ones(2), torch.ones(3)]), dense_schema) is None
+    assert coerce(torch.ones(2, 3, dtype=torch.float64), ragged_schema) is None  # dtype
+    assert coerce(["a"], dense_schema) is None

@@ -1,0 +1,271 @@
+"""Random interleavings of puts, gets, acks, releases and lease expiries on the
+embedded controller and client, checking the delivery guarantees of DESIGN.md:
+
+- a row is never handed to a task again once that task acked it, and when the
+  consumers keep going every written row is acked (or discarded, counted);
+- replicas of one DP rank see identical rows; DP ranks of a step get disjoint rows;
+- every rank gets the same number of batches; GroupSampler groups stay whole;
+- when everything is consumed, storage and controller rows are back to zero.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from conftest import FakeClock
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+import tq_stream as tq
+from tq_stream.errors import LeaseError, WaitTimeout
+
+P = "p"
+LEASE = 10.0
+TINY = 1e-3
+
+
+@dataclass
+class Consumer:
+    task: str
+    rank: int
+    replica: int
+    step: int = 0
+    held: tq.BatchMeta | None = None
+    maybe_expired: bool = False
+    ended_at: int | None = None
+
+
+@dataclass
+class TaskModel:
+    name: str
+    fields: list[str]
+    batch_size: int
+    dp_size: int
+    replicas: int
+    group_size: int | None
+    acked: set[str] = field(default_factory=set)
+    share: dict[tuple[int, int], tuple[str, ...]] = field(default_factory=dict)
+
+
+class DeliveryMachine(RuleBasedStateMachine):
+    """One partition, a main task with drawn settings and an auxiliary task."""
+
+    @initialize(dp_size=st.integers(1, 2), replicas=st.integers(1, 2),
+                groups=st.sampled_from([None, 1, 2]), per_rank=st.integers(1, 2),
+                two_fields=st.booleans(), drop_last=st.booleans(), backwards=st.booleans())
+    def setup(self, dp_size, replicas, groups, per_rank, two_fields, drop_last, backwards):
+        self.clock = FakeClock()
+        self._saved = self.clock.install()
+        self.stream = tq.init(config=tq.StreamConfig(timeout=5.0))
+        self.client = self.stream.client()
+        self.group_size = groups
+        g = groups or 1
+        main = TaskModel("main", ["a", "b"] if two_fields else ["a"], per_rank * g, dp_size,
+                         replicas, groups)
+        aux = TaskModel("aux", ["a"], 2, 1, 1, None)
+        self.tasks = {t.name: t for t in (main, aux)}
+        for t in self.tasks.values():
+            sampler = tq.samplers.GroupSampler(group_size=t.group_size) if t.group_size \
+                else None
+            self.client.register_task(P, t.name, t.fields, t.batch_size, dp_size=t.dp_size,
+                                      replicas=t.replicas, lease_timeout=LEASE,
+                                      drop_last=drop_last and t.name == "main",
+                                      sampler=sampler)
+        self.consumers = [Consumer(t.name, r, k) for t in self.tasks.values()
+                          for r in range(t.dp_size) for k in range(t.replicas)]
+        # the order in which the drain serves consumers (rank 0 first, or the last rank)
+        self.drain_order = self.consumers[::-1] if backwards else list(self.consumers)
+        self.written: list[str] = []
+        self.without_b: list[str] = []
+        self.n_groups = 0
+        self.done = False
+        # releases and expiries re-form a rank's share; with replicas that would let
+        # the replicas of one rank diverge, so they only run without replicas
+        self.refills = replicas == 1
+
+    def teardown(self):
+        if hasattr(self, "stream"):
+            try:
+                if not self.done:
+                    self.drain()
+            finally:
+                self.stream.close()
+                FakeClock.uninstall(self._saved)
+
+    # ------------------------------------------------------------------ writes
+    @precondition(lambda self: not self.done)
+    @rule(groups=st.integers(1, 3), with_b=st.booleans())
+    def put(self, groups, with_b):
+        g = self.group_size or 1
+        keys, tags = [], []
+        for _ in range(groups):
+            uid = f"u{self.n_groups}"
+            self.n_groups += 1
+            keys += [f"{uid}_{i}" for i in range(g)]
+            tags += [{"uid": uid, "version": self.n_groups}] * g
+        data = {"a": torch.arange(len(keys), dtype=torch.float32)}
+        # b comes later only when a task needs it: a late field nobody waits for could
+        # reach a row that was consumed and freed, and re-create it half-written
+        if with_b or "b" not in self.tasks["main"].fields:
+            data["b"] = [torch.ones(i % 3 + 1) for i in range(len(keys))]
+        else:
+            self.without_b += keys
+        self.stream.writer(P).put(keys, data, tags=tags)
+        self.written += keys
+
+    @precondition(lambda self: not self.done and self.without_b)
+    @rule(data=st.data())
+    def add_b(self, data):
+        n = data.draw(st.integers(1, len(self.without_b)))
+        keys, self.without_b = self.without_b[:n], self.without_b[n:]
+        self.stream.writer(P).put(keys, {"b": [torch.ones(2)] * len(keys)})
+
+    # ---------------------------------------------------------------- consumers
+    @precondition(lambda self: not self.done)
+    @rule(data=st.data())
+    def fetch(self, data):
+        c = data.draw(st.sampled_from(self.consumers))
+        if c.held is None and c.ended_at is None:
+            self._fetch(c)
+
+    @precondition(lambda self: not self.done)
+    @rule(data=st.data())
+    def ack(self, data):
+        c = data.draw(st.sampled_from(self.consumers))
+        if c.held is not None:
+            self._ack(c)
+
+    @precondition(lambda self: not self.done and self.refills)
+    @rule(data=st.data())
+    def release(self, data):
+        c = data.draw(st.sampled_from(self.consumers))
+        if c.held is not None and not c.maybe_expired:
+            self.client.release(c.held)
+            self._forget(c)
+
+    @precondition(lambda self: not self.done and self.refills)
+    @rule()
+    def expire_leases(self):
+        self.clock.advance(LEASE + 1)
+        for c in self.consumers:
+            c.maybe_expired = c.held is not None
+            if c.maybe_expired:  # its rows may now go to another rank of the same step
+                self.tasks[c.task].share.pop((c.step, c.rank), None)
+
+    @precondition(lambda self: not self.done)
+    @rule()
+    def drain_now(self):
+        self.drain()
+
+    @precondition(lambda self: self.done)
+    @rule()
+    def after_the_end(self):
+        """Nothing is left to do once drained (a rule so the machine can go on)."""
+
+    # -------------------------------------------------------------- invariants
+    @invariant()
+    def shares_of_a_step_are_disjoint(self):
+        if not hasattr(self, "tasks"):
+            return
+        for t in self.tasks.values():
+            by_step: dict[int, list[set[str]]] = {}
+            for (step, _), keys in t.share.items():
+                by_step.setdefault(step, []).append(set(keys))
+            for step, shares in by_step.items():
+                union = set().union(*shares)
+                assert len(union) == sum(map(len, shares)), (t.name, step, shares)
+
+    # ----------------------------------------------------------------- helpers
+    def _fetch(self, c: Consumer) -> None:
+        t = self.tasks[c.task]
+        try:
+            meta = self.client.get_meta(P, c.task, c.step, c.rank, timeout=TINY)
+        except WaitTimeout:
+            return
+        if meta.end:
+            c.ended_at = meta.step
+            return
+        keys = meta.keys
+        assert meta.step == c.step and meta.dp_rank == c.rank
+        assert 1 <= len(keys) <= t.batch_size, (len(keys), t.batch_size)
+        assert not set(keys) & t.acked, f"{c.task} got acked rows again: {set(keys) & t.acked}"
+        known = t.share.get((c.step, c.rank))
+        if known is not None and t.replicas > 1:
+            assert keys == known, f"replicas of rank {c.rank} differ at step {c.step}"
+        t.share[(c.step, c.rank)] = keys
+        if t.group_size:
+            sizes = Counter(tag["uid"] for tag in meta.tags)
+            assert set(sizes.values()) == {t.group_size}, f"a group was split: {sizes}"
+        if "b" in t.fields:
+            assert not set(keys) & set(self.without_b), "a row without b was handed out"
+        c.held, c.maybe_expired = meta, False
+
+    def _ack(self, c: Consumer) -> None:
+        t = self.tasks[c.task]
+        meta = c.held
+        try:
+            self.client.ack(meta)
+        except LeaseError:
+            assert c.maybe_expired, f"ack of a live lease failed: {c}"
+            self._forget(c)
+            return
+        # counted acked once every replica acked; each replica acks its step once
+        others = [o for o in self.consumers if o.task == c.task and o.rank == c.rank
+                  and o is not c]
+        if all(o.step > c.step for o in others):
+            t.acked |= set(meta.keys)
+        c.held, c.maybe_expired = None, False
+        c.step += 1
+
+    def _forget(self, c: Consumer) -> None:
+        self.tasks[c.task].share.pop((c.step, c.rank), None)
+        c.held, c.maybe_expired = None, False
+
+    def drain(self) -> None:
+        """Close the partition, complete every row, consume to the end; check it all."""
+        self.done = True
+        if self.without_b:
+            self.stream.writer(P).put(self.without_b, {"b": [torch.ones(1)] * len(
+                self.without_b)})
+            self.without_b = []
+        self.stream.close_partition(P)
+        for _ in range(2000):
+            if all(c.ended_at is not None for c in self.consumers):
+                break
+            for c in self.drain_order:
+                if c.held is not None:
+                    self._ack(c)
+                elif c.ended_at is None:
+                    self._fetch(c)
+        else:
+            raise AssertionError(f"consumers never reached the end: {self.consumers}")
+        stats = self.stream.stats()[P]
+        for t in self.tasks.values():
+            ends = {c.ended_at for c in self.consumers if c.task == t.name}
+            steps = {c.step for c in self.consumers if c.task == t.name}
+            assert len(ends) == 1 and ends == steps, f"ranks got different batch counts: " \
+                f"{[(c.rank, c.replica, c.step, c.ended_at) for c in self.consumers]}"
+            ts = stats["tasks"][t.name]
+            discarded = sum(ts["discarded"].values())
+            assert set(ts["discarded"]) <= {"tail"}, ts["discarded"]
+            assert ts["acked"] == len(t.acked)
+            assert len(t.acked) + discarded == len(self.written), (t.name, ts)
+            assert discarded < t.batch_size * t.dp_size
+            assert t.acked <= set(self.written)
+        assert stats["rows"] == 0
+        assert sum(u.nbytes() for u in self.stream._units()) == 0
+
+
+DeliveryMachine.TestCase.settings = settings(
+    max_examples=100, stateful_step_count=30, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+TestDelivery = DeliveryMachine.TestCase

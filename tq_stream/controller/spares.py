@@ -1,0 +1,121 @@
+"""SpareLogic: puts that create rows in one controller call after their bytes.
+
+A put normally costs three calls: ``reserve`` (place the rows), the bytes to the
+units, ``commit``. A writer that asks ``reserve`` for ``spare`` rows gets rows
+placed in a unit and slot but holding no key yet (``PartitionMeta.spare``); its
+next small put of new keys stores the bytes in those slots first and then names
+the keys in one ``commit_new``, which checks everything ``reserve`` would have
+checked and changes nothing unless every check passes. Bytes in a spare slot are
+never visible: no key maps to it. A writer that is done returns its spare rows
+(``release_spares``); the rows of a writer that died stay spare (bounded by what
+it asked for), and a checkpoint counts them as free.
+
+Called by the Controller; ``self`` is the Controller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tq_stream.columns import FieldSchema
+from tq_stream.controller.partition import PartitionMeta
+from tq_stream.errors import ClosedError, ConfigError, KeyConflictError, StateError
+
+MAX_SPARE = 1024  # spare rows one reserve may ask for
+
+
+def check_spare(spare: Any) -> int:
+    if isinstance(spare, bool) or not isinstance(spare, int) or not 0 <= spare <= MAX_SPARE:
+        raise ConfigError(f"spare must be an int in [0, {MAX_SPARE}], got {spare!r}")
+    return spare
+
+
+class SpareLogic:
+    """Mixin of Controller; see the module docstring."""
+
+    def _spares(self, part: PartitionMeta, unit: int, n: int) -> dict[str, np.ndarray]:
+        if n:
+            idx = part.allocate_spares(self._place(unit, n))  # type: ignore[attr-defined]
+            self._grow_tasks(part)  # type: ignore[attr-defined]
+        else:
+            idx = np.zeros(0, dtype=np.int64)
+        return {"index": idx, "unit": part.unit[idx], "slot": part.slot[idx],
+                "generation": part.generation[idx]}
+
+    def commit_new(self, partition: str, keys: Sequence[str], index: np.ndarray,
+                   generation: np.ndarray, schemas: Mapping[str, Any],
+                   tags: list[dict[str, Any]] | None = None, unit: int = -1,
+                   spare: int = 0) -> dict[str, Any]:
+        """Create rows for new ``keys`` on spare rows whose bytes are stored, and commit
+        them: a put in one call after the bytes (``reserve`` gave out the spares).
+
+        Nothing changes unless every check passes. A put this cannot take as it is
+        returns ``{"ok": False, "reason": ...}`` and the writer puts again through
+        ``reserve``: "exists" (some keys exist), "schema" (a field's schema differs
+        from the fixed one; ``reserve`` converts or rejects it), "capacity" (the
+        partition is bounded and full).
+
+        Args:
+            unit, spare: place this many new spare rows (in ``unit``, -1: spread) for
+                the caller's next puts, as ``reserve`` does.
+        Returns:
+            ``{"ok": True}`` (plus ``"spare"`` rows with ``spare``), or
+            ``{"ok": False, "reason": str}``.
+        Raises:
+            StateError: the rows are not (any more) spare rows of these generations.
+            ClosedError: the partition is closed. ConfigError, KeyConflictError.
+        """
+        keys = list(keys)
+        schemas_ = {f: FieldSchema.from_dict(s) for f, s in schemas.items()}
+        index = np.asarray(index, dtype=np.int64)
+        gen = np.asarray(generation, dtype=np.int64)
+        if not schemas_ or len(index) != len(keys) or gen.shape != index.shape \
+                or len(np.unique(index)) != len(index):
+            raise ConfigError(f"commit_new needs fields and one distinct index and generation "
+                              f"per key, "
+                              f"got {len(schemas_)} fields, {len(keys)} keys, "
+                              f"{len(index)} indexes, {gen.shape} generations")
+        check_spare(spare)
+        if len(set(keys)) != len(keys):
+            raise KeyConflictError(f"keys must be distinct within one put, got {keys[:5]}")
+        with self._cond:  # type: ignore[attr-defined]
+            part = self._part(partition)  # type: ignore[attr-defined]
+            inside = (index >= 0) & (index < part.size)
+            if not inside.all() or not (part.spare[index] & (part.generation[index] == gen)).all():
+                raise StateError(f"rows {index.tolist()[:5]} of partition {partition!r} must be "
+                                 f"spare rows of generations {gen.tolist()[:5]} to be committed "
+                                 f"as new rows (they were taken back)")
+            if part.closed:
+                raise ClosedError(f"partition {partition!r} is closed to new rows, got new "
+                                  f"keys {keys[:5]}")
+            if any(part.schemas.get(f, s) != s for f, s in schemas_.items()):
+                return {"ok": False, "reason": "schema"}
+            if (part.lookup(keys) >= 0).any():
+                return {"ok": False, "reason": "exists"}
+            if part.capacity is not None and part.live + len(keys) > part.capacity:
+                return {"ok": False, "reason": "capacity"}
+            part.bind(keys, index)
+            self._mark_written(part, index, schemas_, tags)  # type: ignore[attr-defined]
+            out: dict[str, Any] = {"ok": True}
+            if spare:
+                out["spare"] = self._spares(part, unit, spare if part.capacity is None else 0)
+            return out
+
+    def release_spares(self, partition: str, index: np.ndarray, generation: np.ndarray) -> int:
+        """Take back spare rows a writer no longer needs; returns how many were spare."""
+        index = np.asarray(index, dtype=np.int64)
+        gen = np.asarray(generation, dtype=np.int64)
+        with self._cond:  # type: ignore[attr-defined]
+            part = self._parts.get(partition)  # type: ignore[attr-defined]
+            if part is None:
+                return 0
+            inside = (index >= 0) & (index < part.size)
+            index, gen = index[inside], gen[inside]
+            mine = index[part.spare[index] & (part.generation[index] == gen)]
+            freed = part.release_spares(mine)
+        self._free_slots(partition, freed)  # type: ignore[attr-defined]
+        return len(mine)
+
