@@ -1,0 +1,129 @@
+"""PartitionSampler: one loader over several partitions (mixing weights, priority order)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tq_stream as tq
+from tq_stream.errors import ConfigError
+from tq_stream.samplers import GroupSampler, PartitionSampler
+
+
+def _fill(stream: tq.Stream, partition: str, n: int, close: bool = True) -> None:
+    stream.writer(partition).put([f"{partition}{i}" for i in range(n)],
+                                 {"x": torch.arange(n, dtype=torch.float32)},
+                                 tags=[{"uid": f"{partition}{i // 2}"} for i in range(n)])
+    if close:
+        stream.close_partition(partition)
+
+
+def _read(stream: tq.Stream, sampler: PartitionSampler, task: str, rank: int = 0,
+          dp_size: int = 1, out: dict | None = None) -> list[tq.BatchMeta]:
+    ds = tq.StreamingDataset(stream, None, task, ["x"], batch_size=2, dp_rank=rank,
+                             dp_size=dp_size, sampler=sampler, timeout=5)
+    loader = tq.StreamingDataLoader(ds)
+    metas = [tq.batch_meta(b) for b in loader]
+    if out is not None:
+        out[rank] = (metas, loader.stats())
+    return metas
+
+
+def test_order_drains_the_first_partition_first(stream):
+    _fill(stream, "val", 6)
+    _fill(stream, "train", 10)
+    metas = _read(stream, PartitionSampler(order=["val", "train"]), "t")
+    parts = [m.partition for m in metas]
+    assert parts == ["val"] * 3 + ["train"] * 5
+    keys = [k for m in metas for k in m.keys]
+    assert sorted(keys) == sorted([f"val{i}" for i in range(6)] + [f"train{i}" for i in range(10)])
+
+
+def test_weights_mix_partitions_and_every_row_arrives_once(stream):
+    _fill(stream, "a", 300)
+    _fill(stream, "b", 300)
+    metas = _read(stream, PartitionSampler(weights={"a": 3, "b": 1}, seed=7), "mix")
+    first = Counter(m.partition for m in metas[:80])
+    assert first["a"] > 2 * first["b"]  # 3:1 mixing while both last (binomial, n=80)
+    keys = [k for m in metas for k in m.keys]
+    assert len(keys) == len(set(keys)) == 600
+
+
+def test_two_ranks_agree_on_the_route_and_get_disjoint_rows(stream):
+    _fill(stream, "a", 40)
+    _fill(stream, "b", 24)
+    out: dict = {}
+    threads = [threading.Thread(target=_read, args=(
+        stream, PartitionSampler(weights={"a": 1, "b": 1}, seed=3), "dp", r, 2, out))
+        for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    (m0, stats0), (m1, stats1) = out[0], out[1]
+    assert [m.partition for m in m0] == [m.partition for m in m1]
+    keys0 = {k for m in m0 for k in m.keys}
+    keys1 = {k for m in m1 for k in m.keys}
+    assert not keys0 & keys1 and len(keys0 | keys1) == 64
+    assert stats0["rows"]["a"] + stats1["rows"]["a"] == 40
+    assert stats0["rows"]["b"] + stats1["rows"]["b"] == 24
+
+
+def test_inner_samplers_per_partition(stream):
+    _fill(stream, "g", 8)
+    metas = _read(stream, PartitionSampler(order=["g"], samplers={"g": GroupSampler(2)}), "grp")
+    for m in metas:
+        assert len({t["uid"] for t in m.tags}) == 1  # batch_size 2 = one whole group
+
+
+@settings(max_examples=40, deadline=None)
+@given(weights=st.lists(st.floats(0.1, 10), min_size=1, max_size=4),
+       ends=st.lists(st.integers(0, 20), min_size=4, max_size=4), seed=st.integers(0, 99))
+def test_route_is_deterministic_and_respects_ends(weights, ends, seed):
+    names = [f"p{i}" for i in range(len(weights))]
+    ended = {n: e for n, e in zip(names, ends, strict=False) if e % 2 == 0}
+    a = PartitionSampler(weights=dict(zip(names, weights, strict=True)), seed=seed)
+    b = PartitionSampler(weights=dict(zip(names, weights, strict=True)), seed=seed)
+    seen: Counter[str] = Counter()
+    for step in range(60):
+        ra, rb = a.route(step, ended), b.route(step, ended)
+        assert ra == rb
+        if ra is None:
+            assert all(n in ended for n in names)
+            break
+        part, local = ra
+        assert local == seen[part]  # local steps of a partition are 0, 1, 2, ...
+        assert part not in ended or local < ended[part]
+        seen[part] += 1
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({}, "exactly one of weights or order"),
+    ({"weights": {"a": 0}}, "weights['a'] must be a number > 0, got 0"),
+    ({"order": ["a", "a"]}, "distinct partitions"),
+    ({"order": ["a"], "samplers": {"b": GroupSampler(2)}}, "extra ['b']"),
+])
+def test_bad_arguments(kwargs, words):
+    with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        PartitionSampler(**kwargs)
+
+
+def test_partition_argument_must_match_the_sampler(stream):
+    with pytest.raises(ConfigError, match="partition must be None"):
+        tq.StreamingDataset(stream, "other", "t", ["x"], batch_size=2,
+                            sampler=PartitionSampler(order=["a"]))
+
+
+def test_state_roundtrip():
+    s = PartitionSampler(weights={"a": 1, "b": 2}, seed=5)
+    route = [s.route(i, {}) for i in range(10)]
+    t = PartitionSampler(weights={"a": 1, "b": 2}, seed=0)
+    t.load_state_dict(s.state_dict())
+    assert [t.route(i, {}) for i in range(10)] == route
+    with pytest.raises(ConfigError, match="must have keys"):
+        t.load_state_dict({"seed": 1, "extra": 2})
