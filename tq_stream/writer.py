@@ -138,8 +138,11 @@ class Writer:
             spares.add(place.get("spare"))
             spares.learn(place.get("schemas", {}))
         try:
-            cols = _coerced(cols, place.get("schemas", {}))
-            schemas = schemas_of(cols)
+            fixed = place.get("schemas", {})
+            differ = {f: sc for f, sc in fixed.items() if sc != schemas[f]}
+            if differ:  # most puts match their fields' fixed schemas: nothing to convert
+                cols = _coerced(cols, differ)
+                schemas = schemas_of(cols)
             placement.store(self._stream._units(), self.partition, place["unit"],
                             place["slot"], cols, occupancy(place["index"], place["generation"]))
             ctrl.commit(partition=self.partition, index=place["index"],

@@ -5,13 +5,20 @@ on the same host asks the unit for a field's ``layout`` (segment name, dtype,
 shape) and gathers rows straight out of the mapped segment: one copy, no
 socket for the bytes. A slab that grows moves to a new segment and the old
 one is unlinked; a reader that still maps it keeps a valid (older) view, which
-holds every row committed before its ``get_meta``. Segment names carry the
+holds every row committed before its ``get_meta``. Slots are reused after a
+clear, so the layout also names the partition's token array (``Generations``,
+a seqlock word per slot): after copying, a reader checks that every slot still
+holds the token of the row it asked for (``ShmReader.current``) and otherwise
+reads through the unit, which decides under its lock. Segment names carry the
 owner's pid (``tq_<pid>_<n>``), so segments of a unit that died are found and
-removed by ``sweep_stale`` (called by every new unit and by the deployment).
+removed by ``sweep_stale`` (called by every new unit and by the deployment),
+which first moves the dead unit's layout epoch so that readers still mapping
+its segments stop trusting them.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import mmap
 import os
@@ -29,6 +36,8 @@ from tq_stream.errors import StateError
 
 SHM_DIR = "/dev/shm"
 PREFIX = "tq_"
+_COUNTER = itertools.count()  # per process, shared by its units: names never collide
+EPOCH = "epoch"  # names of layout-epoch segments: tq_<pid>_epoch_<n>
 
 
 def shm_available() -> bool:
@@ -36,13 +45,18 @@ def shm_available() -> bool:
 
 
 def _pid_alive(pid: int) -> bool:
+    """True if ``pid`` runs; a zombie (dead, not yet reaped by its parent) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return True  # no procfs: trust kill(0)
 
 
 def sweep_stale(pids: Sequence[int] | None = None) -> int:
@@ -60,12 +74,33 @@ def sweep_stale(pids: Sequence[int] | None = None) -> int:
         except (IndexError, ValueError):
             continue
         if (pids is not None and pid in pids) or (pids is None and not _pid_alive(pid)):
+            path = os.path.join(SHM_DIR, name)
+            if name.split("_")[2:3] == [EPOCH]:
+                _bump_epoch(path)
             try:
-                os.unlink(os.path.join(SHM_DIR, name))
+                os.unlink(path)
                 removed += 1
             except OSError:
                 pass
     return removed
+
+
+def _bump_epoch(path: str) -> None:
+    """Move the layout epoch of a dead unit, so readers that still map its segments
+    drop their cached layouts (and ask the unit that replaced it)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return
+    try:
+        with mmap.mmap(fd, 8) as m:
+            epoch = np.frombuffer(m, dtype=np.int64, count=1)
+            epoch[0] += 1
+            del epoch
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(fd)
 
 
 class _Segment:
@@ -73,6 +108,13 @@ class _Segment:
 
     def __init__(self, name: str, size: int, create: bool) -> None:
         self.name = name
+        # What a unit allocated it for (see ShmUnit): store key, dtype, shape, bytes and
+        # an allocation sequence number.
+        self.key: tuple[str, str] | None = None
+        self.dtype: torch.dtype | None = None
+        self.shape: tuple[int, ...] = ()
+        self.nbytes = size
+        self.seq = 0
         path = os.path.join(SHM_DIR, name)
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = os.open(path, flags, 0o600)
@@ -99,70 +141,176 @@ class _Segment:
 
 
 class ShmUnit(MemoryUnit):
-    """A MemoryUnit whose dense slabs live in shared memory (see module docstring)."""
+    """A MemoryUnit whose dense slabs live in shared memory (see module docstring).
 
-    def __init__(self) -> None:
+    Args:
+        keep_bytes: segments of a partition whose rows were all freed are kept, up to
+            this many bytes in all (not counted by ``nbytes``), for the partition's
+            next rows; 0 (the default) unlinks them at once.
+
+    Kept segments serve streaming: a consumer that keeps up with a few rows at a time
+    empties a partition again and again, and a new segment costs a file, a mapping in
+    the unit and in every reader, and a new layout epoch. A kept segment is reused
+    only by the store it served last (same partition and field), and only while that
+    store does not exist; so a reader's layout that maps it is right again once it is
+    reused, and needs no new epoch. Invariants: at most one kept segment per
+    (partition, field), the one that store used last; every other change of a
+    store's segment bumps the epoch before rows are written to it.
+    """
+
+    def __init__(self, keep_bytes: int = 0) -> None:
         sweep_stale()
+        self.keep_bytes = keep_bytes
         self._segments: dict[int, _Segment] = {}  # data_ptr of a slab -> its segment
-        self._counter = itertools.count()
+        self._idle: dict[tuple[str, str], _Segment] = {}  # kept segments, oldest first
+        self._idle_bytes = 0
         self._seg_lock = threading.Lock()
+        # The layout epoch: one int64 in its own segment, bumped whenever a segment is
+        # created or unlinked, so a reader may reuse a layout while the epoch it was
+        # read at is unchanged (``SameHostUnit``).
+        self._epoch_seg = _Segment(f"{PREFIX}{os.getpid()}_{EPOCH}_{next(_COUNTER)}", 8,
+                                   create=True)
+        self._epoch = np.frombuffer(self._epoch_seg.map, dtype=np.int64, count=1)
+        self._allocs = 0  # segments created so far (a put that made none needs no collect)
         super().__init__(alloc=self._alloc_dense)
 
-    def _alloc_dense(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def _alloc_for(self, partition: str, field: str) -> Any:
+        return functools.partial(self._alloc_dense, key=(partition, field))
+
+    def _stored(self, key: tuple[str, str]) -> bool:
+        """True if the store of ``key`` exists (called with ``_lock`` held)."""
+        part = self._parts.get(key[0])
+        return part is not None and (key[1] == "" or key[1] in part.fields)
+
+    def _alloc_dense(self, shape: tuple[int, ...], dtype: torch.dtype,
+                     key: tuple[str, str] | None = None) -> torch.Tensor:
+        # Called with ``_lock`` held (from ``put``): ``_stored`` tells creation of a
+        # store (which may reuse its kept segment) from growth (which never may).
+        with self._seg_lock:
+            seg = self._idle.pop(key, None) if key is not None else None
+            if seg is not None:
+                self._idle_bytes -= seg.nbytes
+                if (not self._stored(key) and seg.dtype == dtype
+                        and seg.shape[1:] == tuple(shape[1:]) and seg.shape[0] >= shape[0]):
+                    t = seg.tensor(dtype, seg.shape)
+                    seg.seq = next(_COUNTER)
+                    self._segments[t.data_ptr()] = seg
+                    return t
+                seg.unlink()
+                self._epoch[0] += 1
         nbytes = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
-        name = f"{PREFIX}{os.getpid()}_{next(self._counter)}"
+        name = f"{PREFIX}{os.getpid()}_{next(_COUNTER)}"
         seg = _Segment(name, nbytes, create=True)
+        seg.key, seg.dtype, seg.shape, seg.nbytes = key, dtype, tuple(shape), nbytes
+        seg.seq = next(_COUNTER)
         t = seg.tensor(dtype, shape)
         with self._seg_lock:
             self._segments[t.data_ptr()] = seg
+            self._allocs += 1
+            self._epoch[0] += 1  # before any row is written to the new segment
         return t
 
     def _live_ptrs(self) -> set[int]:
         return {s.data.data_ptr() for p in self._parts.values() for s in p.fields.values()
                 if isinstance(s, DenseSlab)} | {
             s.values.data_ptr() for p in self._parts.values() for s in p.fields.values()
-            if hasattr(s, "values")}
+            if hasattr(s, "values")} | {p.gen.data.data_ptr() for p in self._parts.values()}
 
-    def _collect(self) -> None:
-        """Unlink segments no slab uses any more (after growth, free or drop)."""
-        with self._lock:
+    def _collect(self, keep: bool = True) -> None:
+        """Unlink segments no slab uses any more (after growth, free or drop), or keep
+        the last one of a store that is gone (``keep``, see the class docstring)."""
+        with self._lock, self._seg_lock:
             live = self._live_ptrs()
-        with self._seg_lock:
-            for ptr in [p for p in self._segments if p not in live]:
-                self._segments.pop(ptr).unlink()
+            dead = [self._segments.pop(p) for p in list(self._segments) if p not in live]
+            last: dict[tuple[str, str], _Segment] = {}
+            for seg in dead:
+                key = seg.key
+                if keep and key is not None and not self._stored(key) \
+                        and seg.nbytes <= self.keep_bytes \
+                        and (key not in last or seg.seq > last[key].seq):
+                    last[key] = seg
+            gone = [seg for seg in dead if last.get(seg.key) is not seg]
+            for key, seg in last.items():
+                old = self._idle.pop(key, None)
+                if old is not None:
+                    self._idle_bytes -= old.nbytes
+                    gone.append(old)
+                self._idle[key] = seg
+                self._idle_bytes += seg.nbytes
+            while self._idle_bytes > self.keep_bytes:
+                old = self._idle.pop(next(iter(self._idle)))
+                self._idle_bytes -= old.nbytes
+                gone.append(old)
+            for seg in gone:
+                seg.unlink()
+            if gone:
+                self._epoch[0] += 1
 
-    def put(self, partition: str, slots: np.ndarray, columns: Any) -> None:
-        super().put(partition, slots, columns)
-        self._collect()
+    def put(self, partition: str, slots: np.ndarray, columns: Any,
+            generations: np.ndarray | None = None) -> None:
+        allocs = self._allocs
+        try:
+            super().put(partition, slots, columns, generations)
+        finally:
+            if self._allocs != allocs:  # a slab grew: its old segment is garbage now
+                self._collect()
 
     def free(self, partition: str, slots: np.ndarray) -> None:
         super().free(partition, slots)
-        self._collect()
+        if partition not in self._parts:  # its last rows went: so did its slabs
+            self._collect()
 
     def drop(self, partition: str) -> None:
         super().drop(partition)
-        self._collect()
+        with self._lock, self._seg_lock:  # a dropped partition keeps no segments
+            for key in [k for k in self._idle if k[0] == partition]:
+                seg = self._idle.pop(key)
+                self._idle_bytes -= seg.nbytes
+                seg.unlink()
+            self._epoch[0] += 1
+        self._collect(keep=False)
 
     def layout(self, partition: str, fields: Sequence[str]) -> dict[str, Any]:
-        """Where each dense field of ``partition`` lives: segment, dtype, shape."""
+        """Where ``partition``'s dense ``fields`` and its slot tokens live.
+
+        Returns:
+            ``{"fields": {field: {"shm", "dtype", "shape"}}, "generations": same
+            or None, "epoch": {"shm", "value"}}`` (dense fields only; an unknown
+            partition has neither); the layout stays valid while the int64 in
+            segment ``epoch["shm"]`` still holds ``epoch["value"]``.
+        """
         out: dict[str, Any] = {}
+        gen = None
         with self._lock:
+            epoch = {"shm": self._epoch_seg.name, "value": int(self._epoch[0])}
             part = self._parts.get(partition)
+            if part is not None:
+                gen = self._describe(part.gen.data)
             for f in fields:
                 store = part.fields.get(f) if part is not None else None
                 if isinstance(store, DenseSlab):
-                    seg = self._segments.get(store.data.data_ptr())
-                    if seg is not None:
-                        out[f] = {"shm": seg.name, "dtype": str(store.dtype).removeprefix(
-                            "torch."), "shape": list(store.data.shape)}
-        return out
+                    lay = self._describe(store.data)
+                    if lay is not None:
+                        out[f] = lay
+        return {"fields": out, "generations": gen, "epoch": epoch}
+
+    def _describe(self, data: torch.Tensor) -> dict[str, Any] | None:
+        seg = self._segments.get(data.data_ptr())
+        if seg is None:
+            return None
+        return {"shm": seg.name, "dtype": str(data.dtype).removeprefix("torch."),
+                "shape": list(data.shape)}
 
     def close(self) -> None:
         super().close()
         with self._seg_lock:
-            for seg in self._segments.values():
+            for seg in [*self._segments.values(), *self._idle.values()]:
                 seg.unlink()
             self._segments.clear()
+            self._idle.clear()
+            self._idle_bytes = 0
+            self._epoch[0] += 1
+            self._epoch_seg.unlink()
 
 
 class ShmReader:
@@ -187,3 +335,14 @@ class ShmReader:
                     self._maps.popitem(last=False)
             self._maps.move_to_end(name)
         return seg.tensor(dtype, shape)
+
+    def current(self, layout: dict[str, Any] | None, slots: np.ndarray,
+                generations: np.ndarray) -> bool:
+        """True if every slot holds the row of its token (seqlock check after a copy)."""
+        if layout is None:
+            return False
+        tokens = self.view(layout["shm"], torch.int64, tuple(layout["shape"]))
+        if len(slots) and int(slots.max()) >= tokens.shape[0]:
+            return False
+        seen = tokens.index_select(0, torch.from_numpy(slots))
+        return bool(torch.equal(seen, torch.from_numpy(np.asarray(generations, np.int64))))

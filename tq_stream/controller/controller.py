@@ -70,7 +70,7 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic):
     RPC_INLINE = frozenset({
         "create_partition", "close_partition", "partitions", "reserve", "commit", "release",
         "renew", "lookup", "set_tags", "set_version", "stats", "admit", "set_admission",
-        "admission", "commit_new",
+        "admission", "commit_new", "release_spares",
     })
 
     def __init__(self, n_units: int = 1, free: FreeFn = _no_free) -> None:

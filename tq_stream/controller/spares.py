@@ -7,8 +7,9 @@ next small put of new keys stores the bytes in those slots first and then names
 the keys in one ``commit_new``, which checks everything ``reserve`` would have
 checked and changes nothing unless every check passes. Bytes in a spare slot are
 never visible: no key maps to it. A writer that is done returns its spare rows
-(``release_spares``); the rows of a writer that died stay spare (bounded by what
-it asked for), and a checkpoint counts them as free.
+(``release_spares``; it keeps only rows that hold no bytes); the rows of a writer
+that died stay spare (bounded by what it asked for), and a checkpoint counts them
+as free.
 
 Called by the Controller; ``self`` is the Controller.
 """
@@ -105,7 +106,12 @@ class SpareLogic:
             return out
 
     def release_spares(self, partition: str, index: np.ndarray, generation: np.ndarray) -> int:
-        """Take back spare rows a writer no longer needs; returns how many were spare."""
+        """Take back spare rows a writer no longer needs; returns how many were spare.
+
+        The writer must hold no bytes in them (a SparePool frees what a failed put
+        stored before it keeps the rows), so their slots are reusable at once: no call
+        to the units, and a dead unit cannot delay it.
+        """
         index = np.asarray(index, dtype=np.int64)
         gen = np.asarray(generation, dtype=np.int64)
         with self._cond:  # type: ignore[attr-defined]
@@ -115,7 +121,7 @@ class SpareLogic:
             inside = (index >= 0) & (index < part.size)
             index, gen = index[inside], gen[inside]
             mine = index[part.spare[index] & (part.generation[index] == gen)]
-            freed = part.release_spares(mine)
-        self._free_slots(partition, freed)  # type: ignore[attr-defined]
+            for unit, slots in part.release_spares(mine):
+                part.give_slots(unit, slots)
         return len(mine)
 

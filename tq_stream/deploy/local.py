@@ -4,7 +4,9 @@ Children are started with ``python -m tq_stream.deploy.server`` (settings on
 stdin) and all start in parallel. Each child watches a pipe whose write end
 only this process holds, so the children exit when this process exits, even
 by SIGKILL. ``close`` stops them (SIGTERM, then SIGKILL after a grace period)
-and removes any shared-memory segment a unit left behind.
+and removes any shared-memory segment a unit left behind. ``restart_unit``
+replaces a dead (or live) storage unit by an empty one at the same address; the
+controller drops the rows that lived there (counted as discarded, "unit_lost").
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class _Child:
     process table and it exits when its lifeline pipe closes."""
 
     def __init__(self, settings: dict[str, Any], start_method: str) -> None:
+        self.settings = settings
         read_end, self.lifeline = os.pipe()
         _LIFELINES.add(self.lifeline)
         settings = {**settings, "parent_fd": read_end}
@@ -167,6 +170,7 @@ class LocalDeployment:
         base = {"shm": shm, "curve_secret": secret,
                 "curve_server": (self.curve_server_key or b"").decode()}
         self._children: list[_Child] = []
+        self._start_method = start_method
         self._closed = False
         try:
             for i in range(n_units):
@@ -193,6 +197,40 @@ class LocalDeployment:
         self._backend = backend
         backend.controller().attach_units([c.info for c in self._children[:-1]])
 
+    def restart_unit(self, i: int, timeout: float = START_TIMEOUT) -> dict[str, int]:
+        """Replace storage unit ``i`` by a new, empty one at the same address.
+
+        The old process is killed (if it still runs) and its segments removed; the
+        controller drops the rows that lived there (``ControllerService.drop_unit``:
+        counted as discarded, reason "unit_lost"). Clients reconnect by themselves.
+
+        Returns:
+            rows dropped per partition.
+        """
+        if self._closed:
+            raise StateError("restart_unit must be called on an open deployment")
+        n = len(self._children) - 1
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
+            raise ConfigError(f"i must be a unit index in [0, {n}), got {i!r}")
+        old = self._children[i]
+        old.proc.kill()
+        old.proc.wait(timeout=10)
+        self._forget(old)
+        from tq_stream.backends.shm import sweep_stale
+
+        sweep_stale([old.pid])
+        new = _Child({**old.settings, "address": old.info["address"]},  # type: ignore[index]
+                     self._start_method)
+        self._children[i] = new
+        _await_ready([new], timeout)
+        return self._backend.controller().drop_unit(i, new.info)
+
+    @staticmethod
+    def _forget(child: _Child) -> None:
+        os.close(child.lifeline)
+        _LIFELINES.discard(child.lifeline)
+        child.stdout.close()
+
     def save(self, path: str) -> None:
         from tq_stream.deploy import snapshot
 
@@ -214,9 +252,7 @@ class LocalDeployment:
             except subprocess.TimeoutExpired:
                 c.proc.kill()
                 c.proc.wait(timeout=5)
-            os.close(c.lifeline)
-            _LIFELINES.discard(c.lifeline)
-            c.stdout.close()
+            self._forget(c)
         from tq_stream.backends.shm import sweep_stale
 
         sweep_stale(self.pids)

@@ -15,43 +15,106 @@ from tq_stream.columns import Column, dtype_from_name
 from tq_stream.errors import StateError
 
 _READER = ShmReader()
+MAX_LAYOUTS = 256  # cached layouts per unit (a cache this full is cleared)
+
+
+class _Layout:
+    """A unit's layout of some dense fields, with their segments mapped.
+
+    Valid while the unit's layout epoch still holds the value it was read at: the
+    unit bumps the epoch before a slab moves to a new segment (growth) and when it
+    drops segments, so a valid layout maps the very tensors the unit writes to. A
+    layout that lacks a field asked for (not a dense slab, or its partition's stores
+    were freed) is not kept: the unit may give that store a kept segment without a
+    new epoch (``ShmUnit``).
+    """
+
+    __slots__ = ("epoch", "epoch_view", "fields", "tokens")
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        epoch = raw.get("epoch")
+        self.epoch = None if epoch is None else epoch["value"]
+        self.epoch_view = None if epoch is None else _READER.view(
+            epoch["shm"], torch.int64, (1,)).numpy()  # numpy: a cheaper read per get
+        self.fields = {f: _READER.view(lay["shm"], dtype_from_name(lay["dtype"]),
+                                       tuple(lay["shape"]))
+                       for f, lay in raw.get("fields", {}).items()}
+        gen = raw.get("generations")
+        self.tokens = None if gen is None else _READER.view(gen["shm"], torch.int64,
+                                                            tuple(gen["shape"]))
+
+    def valid(self) -> bool:
+        return self.epoch_view is not None and int(self.epoch_view[0]) == self.epoch
+
+    def gather(self, slots: np.ndarray) -> dict[str, Column]:
+        out: dict[str, Column] = {}
+        idx = torch.from_numpy(slots)
+        for f, view in self.fields.items():
+            res = POOL.empty((len(slots), *view.shape[1:]), view.dtype)
+            out[f] = torch.index_select(view, 0, idx, out=res)
+        return out
+
+    def current(self, slots: np.ndarray, generations: np.ndarray) -> bool:
+        """True if every slot holds the row of its token (seqlock check after a copy)."""
+        tokens = self.tokens
+        if tokens is None or (len(slots) and int(slots.max()) >= tokens.shape[0]):
+            return False
+        seen = tokens.index_select(0, torch.from_numpy(slots))
+        return bool(torch.equal(seen, torch.from_numpy(np.asarray(generations, np.int64))))
 
 
 class SameHostUnit(StorageUnit):
     """Writes go to the unit process; reads of dense fields copy straight out of its
-    shared-memory slabs (one small ``layout`` call per read, no bytes on a socket)."""
+    shared-memory slabs (no bytes on a socket). The slabs' layout is asked for once
+    and reused while the unit's layout epoch is unchanged, so a read of dense fields
+    makes no call at all."""
 
     def __init__(self, remote: Any) -> None:
         self._remote = remote
+        self._layouts: dict[tuple[str, tuple[str, ...]], _Layout] = {}
+        self._shm = True  # False once the unit says it has no shared memory
 
-    def put(self, partition: str, slots: np.ndarray, columns: dict[str, Column]) -> None:
-        self._remote.put(partition, slots, columns)
+    def put(self, partition: str, slots: np.ndarray, columns: dict[str, Column],
+            generations: np.ndarray | None = None) -> None:
+        self._remote.put(partition, slots, columns, generations)
 
-    def get(self, partition: str, slots: np.ndarray, fields: Sequence[str]) -> dict[str, Column]:
+    def get(self, partition: str, slots: np.ndarray, fields: Sequence[str],
+            generations: np.ndarray | None = None) -> dict[str, Column]:
         slots = np.asarray(slots, dtype=np.int64)
-        for attempt in range(3):
-            layout = self._remote._rpc.call("layout", {"partition": partition,
-                                                       "fields": list(fields)})
+        out: dict[str, Column] = {}
+        for attempt in range(3 if self._shm else 0):
             try:
-                out = self._gather(layout, slots)
-                break
-            except StateError:
+                layout = self._layout(partition, fields, fresh=attempt > 0)
+            except StateError:  # a segment went between the layout call and mapping it
                 if attempt == 2:
                     raise
+                continue
+            out = layout.gather(slots)
+            if generations is not None and out and not layout.current(slots, generations):
+                out = {}  # a put or clear touched the slots: the unit decides (locked)
+            break
         rest = [f for f in fields if f not in out]
         if rest:
-            out.update(self._remote.get(partition, slots, rest))
+            out.update(self._remote.get(partition, slots, rest, generations))
         return {f: out[f] for f in fields}
 
-    @staticmethod
-    def _gather(layout: dict[str, Any], slots: np.ndarray) -> dict[str, Column]:
-        out: dict[str, Column] = {}
-        idx = torch.from_numpy(slots)
-        for f, lay in layout.items():
-            view = _READER.view(lay["shm"], dtype_from_name(lay["dtype"]), tuple(lay["shape"]))
-            res = POOL.empty((len(slots), *view.shape[1:]), view.dtype)
-            out[f] = torch.index_select(view, 0, idx, out=res)
-        return out
+    def _layout(self, partition: str, fields: Sequence[str], fresh: bool) -> _Layout:
+        """The cached layout of ``fields``, or a new one when it is stale or ``fresh``."""
+        key = (partition, tuple(fields))
+        layout = self._layouts.get(key)
+        if layout is not None and not fresh and layout.valid():
+            return layout
+        if layout is not None or len(self._layouts) >= MAX_LAYOUTS:
+            # The unit's epoch moved: every cached layout is stale, and dropping them
+            # unmaps segments the unit has unlinked (their memory is returned).
+            self._layouts.clear()
+        raw = self._remote._rpc.call("layout", {"partition": partition, "fields": list(fields)})
+        if not raw:
+            self._shm = False  # the unit keeps its slabs on its heap
+        layout = _Layout(raw)
+        if set(layout.fields) == set(fields) and layout.tokens is not None:
+            self._layouts[key] = layout  # partial layouts are used once (see _Layout)
+        return layout
 
     def free(self, partition: str, slots: np.ndarray) -> None:
         self._remote.free(partition, slots)

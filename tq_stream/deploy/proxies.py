@@ -20,7 +20,8 @@ from tq_stream.errors import WaitTimeout
 from tq_stream.samplers.spec import to_spec
 
 POLL_SLICE = 2.0  # seconds one server-side wait may take
-MARGIN = 5.0  # extra seconds a reply may take beyond the server-side wait
+MARGIN = 5.0  # extra seconds a reply may take beyond the server-side wait (at most
+# the configured call timeout)
 
 
 class RemoteController:
@@ -35,13 +36,14 @@ class RemoteController:
 
     def _long_poll(self, method: str, timeout: float, **args: Any) -> Any:
         deadline = time.monotonic() + timeout
+        margin = min(MARGIN, max(1.0, self._timeout))  # a short timeout: notice death soon
         while True:
             wait = max(0.05, min(POLL_SLICE, deadline - time.monotonic()))
             started = time.monotonic()
             try:
-                return self._rpc.call(method, {**args, "timeout": wait}, timeout=wait + MARGIN)
+                return self._rpc.call(method, {**args, "timeout": wait}, timeout=wait + margin)
             except WaitTimeout as exc:
-                if time.monotonic() - started >= wait + MARGIN / 2:
+                if time.monotonic() - started >= wait + margin / 2:
                     raise  # the transport timed out: the peer is gone (names the address)
                 if time.monotonic() >= deadline:
                     raise WaitTimeout(str(exc).replace(f"timeout={wait}s",
@@ -58,9 +60,24 @@ class RemoteController:
         return self._call("partitions")
 
     def reserve(self, partition: str, keys: Sequence[str], schemas: dict, unit: int = -1,
-                timeout: float = 60.0) -> dict[str, Any]:
+                timeout: float = 60.0, expect: Any = None, spare: int = 0) -> dict[str, Any]:
+        extra: dict[str, Any] = {} if expect is None else {"expect": _array(expect)}
+        if spare:
+            extra["spare"] = spare
         return self._long_poll("reserve", timeout, partition=partition, keys=list(keys),
-                               schemas=schemas, unit=unit)
+                               schemas=schemas, unit=unit, **extra)
+
+    def commit_new(self, partition: str, keys: Sequence[str], index: Any, generation: Any,
+                   schemas: dict, tags: list | None = None, unit: int = -1,
+                   spare: int = 0) -> dict[str, Any]:
+        return self._call("commit_new", partition=partition, keys=list(keys), index=index,
+                          generation=generation, schemas=schemas, tags=tags, unit=unit,
+                          spare=spare)
+
+    def release_spares(self, partition: str, index: Any, generation: Any,
+                       timeout: float | None = None) -> int:
+        return self._call("release_spares", timeout, partition=partition, index=index,
+                          generation=generation)
 
     def commit(self, partition: str, index: Any, generation: Any, schemas: dict,
                tags: list | None = None) -> None:
@@ -147,6 +164,10 @@ class RemoteController:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._call("load_state_dict", state=state)
+
+    def close(self) -> None:
+        """Close this process's sockets to the controller (not the controller)."""
+        self._rpc.close()
 
 
 def _array(values: np.ndarray | None) -> np.ndarray | None:

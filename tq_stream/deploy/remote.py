@@ -8,6 +8,7 @@ fields straight from shared memory (``RemoteUnit`` + ``ShmReader``).
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -16,6 +17,8 @@ import numpy as np
 from tq_stream.config import StreamConfig
 from tq_stream.errors import ConfigError
 from tq_stream.stream import Stream
+
+SPARE_RELEASE_TIMEOUT = 2.0  # seconds closing a stream waits to return its spare rows
 
 
 class RemoteBackend:
@@ -32,6 +35,8 @@ class RemoteBackend:
         self._lock = threading.Lock()
         self._ctrl: Any = None
         self._units: list[Any] | None = None
+        self._spares: dict[tuple[str, int], Any] = {}  # this process's SparePools
+        self._spares_pid = os.getpid()
 
     def _rpc(self, address: str) -> Any:
         from tq_stream.transport.zeromq import RpcClient
@@ -64,6 +69,31 @@ class RemoteBackend:
                     self._units = units
         return self._units
 
+    def spares(self, partition: str, unit: int) -> Any:
+        """The SparePool of this process for puts to ``partition`` placed by ``unit``."""
+        pool = self._spares.get((partition, unit))
+        if pool is None or self._spares_pid != os.getpid():
+            from tq_stream.spares import SparePool
+
+            with self._lock:
+                if self._spares_pid != os.getpid():  # forked: the parent's rows are not ours
+                    self._spares, self._spares_pid = {}, os.getpid()
+                pool = self._spares.setdefault((partition, unit), SparePool(partition, unit))
+        return pool
+
+    def release_spares(self) -> None:
+        """Give this process's spare rows back to the controller (best effort)."""
+        if self._spares_pid != os.getpid() or self._ctrl is None:
+            return
+        for pool in list(self._spares.values()):
+            rows = pool.drain()
+            if len(rows["index"]):
+                try:
+                    self._ctrl.release_spares(pool.partition, rows["index"],
+                                              rows["generation"], timeout=SPARE_RELEASE_TIMEOUT)
+                except Exception:  # the controller is gone: so are its spare rows
+                    return
+
     def preferred_unit(self) -> int:
         """A unit on this host for writers to use, or -1 (spread over all units) when
         every unit is on this host or none is."""
@@ -80,8 +110,11 @@ class RemoteBackend:
         return _rebuild, (self.address, config, self._curve)
 
     def close(self) -> None:
+        self.release_spares()
         for u in self._units or []:
             u.close()
+        if self._ctrl is not None:
+            self._ctrl.close()
 
 
 def _rebuild(address: str, config: StreamConfig, curve: bytes | None) -> Stream:

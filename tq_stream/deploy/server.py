@@ -20,6 +20,12 @@ from typing import Any
 
 from tq_stream.config import DEFAULT_TIMEOUT
 
+STOP_GRACE = 1.0  # seconds a stopping server waits for handlers still running
+
+# Segments of emptied partitions a served unit keeps for their next rows (ShmUnit):
+# streaming consumers that keep up empty a partition after nearly every row.
+SHM_KEEP_BYTES = 16 << 20
+
 
 def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = (),
                   shm: bool = True, timeout: float = DEFAULT_TIMEOUT,
@@ -31,7 +37,7 @@ def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = 
         if shm:
             from tq_stream.backends.shm import ShmUnit
 
-            unit: Any = ShmUnit()
+            unit: Any = ShmUnit(keep_bytes=SHM_KEEP_BYTES)
         else:
             from tq_stream.backends.memory import MemoryUnit
 
@@ -59,8 +65,10 @@ def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, .
                        curve_secret_key=curve_secret_key).start()
 
     def stop() -> None:
-        server.close()
+        # The service first: a closed controller answers its waiting long-polls at once
+        # (ClosedError), so the server's short grace is enough for running handlers.
         cleanup()
+        server.close(timeout=STOP_GRACE)
 
     return server, stop
 

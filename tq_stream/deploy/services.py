@@ -14,11 +14,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from tq_stream.backends.base import StorageUnit
+from tq_stream.columns import Ragged
 from tq_stream.controller import Controller
-from tq_stream.errors import ConfigError, StateError
+from tq_stream.controller.task import LEASED, NEW
+from tq_stream.errors import ConfigError, StateError, check_positive
 from tq_stream.samplers.spec import from_spec
+from tq_stream.transport.dispatch import WouldBlock, may_block
 
 
 def host_id() -> str:
@@ -31,22 +35,71 @@ def host_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
+UNIT_LOST = "unit_lost"  # discard reason of rows whose storage unit died
+MAX_SLOT = 2**31  # slots are dense from 0 per unit; a larger one is a malformed request
+
+
+def _slots(value: Any) -> np.ndarray:
+    """Received slots as int64: a 1-D array of ints in [0, MAX_SLOT)."""
+    slots = np.asarray(value)
+    if slots.ndim != 1 or (slots.size and (slots.dtype.kind not in "iu" or slots.min() < 0
+                                           or slots.max() >= MAX_SLOT)):
+        raise ConfigError(f"slots must be a 1-D array of ints in [0, {MAX_SLOT}), got "
+                          f"{slots.dtype} of shape {slots.shape}")
+    return slots.astype(np.int64, copy=False)
+
+
+def _tokens(value: Any, slots: np.ndarray) -> np.ndarray | None:
+    if value is None:
+        return None
+    tokens = np.asarray(value)
+    if tokens.shape != slots.shape or (tokens.size and tokens.dtype.kind not in "iu"):
+        raise ConfigError(f"generations must be ints, one per slot ({len(slots)}), got "
+                          f"{tokens.dtype} of shape {tokens.shape}")
+    return tokens.astype(np.int64, copy=False)
+
+
+def _payload(columns: Any) -> int:
+    """Bytes of the tensors in received columns (views of the request's frames)."""
+    total = 0
+    for col in columns.values() if isinstance(columns, dict) else ():
+        for t in (col.values, col.offsets) if isinstance(col, Ragged) else (col,):
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    return total
+
+
 class UnitService:
-    """Serves one StorageUnit (plus a liveness probe)."""
+    """Serves one StorageUnit (plus a liveness probe); slots and generations received
+    are checked to be 1-D int arrays (slots in ``[0, MAX_SLOT)``) before they reach it."""
 
     RPC_METHODS = frozenset({"put", "get", "free", "drop", "nbytes", "ping", "layout"})
+    # The unit's lock guards only copies, so every method may run on the server's IO
+    # thread; large transfers go to worker threads (``INLINE_BYTES``/``INLINE_ROWS``), so
+    # a bulk copy never delays small requests and several copies run in parallel.
+    RPC_INLINE = RPC_METHODS
+    INLINE_BYTES = 1 << 20  # a put carrying more bytes than this runs on a worker
+    INLINE_ROWS = 64  # a get of more rows than this runs on a worker
 
     def __init__(self, unit: StorageUnit) -> None:
         self.unit = unit
 
-    def put(self, partition: str, slots: Any, columns: dict[str, Any]) -> None:
-        self.unit.put(partition, np.asarray(slots, dtype=np.int64), columns)
+    def put(self, partition: str, slots: Any, columns: dict[str, Any],
+            generations: Any = None) -> None:
+        slots = _slots(slots)
+        if not may_block() and _payload(columns) > self.INLINE_BYTES:
+            raise WouldBlock
+        self.unit.put(partition, slots, columns, _tokens(generations, slots))
 
-    def get(self, partition: str, slots: Any, fields: Sequence[str]) -> dict[str, Any]:
-        return self.unit.get(partition, np.asarray(slots, dtype=np.int64), list(fields))
+    def get(self, partition: str, slots: Any, fields: Sequence[str],
+            generations: Any = None) -> dict[str, Any]:
+        slots = _slots(slots)
+        if not may_block() and len(slots) > self.INLINE_ROWS:
+            raise WouldBlock
+        return self.unit.get(partition, slots, list(fields), _tokens(generations, slots))
 
     def free(self, partition: str, slots: Any) -> None:
-        self.unit.free(partition, np.asarray(slots, dtype=np.int64))
+        self.unit.free(partition, _slots(slots))
 
     def drop(self, partition: str) -> None:
         self.unit.drop(partition)
@@ -71,7 +124,8 @@ class ControllerService(Controller):
     """
 
     RPC_METHODS = Controller.RPC_METHODS | frozenset({
-        "attach_units", "units", "ping", "state_dict", "load_state_dict"})
+        "attach_units", "units", "ping", "state_dict", "load_state_dict", "drop_unit"})
+    RPC_INLINE = Controller.RPC_INLINE | frozenset({"ping"})
 
     def __init__(self, n_units: int, sampler_modules: Sequence[str] = (),
                  unit_client: Any = None) -> None:
@@ -92,6 +146,47 @@ class ControllerService(Controller):
         self._unit_addresses = list(units)
         self._unit_clients = [self._make_client(u["address"]) for u in units]
         self._attached.set()
+
+    def drop_unit(self, unit: int, info: dict[str, Any] | None = None) -> dict[str, int]:
+        """Forget every row stored in storage unit ``unit``: its process died and a new,
+        empty one serves in its place (``info``: the new unit's address record).
+
+        Each task counts the rows it had not consumed yet (not acked, not discarded) as
+        discarded with reason ``UNIT_LOST``; the rows' slots are reusable at once (there is
+        nothing to free in the new unit). Writers and readers that still hold those rows
+        get StateError (a commit of a cleared row, a read of a stale generation).
+
+        Returns:
+            rows dropped per partition.
+        """
+        check_positive("unit", unit, allow_zero=True)
+        if unit >= self.n_units:
+            raise ConfigError(f"unit must be < {self.n_units}, got {unit}")
+        if info is not None and self._unit_addresses and \
+                info.get("address") != self._unit_addresses[unit]["address"]:
+            raise ConfigError(f"info must keep unit {unit}'s address "
+                              f"{self._unit_addresses[unit]['address']!r}, got {info!r}")
+        dropped: dict[str, int] = {}
+        with self._cond:
+            if info is not None and self._unit_addresses:
+                self._unit_addresses[unit] = dict(info)
+            for name, part in self._parts.items():
+                # Spare rows there are taken back too: nothing to free in the new unit.
+                spare = np.flatnonzero(part.spare & (part.unit[: part.size] == unit))
+                for u, slots in part.release_spares(spare):
+                    part.give_slots(u, slots)
+                rows = np.flatnonzero(part.used & (part.unit[: part.size] == unit))
+                if not len(rows):
+                    continue
+                for task in self._tasks[name].values():
+                    lost = int(np.isin(task.state[rows], (NEW, LEASED)).sum())
+                    if lost:
+                        task.discards[UNIT_LOST] += lost
+                for u, slots in self._release_rows(part, rows):
+                    part.give_slots(u, slots)
+                dropped[name] = len(rows)
+            self._cond.notify_all()
+        return dropped
 
     def units(self) -> list[dict[str, Any]]:
         if not self._attached.wait(timeout=30.0):

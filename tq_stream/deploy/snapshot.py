@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from tq_stream import serialization
+from tq_stream.backends.base import occupancy
 from tq_stream.errors import ConfigError
 
 FORMAT = 1
@@ -41,10 +42,27 @@ def restore(path: str, controller: Any, units: Sequence[Any]) -> None:
         raise ConfigError(f"restore must name a tq_stream checkpoint of format {FORMAT}, "
                           f"got {path!r}")
     controller.load_state_dict(snap["controller"])
+    tokens = _tokens(snap["controller"]["partitions"])
     for entry in snap["data"]:
         u = int(entry["unit"])
         if u >= len(units):
             raise ConfigError(f"storage_units must be > {u} to restore {path!r}, "
                               f"got {len(units)}")
-        units[u].put(entry["partition"], np.asarray(entry["slots"], dtype=np.int64),
-                     {entry["field"]: entry["column"]})
+        slots = np.asarray(entry["slots"], dtype=np.int64)
+        units[u].put(entry["partition"], slots, {entry["field"]: entry["column"]},
+                     tokens[entry["partition"], u][slots])
+
+
+def _tokens(partitions: dict[str, Any]) -> dict[tuple[str, int], np.ndarray]:
+    """Per (partition, unit): the occupancy token of each slot of the restored rows."""
+    out: dict[tuple[str, int], np.ndarray] = {}
+    for name, part in partitions.items():
+        rows = np.asarray(part["rows"], dtype=np.int64)
+        unit, slot = np.asarray(part["unit"]), np.asarray(part["slot"], dtype=np.int64)
+        token = occupancy(rows, np.asarray(part["generation"], dtype=np.int64)[rows])
+        for u in np.unique(unit).tolist():
+            sel = unit == u
+            table = np.full(int(slot[sel].max()) + 1, -1, dtype=np.int64)
+            table[slot[sel]] = token[sel]
+            out[name, u] = table
+    return out

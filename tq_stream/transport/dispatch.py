@@ -1,12 +1,34 @@
-"""Explicit method dispatch: a handler names the methods a transport may call."""
+"""Explicit method dispatch: a handler names the methods a transport may call.
+
+A handler may also name, in ``RPC_INLINE``, methods that never wait (no
+condition wait, no sleep, no I/O to another process; locks held only for short
+CPU work): a server runs those on its IO thread, skipping two thread hops. An
+inline method that finds it would have to wait raises ``WouldBlock`` before
+changing anything, and the server runs it again on a worker thread, where it
+may block. ``may_block()`` tells a method which case it is in.
+"""
 
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from tq_stream.errors import ConfigError
+
+MAX_BOUND = 1024  # argument-name tuples remembered as valid
+_INLINE = threading.local()  # .active is True while an inline call runs in this thread
+
+
+class WouldBlock(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raised by a method running inline, before any state changed, when it would
+    have to wait: the server runs the call again on a worker thread."""
+
+
+def may_block() -> bool:
+    """False while a handler method runs inline on a server's IO thread."""
+    return not getattr(_INLINE, "active", False)
 
 
 class Dispatcher:
@@ -14,9 +36,12 @@ class Dispatcher:
 
     The handler declares ``RPC_METHODS: frozenset[str]``; only those public
     methods can be called, each with keyword arguments that must bind to its
-    signature. The table is built once, so a typo in the allowlist fails at
-    construction and no attribute lookup ever depends on received data.
-    Immutable after construction, hence safe to share between threads.
+    signature. An optional ``RPC_INLINE: frozenset[str]`` (a subset) names the
+    methods that never wait (see the module docstring). The table is built
+    once, so a typo in the allowlist fails at construction and no attribute
+    lookup ever depends on received data. Safe to share between threads: the
+    table is immutable, and the only other state is a cache of argument names
+    known to bind.
 
     Example:
         >>> class Echo:
@@ -43,6 +68,16 @@ class Dispatcher:
                     f"{self.handler_name}.RPC_METHODS must name public methods, got {name!r}"
                 )
             self._table[name] = (method, inspect.signature(method))
+        inline = getattr(handler, "RPC_INLINE", frozenset())
+        if not isinstance(inline, frozenset) or not inline <= methods:
+            raise ConfigError(
+                f"{self.handler_name}.RPC_INLINE must be a frozenset of names in RPC_METHODS, "
+                f"got {inline!r}"
+            )
+        self.inline: frozenset[str] = inline
+        # (method, *argument names) that bound to the signature before; sets are safe to
+        # share between threads under the GIL (an add racing a lookup only repeats a bind).
+        self._bound: set[tuple[str, ...]] = set()
 
     @property
     def methods(self) -> list[str]:
@@ -65,8 +100,25 @@ class Dispatcher:
         if not isinstance(args, Mapping) or not all(isinstance(k, str) for k in args):
             raise ConfigError(f"args of {method!r} must be a dict with str keys, got {args!r}")
         fn, signature = entry
-        try:
-            signature.bind(**args)
-        except TypeError as exc:
-            raise ConfigError(f"bad arguments for {self.handler_name}.{method}: {exc}") from None
+        names = (method, *args)
+        if names not in self._bound:  # binding depends on the argument names only
+            try:
+                signature.bind(**args)
+            except TypeError as exc:
+                raise ConfigError(f"bad arguments for {self.handler_name}.{method}: {exc}") \
+                    from None
+            if len(self._bound) < MAX_BOUND:
+                self._bound.add(names)
         return fn(**args)
+
+    def call_inline(self, method: Any, args: Any) -> Any:
+        """``self(method, args)`` with ``may_block()`` False (on a server's IO thread).
+
+        Raises:
+            WouldBlock: the method would have to wait; call it again on a worker.
+        """
+        _INLINE.active = True
+        try:
+            return self(method, args)
+        finally:
+            _INLINE.active = False

@@ -24,7 +24,7 @@ from tq_stream.serialization import decode, encode
 from tq_stream.transport.base import Transport
 from tq_stream.transport.remote_errors import error_from_value
 from tq_stream.transport.zmq_security import Key, check_key, make_curve_client
-from tq_stream.transport.zmq_sockets import SocketGroup
+from tq_stream.transport.zmq_sockets import INLINE_BYTES, SocketGroup, send_frames
 
 
 class _SocketPool:
@@ -165,7 +165,7 @@ class RpcClient(Transport):
         req_id = next(self._ids)
         request = {"id": req_id, "method": method, "args": {} if args is None else args}
         request["timeout"] = timeout
-        frames = encode(request)
+        frames = encode(request, inline=INLINE_BYTES)
         sock = pool.checkout()
         reply = None
         try:
@@ -216,13 +216,18 @@ class RpcClient(Transport):
         self, sock: zmq.Socket, req_id: int, method: str, frames: list[Any], timeout: float
     ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
-        sock.sndtimeo = max(1, math.ceil(timeout * 1000))
         try:
-            sock.send_multipart([b"", *frames], copy=False)
+            # Only a full send queue makes a DEALER wait: try without setting sndtimeo
+            # (a setsockopt per call), and bound the wait only when it must wait.
+            send_frames(sock, [b"", *frames], zmq.NOBLOCK)
         except zmq.Again:
-            raise WaitTimeout(
-                f"could not send {method!r} to {self.address} within {timeout:g} s"
-            ) from None
+            sock.sndtimeo = max(1, math.ceil(timeout * 1000))
+            try:
+                send_frames(sock, [b"", *frames])
+            except zmq.Again:
+                raise WaitTimeout(
+                    f"could not send {method!r} to {self.address} within {timeout:g} s"
+                ) from None
         while True:
             remaining_ms = math.ceil((deadline - time.monotonic()) * 1000)
             if remaining_ms <= 0 or not sock.poll(remaining_ms, zmq.POLLIN):

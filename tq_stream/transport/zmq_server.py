@@ -22,18 +22,20 @@ from tq_stream.errors import (
     check_timeout,
 )
 from tq_stream.serialization import decode, encode
-from tq_stream.transport.dispatch import Dispatcher
+from tq_stream.transport.dispatch import Dispatcher, WouldBlock
 from tq_stream.transport.remote_errors import error_to_value
 from tq_stream.transport.zmq_security import Key, make_curve_server, start_client_allowlist
-from tq_stream.transport.zmq_sockets import SocketGroup
+from tq_stream.transport.zmq_sockets import INLINE_BYTES, SocketGroup, send_frames
 
 logger = logging.getLogger(__name__)
 
 BUSY = "ServerBusy"  # RemoteError.kind of the reply to a request refused for lack of room
 _STOP = None  # work-queue sentinel: one per worker thread at close
+_DEFER = object()  # an inline call that would block: run it on a worker instead
+Request = tuple[int, str, dict[str, Any], float]  # (id, method, args, timeout)
 
 
-def parse_request(request: Any) -> tuple[int, str, dict[str, Any], float]:
+def parse_request(request: Any) -> Request:
     """``(id, method, args, timeout)`` of a decoded request, or SerializationError."""
     if not isinstance(request, dict):
         raise SerializationError(f"request must be a dict, got {type(request).__name__}")
@@ -54,10 +56,15 @@ class RpcServer:
 
     One IO thread owns the ROUTER socket; ``workers`` threads run handler
     methods, which may block (long-polls), and hand replies back to the IO
-    thread through their own inproc PUSH sockets. Invariants:
+    thread through their own inproc PUSH sockets. Methods the handler lists in
+    ``RPC_INLINE`` never wait, so the IO thread runs them itself and answers at
+    once (no thread hop); one that raises ``WouldBlock`` goes to the workers
+    (``tq_stream.transport.dispatch``). Invariants:
 
     - only the IO thread touches the ROUTER socket (zmq sockets are not thread-safe);
-    - at most ``workers`` requests run and at most ``backlog`` wait; a request
+    - the IO thread never waits inside a handler: it runs only ``RPC_INLINE``
+      methods, with ``may_block()`` False;
+    - at most ``workers`` requests run on workers and at most ``backlog`` wait; a request
       arriving when the backlog is full is answered at once with a RemoteError
       of kind ``"ServerBusy"``, never queued;
     - every request with a usable envelope and header gets exactly one reply
@@ -247,7 +254,7 @@ class RpcServer:
             except zmq.Again:
                 return
             # ROUTER drops (never blocks on) replies to clients that are gone or full.
-            self._router.send_multipart(reply, copy=False)
+            send_frames(self._router, reply)
 
     def _accept_requests(self) -> None:
         for _ in range(self._backlog + self._workers_n):
@@ -258,17 +265,22 @@ class RpcServer:
             if len(msg) < 3 or len(msg[1]) != 0:
                 logger.debug("dropped a request without [identity, '', header] envelope")
                 continue
-            identity, frames = msg[0], msg[2:]
-            if self._work.qsize() >= self._backlog:
-                self._reply_busy(identity, frames)
+            identity, received = msg[0], time.monotonic()
+            request, reply = self._parse(msg[2:])
+            if request is not None and request[1] in self._dispatch.inline:
+                reply = self._run(request, received, inline=True)
+                if reply is not _DEFER:
+                    request = None  # answered here, on the IO thread
+            if request is None:
+                if reply is not None:
+                    send_frames(self._router, [identity, b"", *reply])
                 continue
-            self._work.put_nowait((identity, frames, time.monotonic()))
+            if self._work.qsize() >= self._backlog:
+                self._reply_busy(identity, request[0])
+                continue
+            self._work.put_nowait((identity, request, received))
 
-    def _reply_busy(self, identity: zmq.Frame, frames: list[zmq.Frame]) -> None:
-        try:
-            req_id = parse_request(decode(frames))[0]
-        except SerializationError:
-            return  # no id to answer to
+    def _reply_busy(self, identity: zmq.Frame, req_id: int) -> None:
         error = {
             "kind": BUSY,
             "message": f"{self._workers_n} workers busy and {self._backlog} requests waiting; "
@@ -276,7 +288,7 @@ class RpcServer:
             "where": self.address,
         }
         reply = encode({"id": req_id, "ok": False, "error": error})
-        self._router.send_multipart([identity, b"", *reply], copy=False)
+        send_frames(self._router, [identity, b"", *reply])
 
     # ------------------------------------------------------------ worker threads
 
@@ -294,41 +306,61 @@ class RpcServer:
                 item = self._work.get()
                 if item is _STOP:
                     return
-                identity, frames, received = item
-                reply = self._handle(frames, received)
+                identity, request, received = item
+                reply = self._run(request, received, inline=False)
                 # After close() the IO thread is gone and a send would wait for sndtimeo.
                 if reply is not None and not self._closed:
                     try:
-                        push.send_multipart([identity, b"", *reply], copy=False)
+                        send_frames(push, [identity, b"", *reply])
                     except zmq.ZMQError as exc:
                         logger.warning("reply from %s dropped: %s", self.address, exc)
         finally:
             self._group.release(push)
 
-    def _handle(self, frames: list[zmq.Frame], received: float) -> list[Any] | None:
-        """The encoded reply to one request, or None when no one can receive it."""
+    # ------------------------------------------------------------------ handling
+
+    def _parse(self, frames: list[zmq.Frame]) -> tuple[Request | None, list[Any] | None]:
+        """``(request, None)``, or ``(None, encoded error reply)`` for a bad request,
+        or ``(None, None)`` when no one can receive an answer (no usable id)."""
         req_id = None
         try:
             request = decode(frames)
             if isinstance(request, dict) and type(request.get("id")) is int:
                 req_id = request["id"]  # known early so a bad request still gets its answer
-            req_id, method, args, timeout = parse_request(request)
-            waited = time.monotonic() - received
-            if timeout and waited > timeout:
-                raise WaitTimeout(
-                    f"request {method!r} waited {waited:.3g} s for a worker at {self.address}, "
-                    f"longer than its timeout {timeout:g} s; not run"
-                )
-            result = self._dispatch(method, args)
-            return encode({"id": req_id, "ok": True, "result": result})
+            return parse_request(request), None
         except Exception as exc:
             if req_id is None:
                 logger.debug("dropped a request at %s: %s", self.address, exc)
-                return None  # the caller cannot match a reply without its id
-            if not isinstance(exc, TQError):
-                logger.warning("handler error at %s", self.address, exc_info=exc)
-            error = error_to_value(exc, self.address)
-            return encode({"id": req_id, "ok": False, "error": error})
+                return None, None
+            return None, self._error_reply(req_id, exc)
+
+    def _run(self, request: Request, received: float, inline: bool) -> Any:
+        """The encoded reply to a parsed request; ``_DEFER`` when an inline method
+        would have to wait (the caller queues it for a worker)."""
+        req_id, method, args, timeout = request
+        try:
+            if inline:
+                result = self._dispatch.call_inline(method, args)
+            else:
+                waited = time.monotonic() - received
+                if timeout and waited > timeout:
+                    raise WaitTimeout(
+                        f"request {method!r} waited {waited:.3g} s for a worker at "
+                        f"{self.address}, longer than its timeout {timeout:g} s; not run"
+                    )
+                result = self._dispatch(method, args)
+            return encode({"id": req_id, "ok": True, "result": result}, inline=INLINE_BYTES)
+        except WouldBlock as exc:
+            if inline:
+                return _DEFER
+            return self._error_reply(req_id, exc)  # on a worker it is a handler bug
+        except Exception as exc:
+            return self._error_reply(req_id, exc)
+
+    def _error_reply(self, req_id: int, exc: Exception) -> list[Any]:
+        if not isinstance(exc, TQError):
+            logger.warning("handler error at %s", self.address, exc_info=exc)
+        return encode({"id": req_id, "ok": False, "error": error_to_value(exc, self.address)})
 
     # ------------------------------------------------------------------ teardown
 

@@ -1,0 +1,115 @@
+"""Fixtures of the out-of-process tests: local deployments, process and segment probes,
+and one two-node Ray cluster per session (started only if a Ray test runs).
+
+Test modules import the fixtures they use from here (``from tq_fixtures import
+local_stream``): a ``conftest.py`` in this folder would shadow ``tests/conftest.py``,
+which core tests import by its module name ``conftest``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import pytest
+
+import tq_stream as tq
+from tq_stream.backends.shm import PREFIX, SHM_DIR
+
+# Integration tests wait on real processes: generous per-call timeouts, bounded tests.
+CONFIG = tq.StreamConfig(timeout=30.0)
+
+
+def start_local(storage_units: int = 2, config: tq.StreamConfig = CONFIG,
+                **options: object) -> tq.Stream:
+    """A local deployment; the caller closes it (or uses ``local_stream``)."""
+    return tq.init(mode="local", storage_units=storage_units, config=config, **options)
+
+
+@pytest.fixture(scope="module")
+def local_stream() -> Iterator[tq.Stream]:
+    """One local deployment (2 units, shared memory) per test module; each test uses its
+    own partitions. At teardown its servers are gone and left no segments."""
+    stream = start_local()
+    pids = list(stream._owner.pids)
+    try:
+        yield stream
+    finally:
+        pids += stream._owner.pids  # units restarted by a test included
+        stream.close()
+        assert wait_gone(pids, 10.0) == [], "servers outlived close()"
+        assert segments_of(pids) == [], "close() left shared-memory segments"
+
+
+def segments_of(pids: Sequence[int]) -> list[str]:
+    """Shared-memory segments owned by ``pids`` (other runs' segments are ignored)."""
+    prefixes = tuple(f"{PREFIX}{p}_" for p in pids)
+    try:
+        return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(prefixes))
+    except OSError:
+        return []
+
+
+def alive(pid: int) -> bool:
+    """True if ``pid`` runs (a zombie waiting for its reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``cond`` until it holds or ``timeout`` passes (tests only: processes dying
+    and segments disappearing have no event to wait on)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if cond():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+def wait_gone(pids: Sequence[int], timeout: float) -> list[int]:
+    """The pids of ``pids`` still alive after waiting up to ``timeout``."""
+    wait_until(lambda: not any(alive(p) for p in pids), timeout)
+    return [p for p in pids if alive(p)]
+
+
+def kill(pid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+# ---------------------------------------------------------------------------- Ray
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[list[str]]:
+    """Two one-CPU Ray nodes on this machine; yields their node ids.
+
+    Both nodes use this host's own IP, not 127.0.0.1: on Linux ``ray.init`` rewrites a
+    loopback bootstrap address to the node IP, so a cluster bound to 127.0.0.1 cannot be
+    joined. Packets to the host's own IP never leave the machine either.
+    """
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        ray.init(address=cluster.address, namespace="tq_stream", log_to_driver=False)
+        cluster.wait_for_nodes(timeout=60)
+        nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+        assert len(nodes) == 2, nodes
+        yield nodes
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

@@ -1,0 +1,165 @@
+"""SparePool: spare rows the controller placed for this process's next small puts.
+
+A put of new keys normally takes three calls: ``reserve`` (place the rows), the
+bytes to the storage units, ``commit``. With spare rows (placed in a unit and slot,
+no key yet; see ``tq_stream.controller.spares``) it takes two: the bytes go to the
+spare slots, then ``commit_new`` names the keys, after checking all that
+``reserve`` would have. A put ``commit_new`` cannot take as it is (a key exists, a
+schema needs converting, the partition is full) leaves nothing visible: its bytes
+are freed and the writer puts again through ``reserve``.
+
+Spare rows are refilled by the calls a put makes anyway (``reserve`` and
+``commit_new`` take a ``spare`` count) and returned when the stream is closed. A
+spare row whose bytes may still be in flight (a call timed out) is never used
+again: a late write would land in a row that is live by then.
+
+Invariants: a spare row is either in the pool or held by exactly one put; a row
+in the pool holds no bytes in its unit (so returning it needs no free); a pool
+belongs to the process that filled it (a forked child starts with none).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tq_stream import placement
+from tq_stream.backends.base import occupancy
+from tq_stream.columns import Column, FieldSchema, coerce
+from tq_stream.convert import schemas_of
+from tq_stream.errors import StateError, TQError, WaitTimeout
+
+_FIELDS = ("index", "unit", "slot", "generation")
+
+
+def _clean(exc: BaseException) -> bool:
+    """True if a failed call surely has no effect still in flight (so its spare rows may
+    be used again): the far side answered with an error, or nothing was sent."""
+    return isinstance(exc, TQError) and not isinstance(exc, WaitTimeout)
+
+
+class SparePool:
+    """Spare rows for puts to one partition (and unit choice) from this process.
+
+    Args:
+        partition: the partition the rows belong to.
+        unit: the writers' unit choice the rows were placed with (-1: spread).
+    """
+
+    TARGET = 16  # spare rows to hold
+    MAX_ROWS = 16  # a put of more rows goes through reserve
+    COOLDOWN = 64  # puts that go through reserve after one whose keys existed
+
+    def __init__(self, partition: str, unit: int) -> None:
+        self.partition = partition
+        self.unit = unit
+        self._lock = threading.Lock()
+        self._rows = {f: np.zeros(0, dtype=np.int64) for f in _FIELDS}
+        self._cooldown = 0
+        self._schemas: dict[str, dict] = {}  # fixed schemas seen (they never change)
+
+    def __len__(self) -> int:
+        return len(self._rows["index"])
+
+    def wanted(self) -> int:
+        """How many spare rows the next ``reserve`` or ``commit_new`` should ask for."""
+        with self._lock:
+            return 0 if self._cooldown else max(0, self.TARGET - len(self))
+
+    def add(self, spare: dict[str, Any] | None) -> None:
+        """Take spare rows handed out by the controller."""
+        if spare is None or not len(spare["index"]):
+            return
+        with self._lock:
+            self._rows = {f: np.concatenate([self._rows[f], np.asarray(spare[f], np.int64)])
+                          for f in _FIELDS}
+
+    def learn(self, schemas: dict[str, Any]) -> None:
+        """Record fixed schemas (a reserve's answer)."""
+        self._schemas.update(schemas)
+
+    def drain(self) -> dict[str, np.ndarray]:
+        """Every spare row, now no longer in the pool (to return them)."""
+        with self._lock:
+            rows, self._rows = self._rows, {f: np.zeros(0, np.int64) for f in _FIELDS}
+        return rows
+
+    def _take(self, n: int) -> dict[str, np.ndarray] | None:
+        with self._lock:
+            if self._cooldown:
+                self._cooldown -= 1
+                return None
+            if n > self.MAX_ROWS or len(self) < n:
+                return None
+            taken = {f: a[:n] for f, a in self._rows.items()}
+            self._rows = {f: a[n:] for f, a in self._rows.items()}
+            return taken
+
+    def _give_back(self, rows: dict[str, np.ndarray]) -> None:
+        with self._lock:
+            self._rows = {f: np.concatenate([rows[f], self._rows[f]]) for f in _FIELDS}
+
+    def _coerced(self, cols: dict[str, Column]) -> tuple[dict[str, Column], dict] | None:
+        """Columns converted to the fixed schemas known here, and their schemas."""
+        schemas = schemas_of(cols)
+        out = cols
+        for name, schema in schemas.items():
+            fixed = self._schemas.get(name)
+            if fixed is not None and fixed != schema:
+                col = coerce(cols[name], FieldSchema.from_dict(fixed))
+                if col is None:
+                    return None  # reserve raises the right SchemaError
+                out = {**out, name: col}
+                schemas[name] = fixed
+        return out, schemas
+
+    def put(self, ctrl: Any, units: Sequence[Any], keys: list[str], cols: dict[str, Column],
+            tags: list | None) -> bool:
+        """Write new rows ``keys`` on spare rows: True when done, False when the put must go
+        through ``reserve`` (nothing visible changed then; ``reserve`` also raises the
+        canonical error of a put that cannot succeed).
+
+        Raises:
+            WaitTimeout and other errors after which the outcome is unknown.
+        """
+        converted = self._coerced(cols)
+        rows = None if converted is None else self._take(len(keys))
+        if rows is None:
+            return False
+        coerced, schemas = converted
+        try:
+            placement.store(units, self.partition, rows["unit"], rows["slot"], coerced,
+                            occupancy(rows["index"], rows["generation"]))
+            done = ctrl.commit_new(partition=self.partition, keys=keys, index=rows["index"],
+                                   generation=rows["generation"], schemas=schemas, tags=tags,
+                                   unit=self.unit, spare=self.wanted())
+        except BaseException as exc:
+            if type(exc) is StateError:
+                self.drain()  # the controller took spare rows back: trust none of them
+                return False
+            if not _clean(exc):
+                raise  # the rows are dropped: a write may still be in flight
+            self._release(units, rows)
+            return False
+        if done["ok"]:
+            self._schemas.update(schemas)
+            self.add(done.get("spare"))
+            return True
+        if done["reason"] == "exists":
+            with self._lock:
+                self._cooldown = self.COOLDOWN
+        self._release(units, rows)
+        return False
+
+    def _release(self, units: Sequence[Any], rows: dict[str, np.ndarray]) -> None:
+        """Free the bytes a failed put stored in spare rows and keep the rows; rows whose
+        free fails are dropped (a late free could hit a later put's bytes)."""
+        try:
+            for u in np.unique(rows["unit"]).tolist():
+                units[u].free(self.partition, rows["slot"][rows["unit"] == u])
+        except Exception:
+            return
+        self._give_back(rows)
