@@ -89,12 +89,14 @@ def test_writer_prefers_a_unit_on_its_own_host(local_stream):
     elsewhere = [{**infos[0], "host": "another-host"}, infos[1]]
     ctrl = backend.controller()
     ctrl.units = lambda: elsewhere  # this process sees unit 0 on another host
+    backend._unit_hosts = None  # the backend asks once per process: ask again
     try:
         assert backend.preferred_unit() == 1
         keys = [f"h_{i}" for i in range(6)]
         put(local_stream, "host", keys)
     finally:
         del ctrl.units
+        backend._unit_hosts = None
     assert set(local_stream.kv.meta(keys, partition="host").unit.tolist()) == {1}
 
 

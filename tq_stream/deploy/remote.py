@@ -9,10 +9,9 @@ fields straight from shared memory (``RemoteUnit`` + ``ShmReader``).
 from __future__ import annotations
 
 import os
+import random
 import threading
 from typing import Any
-
-import numpy as np
 
 from tq_stream.config import StreamConfig
 from tq_stream.errors import ConfigError
@@ -35,6 +34,7 @@ class RemoteBackend:
         self._lock = threading.Lock()
         self._ctrl: Any = None
         self._units: list[Any] | None = None
+        self._unit_hosts: list[bool] | None = None  # per unit: on this host?
         self._spares: dict[tuple[str, int], Any] = {}  # this process's SparePools
         self._spares_pid = os.getpid()
 
@@ -96,15 +96,18 @@ class RemoteBackend:
 
     def preferred_unit(self) -> int:
         """A unit on this host for writers to use, or -1 (spread over all units) when
-        every unit is on this host or none is."""
-        from tq_stream.deploy.services import host_id
+        every unit is on this host or none is. Units keep their address and host for
+        the deployment's life (a restarted unit too), so this asks the controller once
+        per process, not once per writer (``kv.put`` makes a writer per call)."""
+        if self._unit_hosts is None:
+            from tq_stream.deploy.services import host_id
 
-        here = host_id()
-        infos = self.controller().units()
-        same = [i for i, u in enumerate(infos) if u["host"] == here]
-        if not same or len(same) == len(infos):
+            here = host_id()
+            self._unit_hosts = [u["host"] == here for u in self.controller().units()]
+        same = [i for i, local in enumerate(self._unit_hosts) if local]
+        if not same or len(same) == len(self._unit_hosts):
             return -1
-        return int(np.random.default_rng().choice(same))
+        return random.choice(same)
 
     def reduce_stream(self, config: StreamConfig) -> tuple[Any, tuple]:
         return _rebuild, (self.address, config, self._curve)
