@@ -82,3 +82,12 @@ def test_partitions_are_separate(stream):
     assert stream.kv.get("a", partition="p2")["v"].item() == 2
     stream.kv.clear(partition="p1")
     assert stream.kv.get("a", partition="p2")["v"].item() == 2
+
+
+def test_set_tags_merges_into_existing_rows(stream):
+    stream.kv.put("a", {"x": torch.ones(2)}, tag={"uid": "g", "version": 1})
+    stream.set_tags("default", ["a"], [{"reward": 0.5}])
+    (row,) = stream.kv.list()
+    assert row["tags"] == {"uid": "g", "version": 1, "reward": 0.5}
+    with pytest.raises(KeyConflictError, match="missing"):
+        stream.set_tags("default", ["nope"], [{"reward": 1.0}])

@@ -90,6 +90,11 @@ class Stream:
         """Set the consumer's current policy version for staleness-aware samplers."""
         self._controller().set_version(partition=partition, task=task, version=version)
 
+    def set_tags(self, partition: str, keys: list[str], tags: list[dict[str, Any]]) -> None:
+        """Merge ``tags[i]`` into the tags of existing row ``keys[i]`` (e.g. a reward or
+        an advantage magnitude computed by a later stage, for samplers to read)."""
+        self._controller().set_tags(partition=partition, keys=list(keys), tags=tags)
+
     def set_admission(self, partition: str, task: str, steps_per_version: int) -> None:
         """How many steps ``task`` takes per policy version (for ``Writer.reserve``)."""
         self._controller().set_admission(partition=partition, task=task,

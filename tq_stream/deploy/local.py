@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import selectors
 import signal
 import subprocess
@@ -93,11 +94,22 @@ class _ForkedProcess:
         return self.returncode
 
     def wait(self, timeout: float) -> int:
-        deadline = time.monotonic() + timeout
-        while self.poll() is None:
-            if time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout)
-            time.sleep(0.01)  # bounded reaping loop at shutdown; no event exists for it
+        """Wait for the exit, woken by the kernel (a pidfd becomes readable when the
+        process ends); raises TimeoutExpired after ``timeout`` seconds."""
+        if self.poll() is not None:
+            assert self.returncode is not None
+            return self.returncode
+        try:
+            fd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            fd = -1  # already gone: reap below
+        if fd >= 0:
+            try:
+                select.select([fd], [], [], timeout)
+            finally:
+                os.close(fd)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(str(self.pid), timeout)
         assert self.returncode is not None
         return self.returncode
 

@@ -1,0 +1,101 @@
+"""AccessLogic: reading and changing rows by key — lookup, list, tags, clear, stats.
+
+Called by the Controller's public methods; ``self`` is the Controller, whose lock
+each method takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tq_stream.controller.partition import PartitionMeta
+from tq_stream.errors import KeyConflictError, StateError
+
+
+class AccessLogic:
+    """Mixin of Controller; see the module docstring."""
+
+    def clear(self, partition: str, keys: Sequence[str] | None = None) -> int:
+        """Free rows (all rows if ``keys`` is None); returns how many were freed."""
+        with self._cond:
+            part = self._part(partition)
+            if keys is None:
+                rows = np.flatnonzero(part.used)
+            else:
+                rows = part.lookup(list(keys))
+                rows = rows[rows >= 0]
+            freed = self._release_rows(part, rows)
+        self._free_slots(partition, freed)
+        return len(rows)
+
+    def lookup(self, partition: str, keys: Sequence[str],
+               fields: Sequence[str] | None = ()) -> dict[str, Any]:
+        """Placement of existing ``keys`` whose ``fields`` are all written.
+
+        ``fields=None`` means every field written for all of ``keys``.
+        """
+        with self._cond:
+            part = self._part(partition)
+            idx = part.lookup(list(keys))
+            if (idx < 0).any():
+                missing = [k for k, i in zip(keys, idx.tolist(), strict=True) if i < 0][:5]
+                raise KeyConflictError(
+                    f"keys must exist in partition {partition!r}, missing {missing}"
+                )
+            if fields is None:
+                fields = [f for f, r in part.ready.items() if r[idx].all()]
+                if not fields:
+                    raise StateError(f"keys {list(keys)[:5]} of partition {partition!r} "
+                                     f"must share a written field to be read, they share none")
+            for f in fields:
+                r = part.ready.get(f)
+                if r is None or not r[idx].all():
+                    bad = [k for k, i in zip(keys, idx.tolist(), strict=True)
+                           if r is None or not r[i]][:5]
+                    raise StateError(f"field {f!r} must be written before it is read; "
+                                     f"it is not for keys {bad} of partition {partition!r}")
+            return self._placement(part, idx, fields)
+
+    def _placement(self, part: PartitionMeta, idx: np.ndarray,
+                   fields: Sequence[str]) -> dict[str, Any]:
+        return {
+            "partition": part.name, "index": idx, "keys": part.keys[idx].tolist(),
+            "unit": part.unit[idx], "slot": part.slot[idx], "generation": part.generation[idx],
+            "tags": part.tags.rows_as_dicts(idx), "fields": list(fields),
+            "schemas": {f: part.schemas[f].to_dict() for f in fields if f in part.schemas},
+        }
+
+    def list_rows(self, partition: str) -> list[dict[str, Any]]:
+        """Every row: key, tags and the fields written; oldest (first created) first."""
+        with self._cond:
+            part = self._part(partition)
+            rows = part.oldest_first(np.flatnonzero(part.used))
+            tags = part.tags.rows_as_dicts(rows)
+            return [{"key": part.keys[r], "tags": t, "fields": part.fields_of(r)}
+                    for r, t in zip(rows.tolist(), tags, strict=True)]
+
+    def set_tags(self, partition: str, keys: Sequence[str], tags: list[dict[str, Any]]) -> None:
+        """Merge ``tags[i]`` into the tags of ``keys[i]``."""
+        from tq_stream.controller.tags import check_tags
+
+        tags_ = check_tags(tags, len(keys))
+        with self._cond:
+            part = self._part(partition)
+            idx = self.lookup(partition, keys)["index"]
+            part.tags.set(idx, tags_ or [])
+            self._cond.notify_all()
+
+    def stats(self) -> dict[str, Any]:
+        with self._cond:
+            out: dict[str, Any] = {}
+            for name, part in self._parts.items():
+                out[name] = {
+                    "rows": part.live, "capacity": part.capacity, "closed": part.closed,
+                    "fields": {f: s.describe() for f, s in part.schemas.items()},
+                    "tasks": {t: s.stats() for t, s in self._tasks[name].items()},
+                }
+            return out
+
