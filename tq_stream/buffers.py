@@ -73,3 +73,20 @@ class BufferPool:
 
 
 POOL = BufferPool()
+
+
+def _contiguous(slots: np.ndarray) -> bool:
+    n = len(slots)
+    return n > 1 and int(slots[-1]) - int(slots[0]) == n - 1 and bool(
+        (np.diff(slots) == 1).all())
+
+
+def gather_rows(src: torch.Tensor, slots: np.ndarray,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """``src[slots]`` into ``out`` (a pooled buffer if None): one plain copy when the
+    slots are consecutive (rows written together usually are), else one gather."""
+    if out is None:
+        out = POOL.empty((len(slots), *src.shape[1:]), src.dtype)
+    if _contiguous(slots):
+        return out.copy_(src[int(slots[0]) : int(slots[-1]) + 1])
+    return torch.index_select(src, 0, torch.from_numpy(slots), out=out)

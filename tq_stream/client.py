@@ -60,7 +60,7 @@ class Client:
         """The values of ``fields`` (default: ``meta.fields``) of meta's rows."""
         fields = list(meta.fields if fields is None else fields)
         cols = placement.load(self._stream._units(), meta.partition, meta.unit, meta.slot, fields,
-                              occupancy(meta.index, meta.generation))
+                              occupancy(meta.index, meta.generation), meta.schemas)
         return to_tensordict(cols, len(meta), ragged=ragged)
 
     def put_data(self, meta: BatchMeta, data: Any, timeout: float | None = None) -> None:

@@ -61,7 +61,8 @@ class KV:
         """The fields of many rows as a TensorDict ``[n]`` (rows in ``keys`` order)."""
         meta = self.meta(keys, fields, partition)
         cols = placement.load(self._stream._units(), partition, meta.unit, meta.slot,
-                              meta.fields, occupancy(meta.index, meta.generation))
+                              meta.fields, occupancy(meta.index, meta.generation),
+                              meta.schemas)
         return to_tensordict(cols, len(meta), ragged=ragged)
 
     def get(self, key: str, fields: Sequence[str] | None = None,
@@ -71,7 +72,8 @@ class KV:
             raise ConfigError(f"key must be a str (use get_batch for many), got {key!r}")
         meta = self.meta([key], fields, partition)
         cols = placement.load(self._stream._units(), partition, meta.unit, meta.slot,
-                              meta.fields, occupancy(meta.index, meta.generation))
+                              meta.fields, occupancy(meta.index, meta.generation),
+                              meta.schemas)
         out: dict[str, Any] = {}
         for f, c in cols.items():
             out[f] = c.row(0) if hasattr(c, "row") else c[0]

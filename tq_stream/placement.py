@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from tq_stream.buffers import POOL
-from tq_stream.columns import Column, Ragged, concat, take
+from tq_stream.columns import Column, Ragged, concat, dtype_from_name, take
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_PID = -1
@@ -68,28 +68,62 @@ def store(units: Sequence[Any], partition: str, unit: np.ndarray, slot: np.ndarr
     _map(put, groups)
 
 
+def _destinations(units: Sequence[Any], groups: list, n: int, fields: Sequence[str],
+                  schemas: Mapping[str, Any] | None) -> tuple[dict, list]:
+    """Pooled outputs for dense fields, and per group the slices of them that rows of
+    the group fill (only where its rows are consecutive in the batch and its unit can
+    gather into a given tensor): then each byte is copied once."""
+    outs: dict[str, torch.Tensor] = {}
+    for f in fields:
+        s = (schemas or {}).get(f)
+        if s is not None and s.kind == "dense":
+            outs[f] = POOL.empty((n, *s.shape), dtype_from_name(s.dtype))
+    into = []
+    for u, pos in groups:
+        run = len(pos) and int(pos[-1]) - int(pos[0]) == len(pos) - 1
+        ok = outs and run and getattr(units[u], "gets_into", False)
+        into.append({f: t[int(pos[0]) : int(pos[-1]) + 1] for f, t in outs.items()}
+                    if ok else None)
+    return outs, into
+
+
 def load(units: Sequence[Any], partition: str, unit: np.ndarray, slot: np.ndarray,
-         fields: Sequence[str], generations: np.ndarray | None = None) -> dict[str, Column]:
+         fields: Sequence[str], generations: np.ndarray | None = None,
+         schemas: Mapping[str, Any] | None = None) -> dict[str, Column]:
     """Read ``fields`` of rows (aligned with ``unit``/``slot``), in that order.
 
     ``generations``: the rows' occupancy tokens; a row whose slot was cleared or
     reused since raises StateError instead of returning another row's values.
+    ``schemas`` (field -> FieldSchema) lets rows from several units land in one
+    output with a single copy.
     """
     if len(unit) == 0:
         return {}
     groups = _groups(unit)
-    parts = _map(lambda g: units[g[0]].get(partition, slot[g[1]], list(fields),
-                                           _part(generations, g[1])), groups)
     if len(groups) == 1:
-        return parts[0]
+        u, pos = groups[0]
+        return units[u].get(partition, slot[pos], list(fields), _part(generations, pos))
+    outs, into = _destinations(units, groups, len(unit), fields, schemas)
+
+    def fetch(i: int) -> dict[str, Column]:
+        u, pos = groups[i]
+        args = (partition, slot[pos], list(fields), _part(generations, pos))
+        return units[u].get(*args, into=into[i]) if into[i] else units[u].get(*args)
+
+    parts = _map(fetch, list(range(len(groups))))
     order = np.argsort(np.concatenate([pos for _, pos in groups]), kind="stable")
     out: dict[str, Column] = {}
     for f in fields:
         cols = [p[f] for p in parts]
         if isinstance(cols[0], torch.Tensor):
             first = cols[0]
-            res = POOL.empty((len(unit), *first.shape[1:]), first.dtype)
+            res = outs.get(f)
+            if res is None or res.dtype != first.dtype or res.shape[1:] != first.shape[1:]:
+                res = POOL.empty((len(unit), *first.shape[1:]), first.dtype)
             for (_, pos), c in zip(groups, cols, strict=True):
+                part = res[int(pos[0]) : int(pos[-1]) + 1]
+                if c.data_ptr() == part.data_ptr() and c.shape == part.shape:
+                    continue  # the unit gathered straight into the output
                 res[torch.from_numpy(pos)] = c
             out[f] = res
         elif isinstance(cols[0], Ragged):

@@ -76,7 +76,9 @@ def test_unit_restart_drops_its_rows_and_serves_again(local_stream):
     keys = [f"u_{i}" for i in range(12)]
     client = local_stream.client()
     client.register_task(part, "t", ["x"], batch_size=4)
-    local_stream.writer(part).put(keys, {"x": values(keys)})
+    for i in range(0, len(keys), 2):  # puts of 2 rows: one row on each unit
+        pair = keys[i : i + 2]
+        local_stream.writer(part).put(pair, {"x": values(pair)})
     where = local_stream.kv.meta(keys, partition=part)
     on_1 = [k for k, u in zip(keys, where.unit.tolist(), strict=True) if u == 1]
     assert 0 < len(on_1) < len(keys)

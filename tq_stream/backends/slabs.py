@@ -22,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from tq_stream.buffers import POOL
+from tq_stream.buffers import gather_rows
 from tq_stream.columns import Column, Ragged, dtype_from_name, schema_of
 from tq_stream.errors import KeyConflictError, StateError
 
@@ -88,10 +88,7 @@ class DenseSlab:
 
     def get(self, slots: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
         _check_written(self.written, slots)
-        idx = torch.from_numpy(slots)
-        if out is None:
-            out = POOL.empty((len(slots), *self.shape), self.dtype)
-        return torch.index_select(self.data, 0, idx, out=out)
+        return gather_rows(self.data, slots, out)
 
     def free(self, slots: np.ndarray) -> None:
         slots = slots[slots < self.written.shape[0]]

@@ -213,9 +213,13 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic):
     def _place(self, unit: int, n: int) -> np.ndarray:
         if 0 <= unit < self.n_units:
             return np.full(n, unit, dtype=np.int32)
-        out = (np.arange(n, dtype=np.int32) + self._rr) % self.n_units
+        # Contiguous blocks, one per unit (rotating which unit comes first): rows put
+        # together sit side by side in each unit and in the batch, so a read of them is
+        # one plain copy per unit straight into the output.
+        order = (np.arange(self.n_units, dtype=np.int32) + self._rr) % self.n_units
+        sizes = [len(b) for b in np.array_split(np.arange(n), self.n_units)]
         self._rr = (self._rr + n) % self.n_units
-        return out
+        return np.repeat(order, sizes).astype(np.int32)
 
     def _grow_tasks(self, part: PartitionMeta) -> None:
         for task in self._tasks[part.name].values():

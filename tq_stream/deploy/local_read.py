@@ -10,7 +10,7 @@ import torch
 
 from tq_stream.backends.base import StorageUnit
 from tq_stream.backends.shm import ShmReader
-from tq_stream.buffers import POOL
+from tq_stream.buffers import gather_rows
 from tq_stream.columns import Column, dtype_from_name
 from tq_stream.errors import StateError
 
@@ -46,12 +46,16 @@ class _Layout:
     def valid(self) -> bool:
         return self.epoch_view is not None and int(self.epoch_view[0]) == self.epoch
 
-    def gather(self, slots: np.ndarray) -> dict[str, Column]:
+    def gather(self, slots: np.ndarray,
+               into: dict[str, torch.Tensor] | None = None) -> dict[str, Column]:
+        """Copy rows out of the mapped slabs, into ``into[f]`` where it fits."""
         out: dict[str, Column] = {}
-        idx = torch.from_numpy(slots)
         for f, view in self.fields.items():
-            res = POOL.empty((len(slots), *view.shape[1:]), view.dtype)
-            out[f] = torch.index_select(view, 0, idx, out=res)
+            dest = (into or {}).get(f)
+            if dest is not None and (dest.dtype != view.dtype or
+                                     tuple(dest.shape) != (len(slots), *view.shape[1:])):
+                dest = None
+            out[f] = gather_rows(view, slots, dest)
         return out
 
     def current(self, slots: np.ndarray, generations: np.ndarray) -> bool:
@@ -78,8 +82,11 @@ class SameHostUnit(StorageUnit):
             generations: np.ndarray | None = None) -> None:
         self._remote.put(partition, slots, columns, generations)
 
+    gets_into = True  # placement may pass ``into``: destinations for dense fields
+
     def get(self, partition: str, slots: np.ndarray, fields: Sequence[str],
-            generations: np.ndarray | None = None) -> dict[str, Column]:
+            generations: np.ndarray | None = None,
+            into: dict[str, torch.Tensor] | None = None) -> dict[str, Column]:
         slots = np.asarray(slots, dtype=np.int64)
         out: dict[str, Column] = {}
         for attempt in range(3 if self._shm else 0):
@@ -89,7 +96,7 @@ class SameHostUnit(StorageUnit):
                 if attempt == 2:
                     raise
                 continue
-            out = layout.gather(slots)
+            out = layout.gather(slots, into)
             if generations is not None and out and not layout.current(slots, generations):
                 out = {}  # a put or clear touched the slots: the unit decides (locked)
             break
