@@ -93,7 +93,7 @@ def run(cfg: DemoConfig | None = None, quiet: bool = False) -> dict:
         while any(t.is_alive() for t in threads):
             if not quiet:
                 _progress(len(seen), total, start)
-            threads[-1].join(timeout=0.2)
+            next(t for t in threads if t.is_alive()).join(timeout=0.2)
         for t in threads:
             t.join()
         elapsed = time.perf_counter() - start
