@@ -326,3 +326,19 @@ def test_no_orphans_when_the_owner_exits_or_is_killed():
             for p in pids:
                 kill(p)
 
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_ipc_transport_works_and_removes_its_socket_folder():
+    import os
+
+    stream = tq.init(mode="local", storage_units=1, transport="ipc")
+    folder = stream._owner._ipc_dir
+    try:
+        assert stream.address.startswith("ipc://")
+        stream.writer("ipc").put(["a"], {"x": torch.ones(1, 2)})
+        assert torch.equal(stream.kv.get("a", partition="ipc")["x"], torch.ones(2))
+    finally:
+        stream.close()
+    assert not os.path.exists(folder)

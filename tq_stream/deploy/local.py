@@ -15,6 +15,7 @@ import json
 import os
 import select
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -268,3 +269,5 @@ class LocalDeployment:
         from tq_stream.backends.shm import sweep_stale
 
         sweep_stale(self.pids)
+        if self._ipc_dir:  # the unix sockets' folder goes with the deployment
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
