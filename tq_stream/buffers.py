@@ -81,6 +81,15 @@ def _contiguous(slots: np.ndarray) -> bool:
         (np.diff(slots) == 1).all())
 
 
+def scatter_rows(dst: torch.Tensor, slots: np.ndarray, values: torch.Tensor) -> None:
+    """``dst[slots] = values``: one plain copy when the slots are consecutive."""
+    values = values.to(dst.dtype).reshape(len(slots), *dst.shape[1:])
+    if _contiguous(slots) or len(slots) == 1:
+        dst[int(slots[0]) : int(slots[0]) + len(slots)].copy_(values)
+    else:
+        dst.index_copy_(0, torch.from_numpy(slots), values)
+
+
 def gather_rows(src: torch.Tensor, slots: np.ndarray,
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """``src[slots]`` into ``out`` (a pooled buffer if None): one plain copy when the

@@ -43,7 +43,7 @@ class MemoryUnit(StorageUnit):
     def __init__(self, alloc: Alloc = heap_alloc) -> None:
         self._alloc = alloc
         self._parts: dict[str, _PartitionStore] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered by ShmUnit's direct-write checks
         self._closed = False
 
     def _check_open(self) -> None:

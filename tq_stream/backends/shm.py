@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tq_stream.backends.direct import DirectWrites
 from tq_stream.backends.memory import MemoryUnit
 from tq_stream.backends.slabs import DenseSlab
 from tq_stream.errors import StateError
@@ -140,7 +141,7 @@ class _Segment:
             pass
 
 
-class ShmUnit(MemoryUnit):
+class ShmUnit(DirectWrites, MemoryUnit):
     """A MemoryUnit whose dense slabs live in shared memory (see module docstring).
 
     Args:
@@ -173,6 +174,7 @@ class ShmUnit(MemoryUnit):
         self._epoch = np.frombuffer(self._epoch_seg.map, dtype=np.int64, count=1)
         self._allocs = 0  # segments created so far (a put that made none needs no collect)
         super().__init__(alloc=self._alloc_dense)
+        self._init_direct()
 
     def _alloc_for(self, partition: str, field: str) -> Any:
         return functools.partial(self._alloc_dense, key=(partition, field))
@@ -250,7 +252,9 @@ class ShmUnit(MemoryUnit):
             generations: np.ndarray | None = None) -> None:
         allocs = self._allocs
         try:
-            super().put(partition, slots, columns, generations)
+            with self._wcond:  # growing a slab must not move a direct write in progress
+                self._wait_growth(partition, np.asarray(slots, dtype=np.int64), columns)
+                super().put(partition, slots, columns, generations)
         finally:
             if self._allocs != allocs:  # a slab grew: its old segment is garbage now
                 self._collect()

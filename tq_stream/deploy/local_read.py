@@ -10,9 +10,9 @@ import torch
 
 from tq_stream.backends.base import StorageUnit
 from tq_stream.backends.shm import ShmReader
-from tq_stream.buffers import gather_rows
-from tq_stream.columns import Column, dtype_from_name
-from tq_stream.errors import StateError
+from tq_stream.buffers import gather_rows, scatter_rows
+from tq_stream.columns import Column, dtype_from_name, dtype_name
+from tq_stream.errors import ConfigError, StateError
 
 _READER = ShmReader()
 MAX_LAYOUTS = 256  # cached layouts per unit (a cache this full is cleared)
@@ -77,10 +77,41 @@ class SameHostUnit(StorageUnit):
         self._remote = remote
         self._layouts: dict[tuple[str, tuple[str, ...]], _Layout] = {}
         self._shm = True  # False once the unit says it has no shared memory
+        self._direct = True  # False once the unit refuses direct writes
+
+    DIRECT_BYTES = 1 << 20  # puts of dense fields at least this large skip the socket
 
     def put(self, partition: str, slots: np.ndarray, columns: dict[str, Column],
             generations: np.ndarray | None = None) -> None:
+        slots = np.asarray(slots, dtype=np.int64)
+        dense = all(isinstance(c, torch.Tensor) for c in columns.values())
+        size = sum(c.numel() * c.element_size() for c in columns.values()) if dense else 0
+        if self._shm and self._direct and size >= self.DIRECT_BYTES:
+            try:
+                self._put_direct(partition, slots, columns, generations)
+                return
+            except ConfigError:
+                self._direct = False  # this unit takes no direct writes: use the socket
         self._remote.put(partition, slots, columns, generations)
+
+    def _put_direct(self, partition: str, slots: np.ndarray,
+                    columns: dict[str, torch.Tensor], generations: np.ndarray | None) -> None:
+        """Copy rows straight into the unit's shared memory between ``prepare_write`` and
+        ``finish_write`` (see ``tq_stream.backends.direct``)."""
+        rpc = self._remote._rpc
+        fields = {f: [dtype_name(c.dtype), list(c.shape[1:])] for f, c in columns.items()}
+        plan = rpc.call("prepare_write", {"partition": partition, "slots": slots,
+                                          "generations": generations, "fields": fields})
+        ok = False
+        try:
+            for f, lay in plan["fields"].items():
+                view = _READER.view(lay["shm"], dtype_from_name(lay["dtype"]),
+                                    tuple(lay["shape"]))
+                scatter_rows(view, slots, columns[f])
+            ok = True
+        finally:
+            rpc.call("finish_write", {"partition": partition, "ticket": plan["ticket"],
+                                      "ok": ok})
 
     gets_into = True  # placement may pass ``into``: destinations for dense fields
 

@@ -21,6 +21,7 @@ from typing import Any
 from tq_stream.config import DEFAULT_TIMEOUT
 
 STOP_GRACE = 1.0  # seconds a stopping server waits for handlers still running
+EXIT_GRACE = 10.0  # seconds the whole stop may take before the process exits anyway
 
 # Segments of emptied partitions a served unit keeps for their next rows (ShmUnit):
 # streaming consumers that keep up empty a partition after nearly every row.
@@ -113,7 +114,11 @@ def run_child(cfg: dict[str, Any], out: Any) -> int:
         while not done.wait(timeout=3600.0):
             pass
     finally:
-        stop()
+        # Bounded: a stop stuck on a dead peer must not keep this process (an orphan
+        # once its owner is gone) alive; the caller exits right after.
+        stopper = threading.Thread(target=stop, daemon=True, name="tq-stop")
+        stopper.start()
+        stopper.join(EXIT_GRACE)
     return 0
 
 
@@ -121,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of a spawned child; settings arrive as one JSON line on stdin (keys
     stay out of the process table)."""
     argparse.ArgumentParser(prog="tq_stream.deploy.server").parse_args(argv)
-    return run_child(json.loads(sys.stdin.readline()), sys.stdout)
+    code = run_child(json.loads(sys.stdin.readline()), sys.stdout)
+    sys.stdout.flush()
+    os._exit(code)  # no interpreter teardown: a zmq context left by a peer cannot block it
 
 
 if __name__ == "__main__":

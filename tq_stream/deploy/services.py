@@ -73,11 +73,12 @@ class UnitService:
     """Serves one StorageUnit (plus a liveness probe); slots and generations received
     are checked to be 1-D int arrays (slots in ``[0, MAX_SLOT)``) before they reach it."""
 
-    RPC_METHODS = frozenset({"put", "get", "free", "drop", "nbytes", "ping", "layout"})
+    RPC_METHODS = frozenset({"put", "get", "free", "drop", "nbytes", "ping", "layout",
+                             "prepare_write", "finish_write"})
     # The unit's lock guards only copies, so every method may run on the server's IO
     # thread; large transfers go to worker threads (``INLINE_BYTES``/``INLINE_ROWS``), so
     # a bulk copy never delays small requests and several copies run in parallel.
-    RPC_INLINE = RPC_METHODS
+    RPC_INLINE = RPC_METHODS - {"prepare_write"}  # it may wait for open writes
     INLINE_BYTES = 1 << 20  # a put carrying more bytes than this runs on a worker
     INLINE_ROWS = 64  # a get of more rows than this runs on a worker
 
@@ -114,6 +115,21 @@ class UnitService:
 
     def ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": host_id(), "nbytes": self.unit.nbytes()}
+
+    def prepare_write(self, partition: str, slots: Any, generations: Any,
+                      fields: dict[str, Any]) -> dict[str, Any]:
+        """Start a same-host direct write (see ``tq_stream.backends.direct``)."""
+        fn = getattr(self.unit, "prepare_write", None)
+        if fn is None:
+            raise ConfigError("this storage unit keeps no shared memory: write through put")
+        slots = _slots(slots)
+        return fn(partition, slots, _tokens(generations, slots), fields)
+
+    def finish_write(self, partition: str, ticket: int, ok: bool = True) -> None:
+        fn = getattr(self.unit, "finish_write", None)
+        if fn is None:
+            raise ConfigError("this storage unit keeps no shared memory: write through put")
+        fn(partition, ticket, ok)
 
 
 class ControllerService(Controller):

@@ -1,0 +1,120 @@
+"""DirectWrites: same-host writers copy dense rows straight into a unit's shared memory.
+
+Protocol (two small calls around one copy):
+
+1. ``prepare_write(partition, slots, generations, fields)``: under the unit's lock
+   the dense slabs of ``fields`` are created or grown to hold ``slots``, the slots'
+   tokens are set UNSET (readers retry) and a *write ticket* is opened; the reply is
+   the slabs' layout (segment, dtype, shape).
+2. The writer copies its rows into the mapped segments.
+3. ``finish_write(partition, ticket, ok)``: the tokens are published (``ok``) or left
+   UNSET (a failed copy: the rows stay unreadable), and the ticket is closed.
+
+Invariant: a slab never moves (grows into a new segment) while a ticket of its
+partition is open — a growth waits (bounded) until the tickets close, or expire
+after ``TICKET_TTL`` seconds (a writer that died), so no copy lands in a segment
+that was already replaced.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tq_stream.backends.slabs import DenseSlab, _mark
+from tq_stream.columns import dtype_from_name
+from tq_stream.errors import ConfigError, StateError, WaitTimeout
+
+TICKET_TTL = 60.0  # seconds an open ticket blocks growth before it is dropped
+GROWTH_WAIT = 30.0  # seconds a growth waits for open tickets
+
+
+class DirectWrites:
+    """Mixin of ShmUnit (needs ``_lock``, ``_parts``, ``_alloc_for``, ``_describe``)."""
+
+    def _init_direct(self) -> None:
+        self._wcond = threading.Condition(self._lock)  # type: ignore[attr-defined]
+        self._tickets: dict[int, tuple[str, np.ndarray, np.ndarray | None, float]] = {}
+        self._ticket_ids = itertools.count(1)
+
+    def _open_on(self, partition: str) -> bool:
+        now = time.monotonic()
+        for t in [t for t, v in self._tickets.items() if v[3] < now]:
+            del self._tickets[t]  # its writer died: its slots stay UNSET (unreadable)
+        return any(v[0] == partition for v in self._tickets.values())
+
+    def _must_grow(self, partition: str, slots: np.ndarray, fields: Any) -> bool:
+        part = self._parts.get(partition)  # type: ignore[attr-defined]
+        if part is None or not len(slots):
+            return False
+        top = int(slots.max())
+        return any(isinstance(s, DenseSlab) and top >= s.data.shape[0]
+                   for f, s in part.fields.items() if f in fields)
+
+    def _wait_growth(self, partition: str, slots: np.ndarray, fields: Any) -> None:
+        """Called with the lock held: wait until growing these slabs moves no open write."""
+        deadline = time.monotonic() + GROWTH_WAIT
+        while self._must_grow(partition, slots, fields) and self._open_on(partition):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimeout(f"a slab of partition {partition!r} must grow, but direct "
+                                  f"writes stayed open for {GROWTH_WAIT}s")
+            self._wcond.wait(min(left, 1.0))
+
+    def prepare_write(self, partition: str, slots: np.ndarray, generations: Any,
+                      fields: Mapping[str, Any]) -> dict[str, Any]:
+        """Ready dense slabs of ``fields`` (name -> [dtype, shape]) for ``slots``."""
+        slots = np.asarray(slots, dtype=np.int64)
+        with self._wcond:
+            self._check_open()  # type: ignore[attr-defined]
+            self._wait_growth(partition, slots, fields)
+            part = self._parts.get(partition)  # type: ignore[attr-defined]
+            if part is None:
+                from tq_stream.backends.memory import _PartitionStore
+
+                part = self._parts[partition] = _PartitionStore(  # type: ignore[attr-defined]
+                    self._alloc_for(partition, ""))  # type: ignore[attr-defined]
+            for name, (dtype, shape) in fields.items():
+                store = part.fields.get(name)
+                if store is None:
+                    store = part.fields[name] = DenseSlab(
+                        dtype_from_name(dtype), tuple(shape),
+                        self._alloc_for(partition, name))  # type: ignore[attr-defined]
+                if not (isinstance(store, DenseSlab) and store.shape == tuple(shape)
+                        and str(store.dtype).removeprefix("torch.") == dtype):
+                    raise ConfigError(f"field {name!r} must be a dense slab of "
+                                      f"{dtype}{list(shape)} to be written directly")
+                store._ensure(int(slots.max()))
+            layout = {}
+            for name in fields:
+                store = part.fields[name]
+                desc = self._describe(store.data)  # type: ignore[attr-defined]
+                if desc is None:
+                    raise ConfigError(f"field {name!r} has no shared-memory slab")
+                layout[name] = desc
+                store.written = _mark(store.written, slots, True)
+            part.gen.begin(slots)
+            part.mark(slots, True)
+            ticket = next(self._ticket_ids)
+            tokens = None if generations is None else np.asarray(generations, np.int64)
+            self._tickets[ticket] = (partition, slots, tokens,
+                                     time.monotonic() + TICKET_TTL)
+        self._collect()  # type: ignore[attr-defined]  # a grown slab's old segment goes
+        return {"ticket": ticket, "fields": layout}
+
+    def finish_write(self, partition: str, ticket: int, ok: bool = True) -> None:
+        """Publish (``ok``) or abandon the rows of ``ticket``; wakes waiting growths."""
+        with self._wcond:
+            entry = self._tickets.pop(int(ticket), None)
+            self._wcond.notify_all()
+            if entry is None:
+                raise StateError(f"write ticket {ticket} of partition {partition!r} must "
+                                 f"be open to finish, but it expired (> {TICKET_TTL}s)")
+            part = self._parts.get(partition)  # type: ignore[attr-defined]
+            if ok and part is not None:
+                part.gen.end(entry[1], entry[2])
