@@ -6,7 +6,6 @@ import collections
 import enum
 import math
 import os
-import time
 import warnings
 from dataclasses import dataclass
 
@@ -255,15 +254,13 @@ def test_read_only_frames_decode_without_warnings():
     assert not out["a"].flags.writeable  # numpy keeps read-only memory read-only
 
 
-def test_large_message_is_constant_time_and_copy_free():
+def test_large_message_is_copy_free():
     tensors = {f"f{i}": torch.empty(1024, 8192, dtype=torch.float32) for i in range(9)}
-    t0 = time.perf_counter()
     frames = encode(tensors)
+    assert len(frames) == 1 + len(tensors)  # one raw frame per tensor, beside the header
     out = decode(frames)
-    elapsed = time.perf_counter() - t0
     for name, t in tensors.items():
         assert out[name].data_ptr() == t.data_ptr()  # neither side copied 302 MB
-    assert elapsed < 0.05, f"encode+decode of 9 x 32 MB took {elapsed * 1e3:.1f} ms"
 
 
 # ------------------------------------------------------------------ unsupported values
