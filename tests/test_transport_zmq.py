@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import zmq
+from rpc_handler import Handler, wait_until
 
 from tq_stream.columns import Ragged
 from tq_stream.errors import (
@@ -35,34 +36,6 @@ from tq_stream.transport.zeromq import (
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
 
-class Handler:
-    RPC_METHODS = frozenset({"echo", "sleep", "block", "fail", "crash"})
-
-    def __init__(self) -> None:
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def echo(self, value=None):
-        return value
-
-    def sleep(self, seconds):
-        time.sleep(seconds)
-        return seconds
-
-    def block(self, timeout):
-        self.entered.set()
-        return self.release.wait(timeout)
-
-    def fail(self, message):
-        raise KeyConflictError(message)
-
-    def crash(self):
-        return 1 / 0
-
-    def secret(self):  # public but not allowlisted
-        return "secret"
-
-
 @pytest.fixture
 def handler():
     h = Handler()
@@ -80,13 +53,6 @@ def server(handler):
 def client(server):
     with RpcClient(server.address, timeout=5) as c:
         yield c
-
-
-def wait_until(condition, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.005)
 
 
 # ----------------------------------------------------------------- basic calls

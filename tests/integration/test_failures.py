@@ -6,6 +6,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import random
 import signal
+import socket
+import struct
 import time
 
 import numpy as np
@@ -19,7 +21,7 @@ import tq_stream as tq
 from tq_stream.deploy.services import UNIT_LOST
 from tq_stream.errors import StateError, WaitTimeout
 from tq_stream.serialization import encode
-from tq_stream.transport.zeromq import RpcClient
+from tq_stream.transport.rpc import rpc_client
 
 __all__ = ["local_stream"]  # the module-scoped fixture, imported for pytest
 
@@ -186,29 +188,65 @@ def _garbage(rng: random.Random, methods: list[str]) -> list[bytes]:
     return frames
 
 
-def test_servers_keep_serving_through_random_and_truncated_frames():
-    stream = start_local(storage_units=1)
+def _send_garbage_zmq(ctx: zmq.Context, address: str, messages: list[list[bytes]],
+                      rng: random.Random) -> None:
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(address)
+    for frames in messages:
+        with_delimiter = rng.random() < 0.9
+        sock.send_multipart(([b""] if with_delimiter else []) + frames)
+    sock.close()
+
+
+def _send_garbage_unix(address: str, messages: list[list[bytes]], rng: random.Random) -> None:
+    """Each message framed as the unix transport frames it, some with lying sizes or
+    cut short; a connection the server hangs up on is replaced."""
+    path = address[len("unix://"):]
+    sock = None
+    for frames in messages:
+        head = struct.pack("<I", len(frames)) + b"".join(struct.pack("<Q", len(f))
+                                                         for f in frames)
+        data = head + b"".join(frames)
+        if rng.random() < 0.1:
+            data = data[: rng.randrange(len(data))]  # cut: the server sees the next one
+        elif rng.random() < 0.05:
+            data = struct.pack("<I", rng.randrange(2**32)) + rng.randbytes(16)
+        if sock is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(2)
+            sock.connect(path)
+        try:
+            sock.sendall(data)
+        except OSError:
+            sock.close()
+            sock = None
+    if sock is not None:
+        sock.close()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_servers_keep_serving_through_random_and_truncated_frames(transport):
+    stream = start_local(storage_units=1, transport=transport)
     ctx = zmq.Context()
     try:
         rng = random.Random(1234)
         ctrl = stream.address
         unit = stream._backend.controller().units()[0]["address"]
+        assert ctrl.startswith(f"{transport}://") and unit.startswith(f"{transport}://")
         targets = {ctrl: ["reserve", "commit", "get_meta", "ack", "lookup", "clear",
                           "register_task", "stats", "attach_units", "load_state_dict"],
                    unit: ["put", "get", "free", "drop", "layout", "nbytes", "ping"]}
         for address, methods in targets.items():
-            sock = ctx.socket(zmq.DEALER)
-            sock.linger = 0
-            sock.connect(address)
-            for _ in range(300):
-                frames = _garbage(rng, methods)
-                with_delimiter = rng.random() < 0.9
-                sock.send_multipart(([b""] if with_delimiter else []) + frames)
-            sock.close()
+            messages = [_garbage(rng, methods) for _ in range(300)]
+            if transport == "unix":
+                _send_garbage_unix(address, messages, rng)
+            else:
+                _send_garbage_zmq(ctx, address, messages, rng)
         keys = [f"z_{i}" for i in range(4)]  # both servers still answer valid calls
         stream.writer("after").put(keys, {"x": values(keys)})
         assert torch.equal(stream.kv.get_batch(keys, partition="after")["x"], values(keys))
-        with RpcClient(unit, timeout=10) as probe:
+        with rpc_client(unit, timeout=10) as probe:
             assert probe.call("ping")["pid"] == stream._owner.pids[0]
         assert all(alive(p) for p in stream._owner.pids)
     finally:

@@ -17,7 +17,7 @@ from tq_fixtures import local_stream, segments_of, start_local  # noqa: F401 - f
 from tq_stream.backends.shm import ShmUnit, shm_available
 from tq_stream.deploy.local_read import SameHostUnit
 from tq_stream.errors import KeyConflictError, RemoteError, SchemaError, StateError
-from tq_stream.transport import zmq_client
+from tq_stream.transport import unix_client, zmq_client
 from tq_stream.transport.dispatch import WouldBlock, may_block
 from tq_stream.transport.zeromq import BUSY, RpcClient, RpcServer
 
@@ -123,17 +123,22 @@ def test_an_inline_method_that_would_block_waits_on_a_worker(handler):
 def calls():
     """Counts RPCs by method while the test runs."""
     counter: collections.Counter[str] = collections.Counter()
-    original = zmq_client.RpcClient.call
+    classes = (zmq_client.RpcClient, unix_client.UnixRpcClient)
+    originals = [cls.call for cls in classes]
 
-    def counting(self, method, args=None, timeout=None):
-        counter[method] += 1
-        return original(self, method, args, timeout)
+    def counting(original):
+        def call(self, method, args=None, timeout=None):
+            counter[method] += 1
+            return original(self, method, args, timeout)
+        return call
 
-    zmq_client.RpcClient.call = counting
+    for cls, original in zip(classes, originals, strict=True):
+        cls.call = counting(original)
     try:
         yield counter
     finally:
-        zmq_client.RpcClient.call = original
+        for cls, original in zip(classes, originals, strict=True):
+            cls.call = original
 
 
 def test_small_puts_take_two_calls_and_gets_one(local_stream, calls):  # noqa: F811

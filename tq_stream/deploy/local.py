@@ -26,6 +26,7 @@ from typing import Any
 from tq_stream.errors import ConfigError, StateError, WaitTimeout, check_positive
 
 START_TIMEOUT = 60.0
+_SCHEME = {"unix": "unix://", "ipc": "ipc://", "tcp": "tcp://"}
 
 
 _LIFELINES: set[int] = set()  # write ends held by this process; a forked child closes them
@@ -154,19 +155,26 @@ class LocalDeployment:
         sampler_modules: modules (besides tq_stream.samplers) whose Sampler classes
             the controller may import for tasks.
         shm: keep dense slabs in shared memory for same-host reads.
-        transport: "tcp" (loopback, random ports) or "ipc" (unix sockets).
+        transport: "unix" (unix stream sockets, the lowest latency; the default),
+            "tcp" (zmq on loopback, random ports; the default with ``curve``) or
+            "ipc" (zmq on unix sockets). ``curve=True`` needs "tcp" or "ipc".
         curve: require CURVE encryption and the deployment's key on every socket.
         start_method: "fork" (fast; the default) or "spawn" (a fresh interpreter).
     """
 
     def __init__(self, n_units: int, sampler_modules: Sequence[str] = (), shm: bool = True,
-                 transport: str = "tcp", curve: bool = False,
+                 transport: str | None = None, curve: bool = False,
                  start_method: str = "fork", start_timeout: float = START_TIMEOUT) -> None:
         check_positive("storage_units", n_units)
         if start_method not in ("fork", "spawn"):
             raise ConfigError(f"start_method must be 'fork' or 'spawn', got {start_method!r}")
-        if transport not in ("tcp", "ipc"):
-            raise ConfigError(f"transport must be 'tcp' or 'ipc', got {transport!r}")
+        if transport is None:
+            transport = "tcp" if curve else "unix"  # CURVE is a zmq feature
+        if transport not in _SCHEME:
+            raise ConfigError(f"transport must be 'unix', 'tcp' or 'ipc', got {transport!r}")
+        if curve and transport == "unix":
+            raise ConfigError("curve=True needs transport 'tcp' or 'ipc' (zmq); unix sockets "
+                              "are protected by their folder, not encrypted; got 'unix'")
         self.curve_server_key: bytes | None = None
         secret = ""
         if curve:
@@ -176,7 +184,7 @@ class LocalDeployment:
             self.curve_server_key, secret = public, secret_b.decode()
         address = "tcp://127.0.0.1:0"
         self._ipc_dir = ""
-        if transport == "ipc":
+        if transport in ("ipc", "unix"):
             import tempfile
 
             self._ipc_dir = tempfile.mkdtemp(prefix="tq_ipc_")
@@ -187,10 +195,12 @@ class LocalDeployment:
         self._closed = False
         try:
             for i in range(n_units):
-                addr = f"ipc://{self._ipc_dir}/unit{i}" if transport == "ipc" else address
+                addr = f"{_SCHEME[transport]}{self._ipc_dir}/unit{i}" if self._ipc_dir \
+                    else address
                 self._children.append(_Child({**base, "role": "unit", "address": addr},
                                               start_method))
-            addr = f"ipc://{self._ipc_dir}/controller" if transport == "ipc" else address
+            addr = f"{_SCHEME[transport]}{self._ipc_dir}/controller" if self._ipc_dir \
+                else address
             self._children.append(_Child({**base, "role": "controller", "address": addr,
                                           "units": n_units,
                                           "sampler_modules": list(sampler_modules)},

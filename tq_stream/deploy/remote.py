@@ -39,9 +39,9 @@ class RemoteBackend:
         self._spares_pid = os.getpid()
 
     def _rpc(self, address: str) -> Any:
-        from tq_stream.transport.zeromq import RpcClient
+        from tq_stream.transport.rpc import rpc_client
 
-        return RpcClient(address, timeout=self._config.timeout, curve_server_key=self._curve)
+        return rpc_client(address, timeout=self._config.timeout, curve_server_key=self._curve)
 
     def controller(self) -> Any:
         if self._ctrl is None:

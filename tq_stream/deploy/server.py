@@ -44,10 +44,10 @@ def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = 
 
             unit = MemoryUnit()
         return UnitService(unit), unit.close
-    from tq_stream.transport.zeromq import RpcClient
+    from tq_stream.transport.rpc import rpc_client
 
     def client(address: str) -> Any:
-        return RpcClient(address, timeout=timeout, curve_server_key=curve_server_key)
+        return rpc_client(address, timeout=timeout, curve_server_key=curve_server_key)
 
     service = ControllerService(units, sampler_modules, unit_client=client)
     return service, service.close
@@ -57,13 +57,13 @@ def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, .
           shm: bool = True, curve_secret_key: bytes | None = None,
           curve_server_key: bytes | None = None) -> tuple[Any, Any]:
     """Start serving ``role`` at ``address``; returns (server, cleanup)."""
-    from tq_stream.transport.zeromq import RpcServer
+    from tq_stream.transport.rpc import rpc_server
 
     service, cleanup = build_service(role, units, sampler_modules, shm,
                                      curve_server_key=curve_server_key)
     workers = 64 if role == "controller" else 16
-    server = RpcServer(service, address, workers=workers, backlog=1024,
-                       curve_secret_key=curve_secret_key).start()
+    server = rpc_server(service, address, workers=workers, backlog=1024,
+                        curve_secret_key=curve_secret_key)
 
     def stop() -> None:
         # The service first: a closed controller answers its waiting long-polls at once

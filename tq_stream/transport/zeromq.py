@@ -10,10 +10,11 @@ Usage (a handler is any object with ``RPC_METHODS: frozenset[str]``):
     client.close(); server.close()
 """
 
+from tq_stream.transport.replies import BUSY
 from tq_stream.transport.zmq_client import RpcClient
 from tq_stream.transport.zmq_notify import Publisher, Subscriber
 from tq_stream.transport.zmq_security import generate_keys, public_key
-from tq_stream.transport.zmq_server import BUSY, RpcServer
+from tq_stream.transport.zmq_server import RpcServer
 
 __all__ = [
     "BUSY",

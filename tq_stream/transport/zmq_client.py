@@ -23,8 +23,9 @@ from tq_stream.errors import (
 from tq_stream.serialization import decode, encode
 from tq_stream.transport.base import Transport
 from tq_stream.transport.remote_errors import error_from_value
+from tq_stream.transport.replies import INLINE_BYTES
 from tq_stream.transport.zmq_security import Key, check_key, make_curve_client
-from tq_stream.transport.zmq_sockets import INLINE_BYTES, SocketGroup, send_frames
+from tq_stream.transport.zmq_sockets import SocketGroup, send_frames
 
 
 class _SocketPool:

@@ -12,43 +12,20 @@ from typing import Any
 
 import zmq
 
-from tq_stream.errors import (
-    ClosedError,
-    ConfigError,
-    SerializationError,
-    TQError,
-    WaitTimeout,
-    check_positive,
-    check_timeout,
+from tq_stream.errors import ClosedError, ConfigError, check_positive, check_timeout
+from tq_stream.transport.dispatch import Dispatcher
+from tq_stream.transport.replies import (
+    DEFER,
+    busy_reply,
+    read_request,
+    run_request,
 )
-from tq_stream.serialization import decode, encode
-from tq_stream.transport.dispatch import Dispatcher, WouldBlock
-from tq_stream.transport.remote_errors import error_to_value
 from tq_stream.transport.zmq_security import Key, make_curve_server, start_client_allowlist
-from tq_stream.transport.zmq_sockets import INLINE_BYTES, SocketGroup, send_frames
+from tq_stream.transport.zmq_sockets import SocketGroup, send_frames
 
 logger = logging.getLogger(__name__)
 
-BUSY = "ServerBusy"  # RemoteError.kind of the reply to a request refused for lack of room
 _STOP = None  # work-queue sentinel: one per worker thread at close
-_DEFER = object()  # an inline call that would block: run it on a worker instead
-Request = tuple[int, str, dict[str, Any], float]  # (id, method, args, timeout)
-
-
-def parse_request(request: Any) -> Request:
-    """``(id, method, args, timeout)`` of a decoded request, or SerializationError."""
-    if not isinstance(request, dict):
-        raise SerializationError(f"request must be a dict, got {type(request).__name__}")
-    req_id, method = request.get("id"), request.get("method")
-    args, timeout = request.get("args", {}), request.get("timeout", 0.0)
-    if type(req_id) is not int or not isinstance(method, str) or not isinstance(args, dict):
-        raise SerializationError(
-            f"request needs an int 'id', a str 'method' and a dict 'args', got id={req_id!r}, "
-            f"method={method!r}, args of type {type(args).__name__}"
-        )
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool):
-        raise SerializationError(f"request 'timeout' must be a number, got {timeout!r}")
-    return req_id, method, args, float(timeout)
 
 
 class RpcServer:
@@ -266,10 +243,10 @@ class RpcServer:
                 logger.debug("dropped a request without [identity, '', header] envelope")
                 continue
             identity, received = msg[0], time.monotonic()
-            request, reply = self._parse(msg[2:])
+            request, reply = read_request(msg[2:], self.address)
             if request is not None and request[1] in self._dispatch.inline:
-                reply = self._run(request, received, inline=True)
-                if reply is not _DEFER:
+                reply = run_request(self._dispatch, request, received, True, self.address)
+                if reply is not DEFER:
                     request = None  # answered here, on the IO thread
             if request is None:
                 if reply is not None:
@@ -281,14 +258,9 @@ class RpcServer:
             self._work.put_nowait((identity, request, received))
 
     def _reply_busy(self, identity: zmq.Frame, req_id: int) -> None:
-        error = {
-            "kind": BUSY,
-            "message": f"{self._workers_n} workers busy and {self._backlog} requests waiting; "
-            "retry later or raise workers/backlog",
-            "where": self.address,
-        }
-        reply = encode({"id": req_id, "ok": False, "error": error})
-        send_frames(self._router, [identity, b"", *reply])
+        message = (f"{self._workers_n} workers busy and {self._backlog} requests waiting; "
+                   "retry later or raise workers/backlog")
+        send_frames(self._router, [identity, b"", *busy_reply(req_id, message, self.address)])
 
     # ------------------------------------------------------------ worker threads
 
@@ -307,7 +279,7 @@ class RpcServer:
                 if item is _STOP:
                     return
                 identity, request, received = item
-                reply = self._run(request, received, inline=False)
+                reply = run_request(self._dispatch, request, received, False, self.address)
                 # After close() the IO thread is gone and a send would wait for sndtimeo.
                 if reply is not None and not self._closed:
                     try:
@@ -318,49 +290,6 @@ class RpcServer:
             self._group.release(push)
 
     # ------------------------------------------------------------------ handling
-
-    def _parse(self, frames: list[zmq.Frame]) -> tuple[Request | None, list[Any] | None]:
-        """``(request, None)``, or ``(None, encoded error reply)`` for a bad request,
-        or ``(None, None)`` when no one can receive an answer (no usable id)."""
-        req_id = None
-        try:
-            request = decode(frames)
-            if isinstance(request, dict) and type(request.get("id")) is int:
-                req_id = request["id"]  # known early so a bad request still gets its answer
-            return parse_request(request), None
-        except Exception as exc:
-            if req_id is None:
-                logger.debug("dropped a request at %s: %s", self.address, exc)
-                return None, None
-            return None, self._error_reply(req_id, exc)
-
-    def _run(self, request: Request, received: float, inline: bool) -> Any:
-        """The encoded reply to a parsed request; ``_DEFER`` when an inline method
-        would have to wait (the caller queues it for a worker)."""
-        req_id, method, args, timeout = request
-        try:
-            if inline:
-                result = self._dispatch.call_inline(method, args)
-            else:
-                waited = time.monotonic() - received
-                if timeout and waited > timeout:
-                    raise WaitTimeout(
-                        f"request {method!r} waited {waited:.3g} s for a worker at "
-                        f"{self.address}, longer than its timeout {timeout:g} s; not run"
-                    )
-                result = self._dispatch(method, args)
-            return encode({"id": req_id, "ok": True, "result": result}, inline=INLINE_BYTES)
-        except WouldBlock as exc:
-            if inline:
-                return _DEFER
-            return self._error_reply(req_id, exc)  # on a worker it is a handler bug
-        except Exception as exc:
-            return self._error_reply(req_id, exc)
-
-    def _error_reply(self, req_id: int, exc: Exception) -> list[Any]:
-        if not isinstance(exc, TQError):
-            logger.warning("handler error at %s", self.address, exc_info=exc)
-        return encode({"id": req_id, "ok": False, "error": error_to_value(exc, self.address)})
 
     # ------------------------------------------------------------------ teardown
 

@@ -8,11 +8,6 @@ import zmq
 
 from tq_stream.errors import ClosedError
 
-# Tensors of at most this many bytes travel inside an RPC message's header frame
-# (``serialization.encode(inline=...)``): below it, a frame of its own costs more
-# than copying the bytes.
-INLINE_BYTES = 8 << 10
-
 
 class _Context(zmq.Context):
     """A zmq context that references its sockets strongly.

@@ -1,0 +1,146 @@
+"""Messages on a unix stream socket: a count, the frame sizes, then the frames.
+
+Wire form of one message (little endian): ``u32 n``, ``n x u64 size``, then the
+``n`` frames back to back. A message is what ``serialization.encode`` produced;
+this layer only delimits it. Frames are sent with one ``sendmsg`` of all the
+buffers (no joining copy) and received through a per-socket buffer, so a small
+message costs one system call each way; a large frame is received straight into
+its own tensor-backed buffer (one kernel copy, no zero-fill).
+
+Bounds: at most ``MAX_FRAMES`` frames and ``MAX_BYTES`` bytes per message; a
+peer that announces more is cut off (``FrameError``) before anything is
+allocated for it.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from typing import Any
+
+import torch
+
+MAX_FRAMES = 1 << 14  # its sizes fit the receive buffer
+MAX_BYTES = 1 << 40
+BUFFER = 256 << 10  # receive buffer of a socket; larger frames get their own memory
+_COUNT = struct.Struct("<I")
+_IOV = 512  # buffers per sendmsg call (below every system's IOV_MAX)
+
+
+class FrameError(Exception):
+    """The peer closed the socket, or sent what is not a message."""
+
+
+class TimedOut(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """No (whole) message arrived before the deadline. ``idle``: nothing of a message
+    was taken yet, so the reader is intact and ``read`` may be called again."""
+
+    def __init__(self, idle: bool = False) -> None:
+        super().__init__("timed out" + (" (idle)" if idle else ""))
+        self.idle = idle
+
+
+def send_message(sock: socket.socket, frames: list[Any]) -> None:
+    """Send one message; blocks until the kernel took every byte (the socket's
+    timeout, if any, bounds each wait).
+
+    Raises:
+        FrameError: more than ``MAX_FRAMES`` frames (nothing was sent).
+    """
+    if not 0 < len(frames) <= MAX_FRAMES:
+        raise FrameError(f"a message must have 1..{MAX_FRAMES} frames, got {len(frames)}")
+    sizes = [memoryview(f).nbytes for f in frames]
+    head = _COUNT.pack(len(frames)) + struct.pack(f"<{len(sizes)}Q", *sizes)
+    views = [memoryview(head)]
+    views += [memoryview(f).cast("B") for f, n in zip(frames, sizes, strict=True) if n]
+    while views:
+        sent = sock.sendmsg(views[:_IOV])
+        while sent:
+            n = views[0].nbytes
+            if sent < n:
+                views[0] = views[0][sent:]
+                break
+            sent -= n
+            views.pop(0)
+
+
+class Reader:
+    """Reads whole messages from one socket (one reader per socket, one thread at a time)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buf = bytearray(BUFFER)
+        self._view = memoryview(self._buf)
+        self._start = 0
+        self._end = 0
+
+    def read(self, deadline: float, first: float | None = None) -> list[Any]:
+        """The frames of the next message (each its own memory, safe to keep).
+
+        Args:
+            deadline: ``time.monotonic()`` by which the whole message must be in.
+            first: if given, the deadline for the message's frame count instead (an
+                idle server's poll interval).
+        Raises:
+            TimedOut: a deadline passed; unless its ``idle`` is True (nothing of the
+                message was taken), the socket must be dropped.
+            FrameError: the peer closed the socket or broke the format.
+        """
+        try:
+            self._need(_COUNT.size, deadline if first is None else first)
+            (count,) = _COUNT.unpack_from(self._buf, self._start)
+            if count <= MAX_FRAMES:
+                self._need(_COUNT.size + 8 * count, deadline)
+        except TimedOut:
+            raise TimedOut(idle=True) from None
+        (count,) = _COUNT.unpack_from(self._buf, self._start)
+        if count == 0 or count > MAX_FRAMES:
+            raise FrameError(f"a message must have 1..{MAX_FRAMES} frames, got {count}")
+        sizes = struct.unpack_from(f"<{count}Q", self._buf, self._start + _COUNT.size)
+        if sum(sizes) > MAX_BYTES:
+            raise FrameError(f"a message must be at most {MAX_BYTES} bytes, got {sum(sizes)}")
+        self._start += _COUNT.size + 8 * count
+        return [self._frame(n, deadline) for n in sizes]
+
+    def _frame(self, n: int, deadline: float) -> Any:
+        if n <= BUFFER // 4:
+            self._need(n, deadline)
+            out = bytes(self._view[self._start : self._start + n])
+            self._start += n
+            return out
+        out = torch.empty(n, dtype=torch.uint8)
+        dest = memoryview(out.numpy())
+        have = min(n, self._end - self._start)
+        dest[:have] = self._view[self._start : self._start + have]
+        self._start += have
+        got = have
+        while got < n:
+            got += self._recv_into(dest[got:], deadline)
+        return dest
+
+    def _need(self, n: int, deadline: float) -> None:
+        """Make ``n`` bytes available at ``_start``."""
+        if self._end - self._start >= n:
+            return
+        if self._start:  # move what is left to the front
+            left = self._end - self._start
+            self._view[:left] = self._view[self._start : self._end]
+            self._start, self._end = 0, left
+        while self._end < n:
+            self._end += self._recv_into(self._view[self._end :], deadline)
+
+    def _recv_into(self, dest: memoryview, deadline: float) -> int:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimedOut()
+        self.sock.settimeout(remaining)
+        try:
+            got = self.sock.recv_into(dest)
+        except TimeoutError:
+            raise TimedOut() from None
+        except OSError as exc:
+            raise FrameError(f"socket error: {exc}") from None
+        if not got:
+            raise FrameError("the peer closed the connection")
+        return got
