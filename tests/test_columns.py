@@ -14,6 +14,7 @@ from tq_stream.columns import (
     concat,
     dtype_from_name,
     schema_of,
+    span,
     take,
 )
 from tq_stream.errors import SchemaError
@@ -62,6 +63,17 @@ def test_take_and_concat():
     assert dense.shape == (3, 3) and take(dense, torch.tensor([2])).sum() == 0
     assert concat([["a"], ["b", "c"]]) == ["a", "b", "c"]
     assert take(["a", "b", "c"], torch.tensor([2, 2])) == ["c", "c"]
+
+
+def test_span_shares_values_and_keeps_rows():
+    a = Ragged.from_list(ROWS)
+    mid = span(a, 1, 3)
+    assert rows_of(mid) == rows_of(a)[1:3] and mid.offsets[0] == 0
+    assert mid.values.data_ptr() == a.values[int(a.offsets[1]):].data_ptr()  # no copy
+    dense = torch.arange(12.0).reshape(4, 3)
+    assert span(dense, 1, 3).data_ptr() == dense[1].data_ptr()
+    assert torch.equal(span(dense, 1, 3), dense[1:3])
+    assert span(["a", "b", "c"], 2, 3) == ["c"]
 
 
 def test_concat_of_ragged_views_not_starting_at_zero():

@@ -172,6 +172,16 @@ def take(column: Column, positions: torch.Tensor) -> Column:
     return [column[int(i)] for i in positions]
 
 
+def span(column: Column, start: int, stop: int) -> Column:
+    """Rows ``start:stop`` of a normalized column, sharing its values (no copy of them)."""
+    if isinstance(column, torch.Tensor):
+        return column[start:stop]
+    if isinstance(column, Ragged):
+        offsets = column.offsets[start : stop + 1]
+        return Ragged(column.values[int(offsets[0]) : int(offsets[-1])], offsets - offsets[0])
+    return column[start:stop]
+
+
 def concat(columns: list[Column]) -> Column:
     """Concatenate normalized columns of one field."""
     first = columns[0]

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from tq_stream.buffers import POOL
-from tq_stream.columns import Column, Ragged, concat, dtype_from_name, take
+from tq_stream.columns import Column, Ragged, concat, dtype_from_name, span, take
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_PID = -1
@@ -61,9 +61,12 @@ def store(units: Sequence[Any], partition: str, unit: np.ndarray, slot: np.ndarr
 
     def put(group: tuple[int, np.ndarray]) -> None:
         u, pos = group
-        tpos = torch.from_numpy(pos)
-        units[u].put(partition, slot[pos], {f: take(c, tpos) for f, c in columns.items()},
-                     _part(generations, pos))
+        if int(pos[-1]) - int(pos[0]) == len(pos) - 1:  # a run (``_groups`` sorts): views
+            part = {f: span(c, int(pos[0]), int(pos[-1]) + 1) for f, c in columns.items()}
+        else:
+            tpos = torch.from_numpy(pos)
+            part = {f: take(c, tpos) for f, c in columns.items()}
+        units[u].put(partition, slot[pos], part, _part(generations, pos))
 
     _map(put, groups)
 
