@@ -14,7 +14,9 @@ import pytest
 import torch
 from tq_fixtures import local_stream, segments_of, start_local  # noqa: F401 - fixture
 
+from tq_stream.backends.base import occupancy
 from tq_stream.backends.shm import ShmUnit, shm_available
+from tq_stream.deploy import local_read
 from tq_stream.deploy.local_read import SameHostUnit
 from tq_stream.errors import KeyConflictError, RemoteError, SchemaError, StateError
 from tq_stream.transport import unix_client, zmq_client
@@ -141,24 +143,82 @@ def calls():
             cls.call = original
 
 
-def test_small_puts_take_two_calls_and_gets_one(local_stream, calls):  # noqa: F811
-    w = local_stream.writer("two-calls")
-    w.put(["warm"], {"x": torch.ones(1, 4)})
-    local_stream.kv.get("warm", partition="two-calls")
+def test_small_puts_take_one_call_and_gets_one(local_stream, calls):  # noqa: F811
+    w = local_stream.writer("one-call")
+    for i in range(40):  # both units get the field's slab
+        w.put([f"warm{i}"], {"x": torch.ones(1, 4)})
+    local_stream.kv.get("warm0", partition="one-call")
     calls.clear()
     for i in range(10):
         w.put([f"k{i}"], {"x": torch.full((1, 4), float(i))}, tags=[{"i": i}])
-    assert calls == {"put": 10, "commit_new": 10}
+    # The bytes go straight into the units' shared memory; at most one put goes to a
+    # unit (a slab that must grow for the next spare rows) and asks for its new layout.
+    assert calls["commit_new"] == 10 and calls["put"] + calls["layout"] <= 2
+    assert set(calls) <= {"commit_new", "put", "layout"}
     calls.clear()
     for i in range(10):
-        assert local_stream.kv.get(f"k{i}", partition="two-calls")["x"].eq(i).all()
+        assert local_stream.kv.get(f"k{i}", partition="one-call")["x"].eq(i).all()
     assert calls["lookup"] == 10 and calls["layout"] <= 2  # the first read of each unit
     calls.clear()
     for i in range(10):
-        assert local_stream.kv.get(f"k{i}", partition="two-calls")["x"].eq(i).all()
+        assert local_stream.kv.get(f"k{i}", partition="one-call")["x"].eq(i).all()
     assert calls == {"lookup": 10}  # dense fields come out of shared memory, no layout call
-    rows = {r["key"]: r["tags"] for r in local_stream.kv.list(partition="two-calls")}
+    rows = {r["key"]: r["tags"] for r in local_stream.kv.list(partition="one-call")}
     assert rows["k3"] == {"i": 3}
+    # The units themselves know those rows: a read through a unit's socket sees them.
+    meta = local_stream.kv.meta([f"k{i}" for i in range(10)], partition="one-call")
+    for u in np.unique(meta.unit).tolist():
+        rows_u = meta.unit == u
+        got = local_stream._units()[u]._remote.get(
+            "one-call", meta.slot[rows_u], ["x"], occupancy(meta.index, meta.generation)[rows_u])
+        want = torch.tensor([float(k[1:]) for k in np.asarray(meta.keys)[rows_u]])
+        assert torch.equal(got["x"][:, 0], want)
+
+
+def test_a_shared_write_that_races_a_slab_move_is_written_again_by_the_unit(
+        local_stream, calls, monkeypatch):  # noqa: F811
+    w = local_stream.writer("race")
+    for i in range(40):
+        w.put([f"warm{i}"], {"x": torch.zeros(1, 4)})
+    moved = []
+
+    def scatter_then_move(dst, slots, values):
+        real_scatter(dst, slots, values)
+        for unit in local_stream._units():  # the unit moves a slab / drops stores now
+            for layout in unit._writes.values():
+                layout.epoch_view[1] += 1
+                moved.append(1)
+
+    real_scatter = local_read.scatter_rows
+    monkeypatch.setattr(local_read, "scatter_rows", scatter_then_move)
+    calls.clear()
+    for i in range(6):
+        w.put([f"k{i}"], {"x": torch.full((1, 4), float(i))})
+    monkeypatch.undo()
+    assert moved and calls["put"] == 6  # every write was found racing, and redone
+    for i in range(6):
+        assert local_stream.kv.get(f"k{i}", partition="race")["x"].eq(i).all()
+
+
+def test_shared_writes_into_a_partition_that_emptied_and_filled_again(local_stream, calls):  # noqa: F811
+    w = local_stream.writer("refill")
+    c = local_stream.client()
+    c.register_task("refill", "t", ["x"], batch_size=4)
+    counts = []
+    for step in range(4):
+        keys = [f"s{step}_{i}" for i in range(4)]
+        for i, k in enumerate(keys):
+            w.put([k], {"x": torch.full((1, 3), float(10 * step + i))})
+        meta = c.get_meta("refill", "t", step, timeout=10)
+        assert sorted(meta.keys) == keys
+        data = c.get_data(meta)
+        want = {k: 10 * step + i for i, k in enumerate(keys)}
+        assert [float(v) for v in data["x"][:, 0]] == [want[k] for k in meta.keys]
+        c.ack(meta)  # every row consumed: the units drop the partition's stores
+        counts.append([int(next(iter(u._writes.values())).epoch_view[1])
+                       for u in local_stream._units() if u._writes])
+    assert counts[-1] and all(a < b for a, b in zip(counts[0], counts[-1], strict=False))
+    assert calls["put"] < calls["commit_new"]  # most rows were written by this process
 
 
 def test_puts_a_spare_row_cannot_take_fall_back_and_leave_nothing():

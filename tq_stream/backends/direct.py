@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from tq_stream.backends.slabs import DenseSlab, _mark
+from tq_stream.backends.slabs import DenseSlab
 from tq_stream.columns import dtype_from_name
 from tq_stream.errors import ConfigError, StateError, WaitTimeout
 
@@ -75,16 +75,14 @@ class DirectWrites:
             self._wait_growth(partition, slots, fields)
             part = self._parts.get(partition)  # type: ignore[attr-defined]
             if part is None:
-                from tq_stream.backends.memory import _PartitionStore
-
-                part = self._parts[partition] = _PartitionStore(  # type: ignore[attr-defined]
-                    self._alloc_for(partition, ""))  # type: ignore[attr-defined]
+                part = self._new_partition(partition)  # type: ignore[attr-defined]
             for name, (dtype, shape) in fields.items():
                 store = part.fields.get(name)
                 if store is None:
                     store = part.fields[name] = DenseSlab(
                         dtype_from_name(dtype), tuple(shape),
-                        self._alloc_for(partition, name))  # type: ignore[attr-defined]
+                        self._alloc_for(partition, name),  # type: ignore[attr-defined]
+                        self._alloc_for(partition, name, "flags"))  # type: ignore[attr-defined]
                 if not (isinstance(store, DenseSlab) and store.shape == tuple(shape)
                         and str(store.dtype).removeprefix("torch.") == dtype):
                     raise ConfigError(f"field {name!r} must be a dense slab of "
@@ -97,7 +95,7 @@ class DirectWrites:
                 if desc is None:
                     raise ConfigError(f"field {name!r} has no shared-memory slab")
                 layout[name] = desc
-                store.written = _mark(store.written, slots, True)
+                store.written[slots] = True
             part.gen.begin(slots)
             part.mark(slots, True)
             ticket = next(self._ticket_ids)

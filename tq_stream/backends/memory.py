@@ -6,27 +6,43 @@ import threading
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import torch
 
 from tq_stream.backends.base import StorageUnit
-from tq_stream.backends.slabs import Alloc, Generations, Store, heap_alloc, stale_rows, store_for
+from tq_stream.backends.slabs import (
+    _MIN_ROWS,
+    Alloc,
+    Generations,
+    Store,
+    fence,
+    heap_alloc,
+    stale_rows,
+    store_for,
+)
 from tq_stream.columns import Column
 from tq_stream.errors import ClosedError, KeyConflictError
 
 
 class _PartitionStore:
-    """The stores of one partition; ``live`` counts written slots so an empty
-    partition can hand all of its memory back; ``gen`` holds each slot's token."""
+    """The stores of one partition; ``live`` marks written slots so an empty
+    partition can hand all of its memory back; ``gen`` holds each slot's token.
+    ``live`` comes from an allocator, like the slabs (see ``DenseSlab``)."""
 
-    def __init__(self, alloc: Alloc) -> None:
+    def __init__(self, alloc: Alloc, live_alloc: Alloc | None = None) -> None:
         self.fields: dict[str, Store] = {}
-        self.live = np.zeros(0, dtype=bool)
+        self._live_alloc = live_alloc or alloc
+        self.live_flags = self._live_alloc((_MIN_ROWS,), torch.bool).zero_()
+        self.live = self.live_flags.numpy()
         self.gen = Generations(alloc)
 
     def mark(self, slots: np.ndarray, value: bool) -> None:
         top = int(slots.max()) + 1 if len(slots) else 0
-        if top > self.live.shape[0]:
-            grow = max(top, 2 * self.live.shape[0]) - self.live.shape[0]
-            self.live = np.concatenate([self.live, np.zeros(grow, dtype=bool)])
+        cap = self.live.shape[0]
+        if top > cap:
+            new = self._live_alloc((max(top, 2 * cap),), torch.bool).zero_()
+            fence()  # as in DenseSlab._ensure
+            new[:cap].copy_(self.live_flags)
+            self.live_flags, self.live = new, new.numpy()
         self.live[slots] = value
 
 
@@ -50,9 +66,22 @@ class MemoryUnit(StorageUnit):
         if self._closed:
             raise ClosedError("storage unit is closed")
 
-    def _alloc_for(self, partition: str, field: str) -> Alloc:
-        """The allocator of one new store (``field`` "" for the slot tokens)."""
+    def _alloc_for(self, partition: str, field: str, part: str = "") -> Alloc:
+        """The allocator of one new store (``field`` "" for the partition's slot tokens;
+        ``part`` "flags" for a slab's written flags, "live" for the partition's)."""
         return self._alloc
+
+    def _new_partition(self, partition: str) -> _PartitionStore:
+        part = self._parts[partition] = _PartitionStore(
+            self._alloc_for(partition, ""), self._alloc_for(partition, "", "live"))
+        return part
+
+    def _new_store(self, partition: str, name: str, column: Column) -> Store:
+        return store_for(column, self._alloc_for(partition, name),
+                         self._alloc_for(partition, name, "flags"))
+
+    def _stores_may_go(self) -> None:  # noqa: B027 - a hook for ShmUnit
+        """Called before the stores of a partition may be dropped."""
 
     def put(self, partition: str, slots: np.ndarray, columns: Mapping[str, Column],
             generations: np.ndarray | None = None) -> None:
@@ -63,14 +92,13 @@ class MemoryUnit(StorageUnit):
             self._check_open()
             part = self._parts.get(partition)
             if part is None:
-                part = self._parts[partition] = _PartitionStore(self._alloc_for(partition, ""))
+                part = self._new_partition(partition)
             part.gen.begin(slots)  # same-host readers of these slots now retry
             try:
                 for name, column in columns.items():
                     store = part.fields.get(name)
                     if store is None:
-                        store = part.fields[name] = store_for(
-                            column, self._alloc_for(partition, name))
+                        store = part.fields[name] = self._new_store(partition, name, column)
                     store.put(slots, column)
                 part.mark(slots, True)
             finally:
@@ -114,11 +142,14 @@ class MemoryUnit(StorageUnit):
             slots = slots[slots < part.live.shape[0]]
             part.live[slots] = False
             if not part.live.any():
-                part.gen.retire()
-                del self._parts[partition]  # every row gone: return all slab memory
+                self._stores_may_go()
+                if not part.live.any():  # checked again: a same-host writer may have come
+                    part.gen.retire()
+                    del self._parts[partition]  # every row gone: return all slab memory
 
     def drop(self, partition: str) -> None:
         with self._lock:
+            self._stores_may_go()
             part = self._parts.pop(partition, None)
             if part is not None:
                 part.gen.retire()

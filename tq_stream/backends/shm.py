@@ -32,13 +32,14 @@ import torch
 
 from tq_stream.backends.direct import DirectWrites
 from tq_stream.backends.memory import MemoryUnit
-from tq_stream.backends.slabs import DenseSlab
+from tq_stream.backends.slabs import DenseSlab, fence
 from tq_stream.errors import StateError
 
 SHM_DIR = "/dev/shm"
 PREFIX = "tq_"
 _COUNTER = itertools.count()  # per process, shared by its units: names never collide
 EPOCH = "epoch"  # names of layout-epoch segments: tq_<pid>_epoch_<n>
+STORES = 1  # index of the stores count in the epoch segment
 
 
 def shm_available() -> bool:
@@ -169,15 +170,24 @@ class ShmUnit(DirectWrites, MemoryUnit):
         # The layout epoch: one int64 in its own segment, bumped whenever a segment is
         # created or unlinked, so a reader may reuse a layout while the epoch it was
         # read at is unchanged (``SameHostUnit``).
-        self._epoch_seg = _Segment(f"{PREFIX}{os.getpid()}_{EPOCH}_{next(_COUNTER)}", 8,
+        self._epoch_seg = _Segment(f"{PREFIX}{os.getpid()}_{EPOCH}_{next(_COUNTER)}", 16,
                                    create=True)
-        self._epoch = np.frombuffer(self._epoch_seg.map, dtype=np.int64, count=1)
+        # [0]: the layout epoch; [STORES]: bumped before stores may be dropped.
+        self._epoch = np.frombuffer(self._epoch_seg.map, dtype=np.int64, count=2)
         self._allocs = 0  # segments created so far (a put that made none needs no collect)
         super().__init__(alloc=self._alloc_dense)
         self._init_direct()
 
-    def _alloc_for(self, partition: str, field: str) -> Any:
-        return functools.partial(self._alloc_dense, key=(partition, field))
+    def _alloc_for(self, partition: str, field: str, part: str = "") -> Any:
+        key = (partition, field, part) if part else (partition, field)
+        return functools.partial(self._alloc_dense, key=key)
+
+    def _stores_may_go(self) -> None:
+        # Before stores are dropped (their segments may be kept and reused by a new
+        # store without a new layout epoch): a same-host writer holding their layout
+        # sees this count move and writes again through the unit (``SameHostUnit``).
+        self._epoch[STORES] += 1
+        fence()
 
     def _stored(self, key: tuple[str, str]) -> bool:
         """True if the store of ``key`` exists (called with ``_lock`` held)."""
@@ -213,10 +223,15 @@ class ShmUnit(DirectWrites, MemoryUnit):
         return t
 
     def _live_ptrs(self) -> set[int]:
-        return {s.data.data_ptr() for p in self._parts.values() for s in p.fields.values()
-                if isinstance(s, DenseSlab)} | {
-            s.values.data_ptr() for p in self._parts.values() for s in p.fields.values()
-            if hasattr(s, "values")} | {p.gen.data.data_ptr() for p in self._parts.values()}
+        live: set[int] = set()
+        for p in self._parts.values():
+            live |= {p.gen.data.data_ptr(), p.live_flags.data_ptr()}
+            for s in p.fields.values():
+                if isinstance(s, DenseSlab):
+                    live |= {s.data.data_ptr(), s.flags.data_ptr()}
+                elif hasattr(s, "values"):
+                    live.add(s.values.data_ptr())
+        return live
 
     def _collect(self, keep: bool = True) -> None:
         """Unlink segments no slab uses any more (after growth, free or drop), or keep
@@ -274,29 +289,40 @@ class ShmUnit(DirectWrites, MemoryUnit):
             self._epoch[0] += 1
         self._collect(keep=False)
 
-    def layout(self, partition: str, fields: Sequence[str]) -> dict[str, Any]:
+    def layout(self, partition: str, fields: Sequence[str],
+               writable: bool = False) -> dict[str, Any]:
         """Where ``partition``'s dense ``fields`` and its slot tokens live.
 
         Returns:
             ``{"fields": {field: {"shm", "dtype", "shape"}}, "generations": same
-            or None, "epoch": {"shm", "value"}}`` (dense fields only; an unknown
-            partition has neither); the layout stays valid while the int64 in
-            segment ``epoch["shm"]`` still holds ``epoch["value"]``.
+            or None, "epoch": {"shm", "value", "stores"}}`` (dense fields only; an
+            unknown partition has neither); the layout stays valid while the int64
+            in segment ``epoch["shm"]`` still holds ``epoch["value"]``. With
+            ``writable``, also ``"flags"`` (each field's written flags) and
+            ``"live"`` (the partition's), for a same-host writer of new rows, which
+            must also see the second int64 still hold ``epoch["stores"]``.
         """
         out: dict[str, Any] = {}
-        gen = None
+        flags: dict[str, Any] = {}
+        gen = live = None
         with self._lock:
-            epoch = {"shm": self._epoch_seg.name, "value": int(self._epoch[0])}
+            epoch = {"shm": self._epoch_seg.name, "value": int(self._epoch[0]),
+                     "stores": int(self._epoch[STORES])}
             part = self._parts.get(partition)
             if part is not None:
                 gen = self._describe(part.gen.data)
+                live = self._describe(part.live_flags)
             for f in fields:
                 store = part.fields.get(f) if part is not None else None
                 if isinstance(store, DenseSlab):
                     lay = self._describe(store.data)
                     if lay is not None:
                         out[f] = lay
-        return {"fields": out, "generations": gen, "epoch": epoch}
+                        flags[f] = self._describe(store.flags)
+        reply = {"fields": out, "generations": gen, "epoch": epoch}
+        if writable:
+            reply.update(flags=flags, live=live)
+        return reply
 
     def _describe(self, data: torch.Tensor) -> dict[str, Any] | None:
         seg = self._segments.get(data.data_ptr())

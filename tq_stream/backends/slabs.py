@@ -17,6 +17,7 @@ token of every slot of a partition (see ``tq_stream.backends.base.occupancy``).
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -65,26 +66,43 @@ def _mark(written: np.ndarray, slots: np.ndarray, value: bool) -> np.ndarray:
 
 
 class DenseSlab:
-    """Fixed-shape rows in one tensor ``[capacity, *shape]``."""
+    """Fixed-shape rows in one tensor ``[capacity, *shape]``, and a bool per slot
+    (``flags``, same capacity) telling which slots hold a value.
 
-    def __init__(self, dtype: torch.dtype, shape: tuple[int, ...], alloc: Alloc = heap_alloc):
+    Both come from allocators (``flag_alloc`` defaults to ``alloc``), so in a
+    shared-memory unit a same-host writer can set a new row's flag itself
+    (``tq_stream.deploy.local_read``). They grow together, and a fresh flag array
+    is all False, even in recycled memory.
+    """
+
+    def __init__(self, dtype: torch.dtype, shape: tuple[int, ...], alloc: Alloc = heap_alloc,
+                 flag_alloc: Alloc | None = None):
         self.dtype, self.shape, self._alloc = dtype, shape, alloc
+        self._flag_alloc = flag_alloc or alloc
         self.data = alloc((_MIN_ROWS, *shape), dtype)
-        self.written = np.zeros(_MIN_ROWS, dtype=bool)
+        self.flags = self._flag_alloc((_MIN_ROWS,), torch.bool).zero_()
+        self.written = self.flags.numpy()
 
     def _ensure(self, max_slot: int) -> None:
         cap = self.data.shape[0]
         if max_slot < cap:
             return
-        new = self._alloc((_grown(cap, max_slot + 1), *self.shape), self.dtype)
+        n = _grown(cap, max_slot + 1)
+        new = self._alloc((n, *self.shape), self.dtype)
+        flags = self._flag_alloc((n,), torch.bool).zero_()
+        # A new segment bumped the unit's layout epoch: past this fence a same-host
+        # writer still copying into the old slab either sees the bump and writes
+        # again through the unit, or its bytes and flags are in the copies below.
+        fence()
         new[:cap].copy_(self.data)
-        self.data = new
+        flags[:cap].copy_(self.flags)
+        self.data, self.flags, self.written = new, flags, flags.numpy()
 
     def put(self, slots: np.ndarray, values: torch.Tensor) -> None:
         self._ensure(int(slots.max()))
         idx = torch.from_numpy(slots)
         self.data.index_copy_(0, idx, values.to(self.dtype).reshape(-1, *self.shape))
-        self.written = _mark(self.written, slots, True)
+        self.written[slots] = True
 
     def get(self, slots: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
         _check_written(self.written, slots)
@@ -220,6 +238,19 @@ class ObjectSlots:
 Store = DenseSlab | RaggedArena | ObjectSlots
 
 UNSET = -1  # the token of a slot that is free, or being written right now
+_FENCE = threading.Lock()
+
+
+def fence() -> None:
+    """A full memory barrier between the stores before and the loads after it.
+
+    Taking a lock is a locked read-modify-write, which orders every earlier store
+    before every later load on x86 (the memory model this package's seqlocks
+    assume, see ``Generations``). Used where one side stores then checks a value
+    the other side stores then checks (shared-memory writers and their unit).
+    """
+    with _FENCE:
+        pass
 
 
 class Generations:
@@ -248,6 +279,7 @@ class Generations:
         if int(slots.max()) >= cap:
             new = self._alloc((_grown(cap, int(slots.max()) + 1),), torch.int64)
             new.fill_(UNSET)
+            fence()  # as in DenseSlab._ensure: a new segment bumped the layout epoch
             new[:cap].copy_(self.data)
             self.retire()
             self.data = new
@@ -288,11 +320,11 @@ def stale_rows(partition: str, slots: np.ndarray) -> StateError:
         f"{partition!r} were cleared (and may hold newer rows) since their metadata was read")
 
 
-def store_for(column: Column, alloc: Alloc = heap_alloc) -> Store:
+def store_for(column: Column, alloc: Alloc = heap_alloc, flag_alloc: Alloc | None = None) -> Store:
     """A new, empty store fitting the kind of ``column``."""
     schema = schema_of(column)
     if schema.kind == "dense":
-        return DenseSlab(dtype_from_name(schema.dtype), schema.shape, alloc)
+        return DenseSlab(dtype_from_name(schema.dtype), schema.shape, alloc, flag_alloc)
     if schema.kind == "ragged":
         return RaggedArena(dtype_from_name(schema.dtype), schema.shape, alloc)
     return ObjectSlots()

@@ -10,6 +10,7 @@ import torch
 
 from tq_stream.backends.base import StorageUnit
 from tq_stream.backends.shm import ShmReader
+from tq_stream.backends.slabs import UNSET, fence
 from tq_stream.buffers import gather_rows, scatter_rows
 from tq_stream.columns import Column, dtype_from_name, dtype_name
 from tq_stream.errors import ConfigError, StateError
@@ -29,22 +30,56 @@ class _Layout:
     new epoch (``ShmUnit``).
     """
 
-    __slots__ = ("epoch", "epoch_view", "fields", "tokens")
+    __slots__ = ("epoch", "epoch_view", "fields", "flags", "live", "stores", "tokens")
 
     def __init__(self, raw: dict[str, Any]) -> None:
         epoch = raw.get("epoch")
         self.epoch = None if epoch is None else epoch["value"]
+        self.stores = None if epoch is None else epoch.get("stores")
         self.epoch_view = None if epoch is None else _READER.view(
-            epoch["shm"], torch.int64, (1,)).numpy()  # numpy: a cheaper read per get
-        self.fields = {f: _READER.view(lay["shm"], dtype_from_name(lay["dtype"]),
-                                       tuple(lay["shape"]))
-                       for f, lay in raw.get("fields", {}).items()}
-        gen = raw.get("generations")
-        self.tokens = None if gen is None else _READER.view(gen["shm"], torch.int64,
-                                                            tuple(gen["shape"]))
+            epoch["shm"], torch.int64, (2,)).numpy()  # numpy: a cheaper read per get
+        self.fields = {f: _map(lay) for f, lay in raw.get("fields", {}).items()}
+        self.tokens = _map(raw.get("generations"))
+        self.flags = {f: _map(lay) for f, lay in (raw.get("flags") or {}).items()}
+        self.live = _map(raw.get("live"))
 
     def valid(self) -> bool:
         return self.epoch_view is not None and int(self.epoch_view[0]) == self.epoch
+
+    def writable(self) -> bool:
+        """Still valid for writes: no slab moved and no store was dropped since."""
+        return self.valid() and int(self.epoch_view[1]) == self.stores  # type: ignore[index]
+
+    def write(self, slots: np.ndarray, columns: dict[str, torch.Tensor],
+              tokens: np.ndarray) -> bool:
+        """Write new rows (their slots' tokens UNSET) straight into the unit's slabs, set
+        their flags and publish their tokens; False if it cannot be done here (nothing
+        is trusted then: the caller writes the rows again through the unit).
+
+        Seqlock with the unit: every store here comes before the final check of the
+        epochs (a fence between), and the unit moves the epochs before it copies a
+        slab or drops a store (a fence between), so either that check fails or the
+        unit's copy holds these rows.
+        """
+        top = int(slots.max())
+        if self.live is None or self.tokens is None or not self.writable() or \
+                top >= self.live.shape[0] or top >= self.tokens.shape[0]:
+            return False
+        for f, col in columns.items():
+            view, flags = self.fields.get(f), self.flags.get(f)
+            if view is None or flags is None or top >= min(view.shape[0], flags.shape[0]) \
+                    or col.dtype != view.dtype or col.shape[1:] != view.shape[1:]:
+                return False
+        idx = torch.from_numpy(slots)
+        if not bool(self.tokens.index_select(0, idx).eq(UNSET).all()):
+            return False  # rows being read may live there: only the unit overwrites them
+        for f, col in columns.items():
+            scatter_rows(self.fields[f], slots, col)
+            self.flags[f][idx] = True
+        self.live[idx] = True
+        self.tokens[idx] = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+        fence()
+        return self.writable()
 
     def gather(self, slots: np.ndarray,
                into: dict[str, torch.Tensor] | None = None) -> dict[str, Column]:
@@ -67,6 +102,12 @@ class _Layout:
         return bool(torch.equal(seen, torch.from_numpy(np.asarray(generations, np.int64))))
 
 
+def _map(lay: dict[str, Any] | None) -> torch.Tensor | None:
+    if lay is None:
+        return None
+    return _READER.view(lay["shm"], dtype_from_name(lay["dtype"]), tuple(lay["shape"]))
+
+
 class SameHostUnit(StorageUnit):
     """Writes go to the unit process; reads of dense fields copy straight out of its
     shared-memory slabs (no bytes on a socket). The slabs' layout is asked for once
@@ -76,16 +117,26 @@ class SameHostUnit(StorageUnit):
     def __init__(self, remote: Any) -> None:
         self._remote = remote
         self._layouts: dict[tuple[str, tuple[str, ...]], _Layout] = {}
+        self._writes: dict[tuple[str, tuple[str, ...]], _Layout] = {}  # writable layouts
         self._shm = True  # False once the unit says it has no shared memory
         self._direct = True  # False once the unit refuses direct writes
 
     DIRECT_BYTES = 1 << 20  # puts of dense fields at least this large skip the socket
+    SHARED_ROWS = 64  # smaller puts of new dense rows make no call at all
 
     def put(self, partition: str, slots: np.ndarray, columns: dict[str, Column],
             generations: np.ndarray | None = None) -> None:
         slots = np.asarray(slots, dtype=np.int64)
+        if not len(slots):
+            return
         dense = all(isinstance(c, torch.Tensor) for c in columns.values())
         size = sum(c.numel() * c.element_size() for c in columns.values()) if dense else 0
+        if self._shm and dense and generations is not None and size < self.DIRECT_BYTES \
+                and len(slots) <= self.SHARED_ROWS:
+            layout = self._write_layout(partition, tuple(columns))
+            if layout is not None and layout.write(slots, columns,  # type: ignore[arg-type]
+                                                   generations):
+                return
         if self._shm and self._direct and size >= self.DIRECT_BYTES:
             try:
                 self._put_direct(partition, slots, columns, generations)
@@ -152,6 +203,27 @@ class SameHostUnit(StorageUnit):
         layout = _Layout(raw)
         if set(layout.fields) == set(fields) and layout.tokens is not None:
             self._layouts[key] = layout  # partial layouts are used once (see _Layout)
+        return layout
+
+    def _write_layout(self, partition: str, fields: tuple[str, ...]) -> _Layout | None:
+        """A writable layout of ``fields`` (cached while it stays writable), or None when
+        the unit has no such slabs yet (the first put of a field goes to the unit)."""
+        key = (partition, fields)
+        layout = self._writes.get(key)
+        if layout is not None and layout.writable():
+            return layout
+        if layout is not None or len(self._writes) >= MAX_LAYOUTS:
+            self._writes.clear()
+        raw = self._remote._rpc.call("layout", {"partition": partition, "fields": list(fields),
+                                                "writable": True})
+        if not raw:
+            self._shm = False
+            return None
+        layout = _Layout(raw)
+        if set(layout.fields) != set(fields) or set(layout.flags) != set(fields) or \
+                layout.live is None or layout.tokens is None:
+            return None
+        self._writes[key] = layout
         return layout
 
     def free(self, partition: str, slots: np.ndarray) -> None:

@@ -108,10 +108,11 @@ class UnitService:
     def nbytes(self) -> int:
         return self.unit.nbytes()
 
-    def layout(self, partition: str, fields: Sequence[str]) -> dict[str, Any]:
+    def layout(self, partition: str, fields: Sequence[str],
+               writable: bool = False) -> dict[str, Any]:
         """Shared-memory layout of fields (empty when the unit has none)."""
         fn = getattr(self.unit, "layout", None)
-        return {} if fn is None else fn(partition, list(fields))
+        return {} if fn is None else fn(partition, list(fields), bool(writable))
 
     def ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": host_id(), "nbytes": self.unit.nbytes()}
