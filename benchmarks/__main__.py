@@ -40,7 +40,11 @@ def _available(name: str, factory: object) -> tuple[bool, str]:
     return check() if check is not None else (True, "")
 
 
-def run(quick: bool, only: set[str]) -> tuple[list[Row], list[str]]:
+WORKLOADS = ("bulk", "small", "streaming", "controller")
+
+
+def run(quick: bool, only: set[str],
+        workloads: tuple[str, ...] = WORKLOADS) -> tuple[list[Row], list[str]]:
     shapes = Shapes.quick() if quick else Shapes.full()
     rows: list[Row] = []
     notes: list[str] = []
@@ -52,18 +56,21 @@ def run(quick: bool, only: set[str]) -> tuple[list[Row], list[str]]:
         print(f"## {name}", file=sys.stderr, flush=True)
         system = None
         try:
-            got, system = startup.run(factory, shapes)
+            got, system = startup.run(factory, shapes)  # always: it starts the system
             rows += got
-            rows += bulk.run(system, shapes)
-            rows += small_ops.run(system, shapes)
-            rows += streaming.run(system, shapes, quick=quick)
+            if "bulk" in workloads:
+                rows += bulk.run(system, shapes)
+            if "small" in workloads:
+                rows += small_ops.run(system, shapes)
+            if "streaming" in workloads:
+                rows += streaming.run(system, shapes, quick=quick)
         except Exception as exc:  # noqa: BLE001 - report the failure, keep measuring the rest
             traceback.print_exc()
             notes.append(f"{name} failed: {exc!r:.200}")
         finally:
             if system is not None:
                 system.stop()
-    if not only or "controller" in only:
+    if "controller" in workloads and (not only or "controller" in only):
         print("## controller scale", file=sys.stderr, flush=True)
         rows += controller_scale.run(shapes)
     _stop_ray()
@@ -78,9 +85,16 @@ def _stop_ray() -> None:
             ray.shutdown()
 
 
-def main(quick: bool = False, systems: str = "", out: str = "benchmarks/RESULTS.md") -> int:
+def main(quick: bool = False, systems: str = "", out: str = "benchmarks/RESULTS.md",
+         workloads: str = "") -> int:
     only = {s.strip() for s in systems.split(",") if s.strip()}
-    rows, notes = run(quick, only)
+    chosen = tuple(w.strip() for w in workloads.split(",") if w.strip()) or WORKLOADS
+    unknown = sorted(set(chosen) - set(WORKLOADS))
+    if unknown:
+        print(f"--workloads must name some of {', '.join(WORKLOADS)}, got {unknown}",
+              file=sys.stderr)
+        return 2
+    rows, notes = run(quick, only, chosen)
     command = "tq-stream bench" + (" --quick" if quick else "")
     text = report.document(rows, command, notes)
     print(text)
@@ -100,5 +114,8 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--systems", default="")
     parser.add_argument("--out", default="benchmarks/RESULTS.md")
+    parser.add_argument("--workloads", default="",
+                        help=f"comma-separated subset of {','.join(WORKLOADS)} (default: all; "
+                             "start-up always runs)")
     args = parser.parse_args()
-    sys.exit(main(args.quick, args.systems, args.out))
+    sys.exit(main(args.quick, args.systems, args.out, args.workloads))

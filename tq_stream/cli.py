@@ -16,6 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--quick", action="store_true", help="small shapes, seconds, no peers")
     bench.add_argument("--systems", default="", help="comma-separated subset of systems")
     bench.add_argument("--out", default="benchmarks/RESULTS.md")
+    bench.add_argument("--workloads", default="",
+                       help="comma-separated subset of bulk,small,streaming,controller")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from tq_stream.demo import DemoConfig, run
@@ -29,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tq-stream bench needs the benchmarks package of a source checkout "
               f"(pip install -e '.[bench]'): {exc}", file=sys.stderr)
         return 2
-    return bench_main(quick=args.quick, systems=args.systems, out=args.out)
+    return bench_main(quick=args.quick, systems=args.systems, out=args.out,
+                      workloads=args.workloads)
 
 
 if __name__ == "__main__":
