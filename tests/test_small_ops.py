@@ -240,6 +240,24 @@ def test_pool_puts_in_two_calls_and_refills():
         "x"].eq(1).all()
 
 
+def test_pool_refills_in_batches_and_when_a_put_found_too_few_rows():
+    unit, pool = MemoryUnit(), SparePool("p", -1)
+    pool.add(spare_rows(SparePool.TARGET))
+    ctrl = FakeController(*[{"ok": True} for _ in range(SparePool.TARGET)])
+    asked = []
+    for i in range(SparePool.TARGET // 2):
+        assert pool.put(ctrl, [unit], [f"k{i}"], {"x": torch.ones(1, 4)}, None)
+        asked.append(ctrl.calls[-1]["spare"])
+    # Nothing asked while more than half is left; then the whole gap at once.
+    assert asked[:-1] == [0] * (len(asked) - 1) and asked[-1] == SparePool.TARGET // 2
+    assert pool.wanted() == SparePool.TARGET // 2
+    pool.add(spare_rows(2, start=100))  # above half again: nothing wanted
+    assert len(pool) == SparePool.TARGET // 2 + 2 and pool.wanted() == 0
+    big = [f"b{i}" for i in range(len(pool) + 1)]  # more rows than are left
+    assert not pool.put(ctrl, [unit], big, {"x": torch.ones(len(big), 4)}, None)
+    assert pool.wanted() == SparePool.TARGET - len(pool)  # so the next call refills
+
+
 def test_pool_rejected_put_frees_its_bytes_and_keeps_the_rows():
     unit, pool = MemoryUnit(), SparePool("p", -1)
     pool.add(spare_rows(2))
