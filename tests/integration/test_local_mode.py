@@ -292,9 +292,6 @@ sys.stdin.readline()  # then exit without closing the stream
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(strict=False, reason=(
-    "quarantined: in about one full-suite run in three a server of one holder is still "
-    "alive after 40 s (never in isolation); cause not found yet, see the closing note"))
 def test_no_orphans_when_the_owner_exits_or_is_killed():
     """A process that started a deployment exits without closing it, or dies by SIGKILL
     or SIGTERM: its servers exit and their shared memory is removed."""

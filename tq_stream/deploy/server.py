@@ -5,6 +5,13 @@ service until SIGTERM/SIGINT, or until its parent dies: the parent holds the
 write end of a pipe whose read end the child watches, so even a SIGKILLed
 parent leaves no orphans (and Linux's PR_SET_PDEATHSIG backs that up). The
 child prints one JSON line with its address once it serves.
+
+The signal path takes no lock: a dying multi-threaded parent can send the
+parent-death signal several times (once per thread the child is reparented to),
+and a Python handler runs again inside itself when a signal arrives while it
+runs, so a handler that took a lock (``Event.set``) could deadlock the main
+thread for good. Signals only write a byte to a wakeup pipe (``set_wakeup_fd``)
+that the main thread polls together with the lifeline.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import argparse
 import ctypes
 import json
 import os
+import select
 import signal
 import sys
 import threading
@@ -74,13 +82,37 @@ def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, .
     return server, stop
 
 
-def _watch_parent(fd: int, done: threading.Event) -> None:
-    try:
-        while os.read(fd, 1):
-            pass
-    except OSError:
-        pass
-    done.set()
+def _on_stop_signal(signum: int, frame: Any) -> None:
+    """Python half of the SIGTERM/SIGINT handler: nothing. The C half has already
+    written the wakeup byte ``_wait_for_stop`` polls; installing a handler at all
+    keeps the default action (death without cleanup) away."""
+
+
+def _stop_signals() -> int:
+    """Route SIGTERM/SIGINT to a pipe; returns its read end (main thread only)."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _on_stop_signal)
+    return read_end
+
+
+def _wait_for_stop(wakeup_fd: int, parent_fd: int) -> None:
+    """Return once a stop signal arrived or the parent's lifeline closed (EOF)."""
+    poller = select.poll()
+    poller.register(wakeup_fd, select.POLLIN)
+    if parent_fd >= 0:
+        poller.register(parent_fd, select.POLLIN)
+    while True:
+        for fd, _ in poller.poll(3600_000):  # ms; a timeout only re-enters the wait
+            if fd == wakeup_fd:
+                return
+            try:
+                if not os.read(parent_fd, 1):  # EOF: no process holds the write end
+                    return
+            except OSError:
+                return
 
 
 def _die_with_parent() -> None:
@@ -93,13 +125,8 @@ def _die_with_parent() -> None:
 
 def run_child(cfg: dict[str, Any], out: Any) -> int:
     """Serve until SIGTERM/SIGINT or the parent's death; announce the address on ``out``."""
-    _die_with_parent()
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    if cfg.get("parent_fd", -1) >= 0:
-        threading.Thread(target=_watch_parent, args=(cfg["parent_fd"], done),
-                         daemon=True).start()
+    wakeup_fd = _stop_signals()
+    _die_with_parent()  # after the handlers: an early parent-death signal is not lost
     server, stop = serve(
         cfg["role"], cfg.get("address", "tcp://127.0.0.1:0"), cfg.get("units", 1),
         tuple(cfg.get("sampler_modules", ())), cfg.get("shm", True),
@@ -111,8 +138,7 @@ def run_child(cfg: dict[str, Any], out: Any) -> int:
         out.write(json.dumps({"address": server.address, "pid": os.getpid(),
                               "host": host_id()}) + "\n")
         out.flush()
-        while not done.wait(timeout=3600.0):
-            pass
+        _wait_for_stop(wakeup_fd, cfg.get("parent_fd", -1))
     finally:
         # Bounded: a stop stuck on a dead peer must not keep this process (an orphan
         # once its owner is gone) alive; the caller exits right after.
