@@ -258,6 +258,17 @@ def test_pool_refills_in_batches_and_when_a_put_found_too_few_rows():
     assert pool.wanted() == SparePool.TARGET - len(pool)  # so the next call refills
 
 
+def test_pool_target_grows_when_puts_find_it_empty():
+    unit, pool = MemoryUnit(), SparePool("p", -1)
+    ctrl = FakeController()
+    targets = []
+    for _ in range(6):  # as when many threads take the rows faster than refills come
+        assert not pool.put(ctrl, [unit], ["a"], {"x": torch.ones(1, 4)}, None)
+        targets.append(pool.wanted())
+    assert targets == [32, 64, 128, 256, 256, 256]  # doubled, up to MAX_TARGET
+    assert SparePool.MAX_TARGET == 256 and not ctrl.calls  # nothing was sent
+
+
 def test_pool_rejected_put_frees_its_bytes_and_keeps_the_rows():
     unit, pool = MemoryUnit(), SparePool("p", -1)
     pool.add(spare_rows(2))

@@ -49,7 +49,8 @@ class SparePool:
         unit: the writers' unit choice the rows were placed with (-1: spread).
     """
 
-    TARGET = 16  # spare rows to hold
+    TARGET = 16  # spare rows to hold at first
+    MAX_TARGET = 256  # concurrent puts from many threads grow the pool up to this
     MAX_ROWS = 16  # a put of more rows goes through reserve
     COOLDOWN = 64  # puts that go through reserve after one whose keys existed
 
@@ -60,6 +61,7 @@ class SparePool:
         self._rows = {f: np.zeros(0, dtype=np.int64) for f in _FIELDS}
         self._cooldown = 0
         self._short = False  # a put found too few rows: refill before the half mark
+        self.target = self.TARGET  # doubled each time puts find the pool empty
         self._schemas: dict[str, dict] = {}  # fixed schemas seen (they never change)
 
     def __len__(self) -> int:
@@ -67,12 +69,14 @@ class SparePool:
 
     def wanted(self) -> int:
         """How many spare rows the next ``reserve`` or ``commit_new`` should ask for: none
-        until the pool is down to half, then enough to fill it (placing rows in batches
-        costs the controller less per put than one row per put)."""
+        until the pool is down to half its ``target``, then enough to fill it (placing
+        rows in batches costs the controller less per put than one row per put). The
+        target doubles (up to ``MAX_TARGET``) whenever a put finds the pool empty, as
+        happens when many threads put at once."""
         with self._lock:
-            if self._cooldown or (len(self) > self.TARGET // 2 and not self._short):
+            if self._cooldown or (len(self) > self.target // 2 and not self._short):
                 return 0
-            return self.TARGET - len(self)
+            return max(0, self.target - len(self))
 
     def add(self, spare: dict[str, Any] | None) -> None:
         """Take spare rows handed out by the controller."""
@@ -99,7 +103,10 @@ class SparePool:
                 self._cooldown -= 1
                 return None
             if n > self.MAX_ROWS or len(self) < n:
-                self._short = n <= self.MAX_ROWS
+                if n <= self.MAX_ROWS:
+                    self._short = True
+                    if not len(self):  # concurrent puts outran the refills: hold more
+                        self.target = min(2 * self.target, self.MAX_TARGET)
                 return None
             taken = {f: a[:n] for f, a in self._rows.items()}
             self._rows = {f: a[n:] for f, a in self._rows.items()}

@@ -39,9 +39,10 @@ class _Layout:
         self.epoch_view = None if epoch is None else _READER.view(
             epoch["shm"], torch.int64, (2,)).numpy()  # numpy: a cheaper read per get
         self.fields = {f: _map(lay) for f, lay in raw.get("fields", {}).items()}
-        self.tokens = _map(raw.get("generations"))
-        self.flags = {f: _map(lay) for f, lay in (raw.get("flags") or {}).items()}
-        self.live = _map(raw.get("live"))
+        # numpy views: one-row index operations cost a fraction of torch's here
+        self.tokens = _map_np(raw.get("generations"))
+        self.flags = {f: _map_np(lay) for f, lay in (raw.get("flags") or {}).items()}
+        self.live = _map_np(raw.get("live"))
 
     def valid(self) -> bool:
         return self.epoch_view is not None and int(self.epoch_view[0]) == self.epoch
@@ -70,14 +71,13 @@ class _Layout:
             if view is None or flags is None or top >= min(view.shape[0], flags.shape[0]) \
                     or col.dtype != view.dtype or col.shape[1:] != view.shape[1:]:
                 return False
-        idx = torch.from_numpy(slots)
-        if not bool(self.tokens.index_select(0, idx).eq(UNSET).all()):
+        if not (self.tokens[slots] == UNSET).all():
             return False  # rows being read may live there: only the unit overwrites them
         for f, col in columns.items():
             scatter_rows(self.fields[f], slots, col)
-            self.flags[f][idx] = True
-        self.live[idx] = True
-        self.tokens[idx] = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+            self.flags[f][slots] = True
+        self.live[slots] = True
+        self.tokens[slots] = tokens
         fence()
         return self.writable()
 
@@ -98,14 +98,18 @@ class _Layout:
         tokens = self.tokens
         if tokens is None or (len(slots) and int(slots.max()) >= tokens.shape[0]):
             return False
-        seen = tokens.index_select(0, torch.from_numpy(slots))
-        return bool(torch.equal(seen, torch.from_numpy(np.asarray(generations, np.int64))))
+        return bool(np.array_equal(tokens[slots], generations))
 
 
 def _map(lay: dict[str, Any] | None) -> torch.Tensor | None:
     if lay is None:
         return None
     return _READER.view(lay["shm"], dtype_from_name(lay["dtype"]), tuple(lay["shape"]))
+
+
+def _map_np(lay: dict[str, Any] | None) -> np.ndarray | None:
+    t = _map(lay)
+    return None if t is None else t.numpy()
 
 
 class SameHostUnit(StorageUnit):

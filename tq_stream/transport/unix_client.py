@@ -124,7 +124,7 @@ class UnixRpcClient(Transport):
     """
 
     def __init__(self, address: str, *, timeout: float = 30.0,
-                 curve_server_key: Any = None, max_idle_sockets: int = 8,
+                 curve_server_key: Any = None, max_idle_sockets: int = 64,
                  **_: Any) -> None:
         self._path = unix_path(address)
         if curve_server_key is not None:
