@@ -17,7 +17,7 @@ from tq_fixtures import segments_of, start_local, wait_until
 
 from tq_stream.backends.shm import SHM_DIR, ShmReader, ShmUnit, shm_available, sweep_stale
 from tq_stream.columns import Ragged
-from tq_stream.errors import StateError
+from tq_stream.errors import KeyConflictError, StateError
 
 pytestmark = [
     pytest.mark.integration,
@@ -62,6 +62,25 @@ def test_segments_live_while_used_and_go_on_close(unit):
     unit.put("q", one(0), {"x": torch.ones(1, 2)})
     unit.close()
     assert set(segments_of([ME])) - before == set()
+
+
+def test_a_store_made_again_from_a_kept_flags_segment_grows_with_its_slab():
+    """A slab too large to keep comes back small while its written flags (small enough
+    to keep) come back at their old size: the two must still grow as one."""
+    unit = ShmUnit(keep_bytes=4096)
+    try:
+        unit.put("p", np.arange(100, dtype=np.int64), {"x": torch.ones(100, 64)})
+        unit.free("p", np.arange(100, dtype=np.int64))  # emptied: the flags are kept
+        slots = np.arange(40, dtype=np.int64)
+        unit.put("p", slots, {"x": torch.arange(40.0).repeat_interleave(64).view(40, 64)})
+        got = unit.get("p", slots, ["x"])["x"]
+        assert torch.equal(got[:, 0], torch.arange(40.0))
+        store = unit._parts["p"].fields["x"]
+        assert store.flags.shape[0] == store.data.shape[0]
+        with pytest.raises(KeyConflictError):
+            unit.get("p", one(41), ["x"])  # the kept flags were cleared: never written
+    finally:
+        unit.close()
 
 
 def test_sweep_removes_segments_of_a_killed_owner():

@@ -31,7 +31,8 @@ class _PartitionStore:
     def __init__(self, alloc: Alloc, live_alloc: Alloc | None = None) -> None:
         self.fields: dict[str, Store] = {}
         self._live_alloc = live_alloc or alloc
-        self.live_flags = self._live_alloc((_MIN_ROWS,), torch.bool).zero_()
+        self.live_flags = self._live_alloc((_MIN_ROWS,), torch.bool)  # maybe more rows
+        self.live_flags.zero_()
         self.live = self.live_flags.numpy()
         self.gen = Generations(alloc)
 

@@ -79,9 +79,14 @@ class DenseSlab:
                  flag_alloc: Alloc | None = None):
         self.dtype, self.shape, self._alloc = dtype, shape, alloc
         self._flag_alloc = flag_alloc or alloc
-        self.data = alloc((_MIN_ROWS, *shape), dtype)
-        self.flags = self._flag_alloc((_MIN_ROWS,), torch.bool).zero_()
+        self.data = alloc((_MIN_ROWS, *shape), dtype)  # may be larger (a reused segment)
+        self.flags = self._new_flags(self.data.shape[0])
         self.written = self.flags.numpy()
+
+    def _new_flags(self, n: int) -> torch.Tensor:
+        """``n`` False flags; an allocator may hand out more (a reused segment): the
+        flags are cut to the slab's capacity, so both always hold the same rows."""
+        return self._flag_alloc((n,), torch.bool)[:n].zero_()
 
     def _ensure(self, max_slot: int) -> None:
         cap = self.data.shape[0]
@@ -89,7 +94,7 @@ class DenseSlab:
             return
         n = _grown(cap, max_slot + 1)
         new = self._alloc((n, *self.shape), self.dtype)
-        flags = self._flag_alloc((n,), torch.bool).zero_()
+        flags = self._new_flags(new.shape[0])
         # A new segment bumped the unit's layout epoch: past this fence a same-host
         # writer still copying into the old slab either sees the bump and writes
         # again through the unit, or its bytes and flags are in the copies below.
