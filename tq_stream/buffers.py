@@ -75,27 +75,49 @@ class BufferPool:
 POOL = BufferPool()
 
 
-def _contiguous(slots: np.ndarray) -> bool:
+MAX_RUNS = 16  # beyond this many runs of consecutive slots (per 1024 rows), one gather
+
+
+def runs(slots: np.ndarray) -> list[tuple[int, int, int]] | None:
+    """``(position, first slot, length)`` of each run of consecutive slots, or None
+    when there are so many runs that one indexed gather/scatter is cheaper.
+
+    Rows written together sit in consecutive slots except where a few slots were
+    taken meanwhile (a writer's spare rows, a row freed and reused), so a large
+    batch is usually a handful of runs: a plain copy each, at memcpy speed.
+    """
     n = len(slots)
-    return n > 1 and int(slots[-1]) - int(slots[0]) == n - 1 and bool(
-        (np.diff(slots) == 1).all())
+    if n == 0:
+        return []
+    if int(slots[-1]) - int(slots[0]) == n - 1 and (n == 1 or bool((np.diff(slots) == 1).all())):
+        return [(0, int(slots[0]), n)]
+    starts = np.flatnonzero(np.diff(slots) != 1) + 1
+    if len(starts) >= max(1, MAX_RUNS * n // 1024):
+        return None
+    bounds = [0, *starts.tolist(), n]
+    return [(a, int(slots[a]), b - a) for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 def scatter_rows(dst: torch.Tensor, slots: np.ndarray, values: torch.Tensor) -> None:
-    """``dst[slots] = values``: one plain copy when the slots are consecutive."""
+    """``dst[slots] = values``: a plain copy per run of consecutive slots (``runs``)."""
     values = values.to(dst.dtype).reshape(len(slots), *dst.shape[1:])
-    if _contiguous(slots) or len(slots) == 1:
-        dst[int(slots[0]) : int(slots[0]) + len(slots)].copy_(values)
-    else:
+    parts = runs(slots)
+    if parts is None:
         dst.index_copy_(0, torch.from_numpy(slots), values)
+        return
+    for pos, first, n in parts:
+        dst[first : first + n].copy_(values[pos : pos + n])
 
 
 def gather_rows(src: torch.Tensor, slots: np.ndarray,
                 out: torch.Tensor | None = None) -> torch.Tensor:
-    """``src[slots]`` into ``out`` (a pooled buffer if None): one plain copy when the
-    slots are consecutive (rows written together usually are), else one gather."""
+    """``src[slots]`` into ``out`` (a pooled buffer if None): a plain copy per run of
+    consecutive slots (``runs``), else one gather."""
     if out is None:
         out = POOL.empty((len(slots), *src.shape[1:]), src.dtype)
-    if _contiguous(slots):
-        return out.copy_(src[int(slots[0]) : int(slots[-1]) + 1])
-    return torch.index_select(src, 0, torch.from_numpy(slots), out=out)
+    parts = runs(slots)
+    if parts is None:
+        return torch.index_select(src, 0, torch.from_numpy(slots), out=out)
+    for pos, first, n in parts:
+        out[pos : pos + n].copy_(src[first : first + n])
+    return out
