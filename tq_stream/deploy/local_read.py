@@ -141,9 +141,18 @@ class SameHostUnit(StorageUnit):
             if layout is not None and layout.write(slots, columns,  # type: ignore[arg-type]
                                                    generations):
                 return
+        tensors = columns if dense else {f: c for f, c in columns.items()
+                                         if isinstance(c, torch.Tensor)}
+        if not dense:
+            size = sum(c.numel() * c.element_size() for c in tensors.values())
         if self._shm and self._direct and size >= self.DIRECT_BYTES:
             try:
-                self._put_direct(partition, slots, columns, generations)
+                # Dense fields straight into shared memory; ragged and object fields
+                # (if any) still travel over the socket, after them.
+                self._put_direct(partition, slots, tensors, generations)  # type: ignore[arg-type]
+                rest = {f: c for f, c in columns.items() if f not in tensors}
+                if rest:
+                    self._remote.put(partition, slots, rest, generations)
                 return
             except ConfigError:
                 self._direct = False  # this unit takes no direct writes: use the socket
