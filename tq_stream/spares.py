@@ -4,14 +4,17 @@ A put of new keys normally takes three calls: ``reserve`` (place the rows), the
 bytes to the storage units, ``commit``. With spare rows (placed in a unit and slot,
 no key yet; see ``tq_stream.controller.spares``) it takes two: the bytes go to the
 spare slots, then ``commit_new`` names the keys, after checking all that
-``reserve`` would have. A put ``commit_new`` cannot take as it is (a key exists, a
-schema needs converting, the partition is full) leaves nothing visible: its bytes
-are freed and the writer puts again through ``reserve``.
+``reserve`` would have. On the unit's host the bytes need no call at all: they are
+copied straight into its shared memory (``SameHostUnit``), so a put is one call.
+A put ``commit_new`` cannot take as it is (a key exists, a schema needs
+converting, the partition is full) leaves nothing visible: its bytes are freed
+and the writer puts again through ``reserve``.
 
-Spare rows are refilled by the calls a put makes anyway (``reserve`` and
-``commit_new`` take a ``spare`` count) and returned when the stream is closed. A
-spare row whose bytes may still be in flight (a call timed out) is never used
-again: a late write would land in a row that is live by then.
+Spare rows are refilled, in batches, by the calls a put makes anyway (``reserve``
+and ``commit_new`` take a ``spare`` count; see ``SparePool.wanted``) and returned
+when the stream is closed. A spare row whose bytes may still be in flight (a call
+timed out) is never used again: a late write would land in a row that is live by
+then.
 
 Invariants: a spare row is either in the pool or held by exactly one put; a row
 in the pool holds no bytes in its unit (so returning it needs no free); a pool

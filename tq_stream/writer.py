@@ -126,7 +126,7 @@ class Writer:
         ctrl = self._stream._controller()
         spares = None if expect is not None else self._stream._spares(self.partition, self._unit)
         if spares is not None and spares.put(ctrl, self._stream._units(), keys, cols, tags):
-            return  # two calls: bytes to spare rows, then commit_new (tq_stream.spares)
+            return  # bytes to spare rows (no call on the same host), then commit_new
         schemas = schemas_of(cols)
         timeout = self._stream.config.timeout if timeout is None else timeout
         extra: dict[str, Any] = {} if expect is None else {"expect": expect}

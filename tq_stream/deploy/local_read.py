@@ -1,4 +1,5 @@
-"""SameHostUnit: a remote storage unit whose dense fields are read from shared memory."""
+"""SameHostUnit: a storage unit in another process of this host, whose dense fields are
+read and written through its shared memory."""
 
 from __future__ import annotations
 
@@ -113,10 +114,21 @@ def _map_np(lay: dict[str, Any] | None) -> np.ndarray | None:
 
 
 class SameHostUnit(StorageUnit):
-    """Writes go to the unit process; reads of dense fields copy straight out of its
-    shared-memory slabs (no bytes on a socket). The slabs' layout is asked for once
-    and reused while the unit's layout epoch is unchanged, so a read of dense fields
-    makes no call at all."""
+    """A unit process on this host, reached through its shared-memory slabs where it pays.
+
+    - Reads of dense fields copy straight out of the slabs (no bytes on a socket).
+      The layout is asked for once and reused while the unit's layout epoch is
+      unchanged, so such a read makes no call at all; the slots' tokens are checked
+      after the copy (a seqlock), and a read that raced a write asks the unit.
+    - Small puts of new dense rows (up to ``SHARED_ROWS``, below ``DIRECT_BYTES``)
+      are copied into the slabs here, with their flags and tokens (``_Layout.write``),
+      and make no call either; a write that raced a slab move or a dropped store is
+      done again by the unit.
+    - Dense puts of ``DIRECT_BYTES`` or more are copied in between two small calls
+      (``prepare_write`` / ``finish_write``); ragged and object fields of the same put
+      go over the socket.
+    - Everything else goes over the socket to the unit process.
+    """
 
     def __init__(self, remote: Any) -> None:
         self._remote = remote
