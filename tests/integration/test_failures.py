@@ -73,6 +73,32 @@ def test_rows_of_a_killed_consumer_are_delivered_again_after_the_lease(local_str
 # ------------------------------------------------------------ a unit restarts
 
 
+def test_small_puts_after_a_unit_restart_reach_the_new_unit():
+    """A writer that copied rows into a unit's shared memory must not keep copying into
+    the memory of a unit that died and was replaced at the same address."""
+    stream = start_local(storage_units=2)
+    try:
+        w = stream.writer("again")
+        before = [f"b_{i}" for i in range(40)]
+        for k in before:  # one row per put: straight into both units' shared memory
+            w.put([k], {"x": values([k])})
+        assert any(u._writes for u in stream._units())  # layouts cached for writes
+        dead = stream._owner.pids[1]
+        kill(dead)  # a crash: the unit cannot tell anyone its memory is gone
+        assert wait_gone([dead], 20.0) == []
+        stream._owner.restart_unit(1)
+        after = [f"a_{i}" for i in range(40)]
+        for k in after:
+            w.put([k], {"x": values([k])})
+        meta = stream.kv.meta(after, partition="again")
+        assert set(meta.unit.tolist()) == {0, 1}  # some rows went to the new unit
+        assert torch.equal(stream.kv.get_batch(after, partition="again")["x"], values(after))
+        for k in after:
+            assert torch.equal(stream.kv.get(k, partition="again")["x"], values([k])[0])
+    finally:
+        stream.close()
+
+
 def test_unit_restart_drops_its_rows_and_serves_again(local_stream):
     part = "restart"
     keys = [f"u_{i}" for i in range(12)]
