@@ -43,7 +43,7 @@ class BufferPool:
         numel = 1
         for d in shape:
             numel *= int(d)
-        itemsize = torch.empty(0, dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         nbytes = numel * itemsize
         if nbytes < MIN_BYTES:
             return torch.empty(shape, dtype=dtype)

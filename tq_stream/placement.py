@@ -32,6 +32,8 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def _groups(unit: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    if len(unit) == 1:  # one row (small operations): skip the sort
+        return [(int(unit[0]), np.zeros(1, dtype=np.int64))]
     units = np.unique(unit)
     if len(units) == 1:
         return [(int(units[0]), np.arange(len(unit)))]
