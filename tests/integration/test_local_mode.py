@@ -3,6 +3,7 @@ units in child processes (one deployment for the module, one partition per test)
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import signal
 import subprocess
@@ -326,6 +327,32 @@ def test_no_orphans_when_the_owner_exits_or_is_killed():
             for p in pids:
                 kill(p)
 
+
+
+def _deleted_shm_mapped() -> int:
+    """Bytes this process still maps of /dev/shm/tq_* files that were unlinked."""
+    total = 0
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "/dev/shm/tq_" in line and line.rstrip().endswith("(deleted)"):
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                total += hi - lo
+    return total
+
+
+def test_a_reader_lets_go_of_cleared_segments(local_stream):
+    keys = [f"big{i}" for i in range(768)]
+    data = torch.randn(768, 16384)  # 24 MiB per unit: unlinked when cleared, never kept
+    local_stream.kv.put_batch(keys, {"x": data}, partition="letgo")
+    assert torch.equal(local_stream.kv.get_batch(keys, partition="letgo")["x"], data)
+    local_stream.kv.clear(keys, partition="letgo")
+    del data
+    gc.collect()
+    # The next call that touches each unit drops its stale layouts and mappings.
+    local_stream.kv.put_batch(["s0", "s1"], {"x": torch.zeros(2, 4)}, partition="letgo2")
+    local_stream.kv.get_batch(["s0", "s1"], partition="letgo2")
+    gc.collect()
+    assert _deleted_shm_mapped() < (1 << 20)
 
 
 @pytest.mark.integration

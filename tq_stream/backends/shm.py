@@ -366,6 +366,18 @@ class ShmReader:
             self._maps.move_to_end(name)
         return seg.tensor(dtype, shape)
 
+    def forget_gone(self) -> int:
+        """Drop the mappings of segments their unit has unlinked (grown out, freed, or
+        of a unit that died); returns how many. The memory of such a segment is
+        returned once no tensor over it is left, so a client that once read a large
+        batch does not keep it alive. Cheap enough for every layout change: one
+        ``stat`` per cached segment."""
+        with self._lock:
+            gone = [n for n in self._maps if not os.path.exists(os.path.join(SHM_DIR, n))]
+            for name in gone:
+                del self._maps[name]
+        return len(gone)
+
     def current(self, layout: dict[str, Any] | None, slots: np.ndarray,
                 generations: np.ndarray) -> bool:
         """True if every slot holds the row of its token (seqlock check after a copy)."""

@@ -215,13 +215,15 @@ class SameHostUnit(StorageUnit):
     def _layout(self, partition: str, fields: Sequence[str], fresh: bool) -> _Layout:
         """The cached layout of ``fields``, or a new one when it is stale or ``fresh``."""
         key = (partition, tuple(fields))
+        self._drop_stale()
         layout = self._layouts.get(key)
         if layout is not None and not fresh and layout.valid():
             return layout
         if layout is not None or len(self._layouts) >= MAX_LAYOUTS:
             # The unit's epoch moved: every cached layout is stale, and dropping them
-            # unmaps segments the unit has unlinked (their memory is returned).
+            # (and the reader's mappings of unlinked segments) returns their memory.
             self._layouts.clear()
+            _READER.forget_gone()
         raw = self._remote._rpc.call("layout", {"partition": partition, "fields": list(fields)})
         if not raw:
             self._shm = False  # the unit keeps its slabs on its heap
@@ -230,15 +232,29 @@ class SameHostUnit(StorageUnit):
             self._layouts[key] = layout  # partial layouts are used once (see _Layout)
         return layout
 
+    def _drop_stale(self) -> None:
+        """Forget every cached layout once the unit's epoch moved (one read of it): they
+        all share it, and the segments they map may be unlinked, their memory held
+        only by these mappings until dropped."""
+        for cache in (self._layouts, self._writes):
+            some = next(iter(cache.values()), None)
+            if some is not None and not some.valid():
+                self._layouts.clear()
+                self._writes.clear()
+                _READER.forget_gone()
+                return
+
     def _write_layout(self, partition: str, fields: tuple[str, ...]) -> _Layout | None:
         """A writable layout of ``fields`` (cached while it stays writable), or None when
         the unit has no such slabs yet (the first put of a field goes to the unit)."""
         key = (partition, fields)
+        self._drop_stale()
         layout = self._writes.get(key)
         if layout is not None and layout.writable():
             return layout
         if layout is not None or len(self._writes) >= MAX_LAYOUTS:
             self._writes.clear()
+            _READER.forget_gone()
         raw = self._remote._rpc.call("layout", {"partition": partition, "fields": list(fields),
                                                 "writable": True})
         if not raw:
