@@ -219,6 +219,40 @@ def test_dataloader_workers_deliver_every_row_once(local_stream, context):
     assert stats["acked"] == len(keys) and stats["leased"] == 0
 
 
+def _produce_one_by_one(stream: tq.Stream, partition: str, prefix: str, n: int) -> None:
+    w = stream.writer(partition)
+    for i in range(n):
+        key = f"{prefix}_{i}"
+        w.put([key], {"x": values([key])})  # one row per put: the shared-memory path
+
+
+@pytest.mark.timeout(120)
+def test_rows_written_into_shared_memory_while_consumed_arrive_intact(local_stream):
+    """Two producer processes copy rows into the units' shared memory one by one while a
+    loader consumes and acks them, so the partition empties and fills again, slabs grow
+    and stores are dropped and made again under the writers: every row arrives once,
+    with its own values."""
+    part = "shared_stream"
+    local_stream.create_partition(part)
+    ctx = mp.get_context("fork")
+    producers = [ctx.Process(target=_produce_one_by_one, args=(local_stream, part, p, 300))
+                 for p in ("p", "q")]
+    for proc in producers:
+        proc.start()
+    ds = tq.StreamingDataset(local_stream, part, "t", ["x"], batch_size=4, timeout=60)
+    seen: list[str] = []
+    for batch in tq.StreamingDataLoader(ds):
+        meta = tq.batch_meta(batch)
+        assert torch.equal(batch["x"], values(list(meta.keys)))
+        seen += meta.keys
+        if len(seen) == 600:
+            break
+    for proc in producers:
+        proc.join(30)
+        assert proc.exitcode == 0
+    assert sorted(seen) == sorted(f"{p}_{i}" for p in ("p", "q") for i in range(300))
+
+
 def test_save_and_restore(local_stream, tmp_path):
     keys = [f"ck_{i}" for i in range(10)]
     local_stream.writer("ckpt").put(keys, {"x": values(keys), "o": keys},
