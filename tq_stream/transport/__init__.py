@@ -1,9 +1,11 @@
 """Transports: how a request reaches a handler and its reply comes back.
 
 ``Transport`` is the one-method contract; ``InprocTransport`` calls a handler in
-process (unit tests, embedded mode). The zmq transport lives in
-``tq_stream.transport.zeromq`` and is imported explicitly, so that importing
-this package does not import pyzmq.
+process (unit tests, embedded mode). The socket transports are imported
+explicitly, so that importing this package imports neither: unix stream sockets
+(``unix_server``/``unix_client``, same host only, local mode's default) and zmq
+(``tq_stream.transport.zeromq``: tcp/ipc, CURVE, across hosts).
+``tq_stream.transport.rpc`` picks one from an address's scheme.
 """
 
 from tq_stream.transport.base import InprocTransport, Transport

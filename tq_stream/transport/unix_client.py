@@ -124,8 +124,7 @@ class UnixRpcClient(Transport):
     """
 
     def __init__(self, address: str, *, timeout: float = 30.0,
-                 curve_server_key: Any = None, max_idle_sockets: int = 64,
-                 **_: Any) -> None:
+                 curve_server_key: Any = None, max_idle_sockets: int = 64) -> None:
         self._path = unix_path(address)
         if curve_server_key is not None:
             raise ConfigError("curve_server_key needs the zmq transport (tcp/ipc); unix "
