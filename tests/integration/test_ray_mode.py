@@ -61,6 +61,11 @@ def test_producer_and_consumer_on_different_nodes(ray_cluster):
     names = [f"tq_stream_unit{i}" for i in range(2)] + ["tq_stream_controller"]
     try:
         assert sorted(stream._owner.unit_nodes) == sorted(ray_cluster), "one unit per node"
+        # This process shares the host with every actor: it calls them over unix sockets.
+        assert stream.address.startswith("tcp://")
+        assert stream._backend.controller()._rpc.address.startswith("unix://")
+        assert all(u._remote._rpc.address.startswith("unix://")
+                   for u in stream._backend.units())
 
         def on(node: str) -> dict:
             return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}

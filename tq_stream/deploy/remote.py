@@ -49,14 +49,30 @@ class RemoteBackend:
 
             with self._lock:
                 if self._ctrl is None:
-                    self._ctrl = RemoteController(self._rpc(self.address), self._config.timeout)
+                    self._ctrl = RemoteController(self._nearest_controller(),
+                                                  self._config.timeout)
         return self._ctrl
+
+    def _nearest_controller(self) -> Any:
+        """A client of the controller: at its unix address when it runs on this host and
+        has one (Ray mode; local mode's address is one already), else at ``address``."""
+        rpc = self._rpc(self.address)
+        if self.address.startswith("unix://") or self._curve is not None:
+            return rpc
+        from tq_stream.deploy.services import nearest
+
+        info = rpc.call("ping", {})
+        local = nearest({"address": self.address, **info})
+        if local == self.address:
+            return rpc
+        rpc.close()
+        return self._rpc(local)
 
     def units(self) -> list[Any]:
         if self._units is None:
             from tq_stream.deploy.local_read import SameHostUnit
             from tq_stream.deploy.proxies import RemoteUnit
-            from tq_stream.deploy.services import host_id
+            from tq_stream.deploy.services import host_id, nearest
 
             infos = self.controller().units()
             here = host_id()
@@ -64,7 +80,8 @@ class RemoteBackend:
                 if self._units is None:
                     units = []
                     for info in infos:
-                        unit = RemoteUnit(self._rpc(info["address"]), self._config.timeout)
+                        address = info["address"] if self._curve is not None else nearest(info)
+                        unit = RemoteUnit(self._rpc(address), self._config.timeout)
                         units.append(SameHostUnit(unit) if info["host"] == here else unit)
                     self._units = units
         return self._units

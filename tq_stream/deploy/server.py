@@ -63,23 +63,42 @@ def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = 
 
 def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, ...] = (),
           shm: bool = True, curve_secret_key: bytes | None = None,
-          curve_server_key: bytes | None = None) -> tuple[Any, Any]:
-    """Start serving ``role`` at ``address``; returns (server, cleanup)."""
+          curve_server_key: bytes | None = None,
+          local_dir: str | None = None) -> tuple[Any, Any, str | None]:
+    """Start serving ``role`` at ``address``; returns (server, cleanup, local address).
+
+    With ``local_dir`` (and no CURVE key) the same service is also served on a unix
+    socket in that folder, for clients on this host (Ray mode: the tcp address is for
+    other nodes); its address is returned, else None.
+    """
     from tq_stream.transport.rpc import rpc_server
 
     service, cleanup = build_service(role, units, sampler_modules, shm,
                                      curve_server_key=curve_server_key)
     workers = 64 if role == "controller" else 16
-    server = rpc_server(service, address, workers=workers, backlog=1024,
-                        curve_secret_key=curve_secret_key)
+    servers = [rpc_server(service, address, workers=workers, backlog=1024,
+                          curve_secret_key=curve_secret_key)]
+    local = None
+    if local_dir is not None and curve_secret_key is None:
+        try:
+            servers.append(rpc_server(service, f"unix://{local_dir}/{role}",
+                                      workers=workers, backlog=1024))
+        except BaseException:
+            cleanup()
+            servers[0].close(timeout=STOP_GRACE)
+            raise
+        local = servers[1].address
+        if hasattr(service, "local_address"):
+            service.local_address = local  # a controller tells same-host clients (ping)
 
     def stop() -> None:
         # The service first: a closed controller answers its waiting long-polls at once
         # (ClosedError), so the server's short grace is enough for running handlers.
         cleanup()
-        server.close(timeout=STOP_GRACE)
+        for server in servers:
+            server.close(timeout=STOP_GRACE)
 
-    return server, stop
+    return servers[0], stop, local
 
 
 def _on_stop_signal(signum: int, frame: Any) -> None:
@@ -127,7 +146,7 @@ def run_child(cfg: dict[str, Any], out: Any) -> int:
     """Serve until SIGTERM/SIGINT or the parent's death; announce the address on ``out``."""
     wakeup_fd = _stop_signals()
     _die_with_parent()  # after the handlers: an early parent-death signal is not lost
-    server, stop = serve(
+    server, stop, _ = serve(
         cfg["role"], cfg.get("address", "tcp://127.0.0.1:0"), cfg.get("units", 1),
         tuple(cfg.get("sampler_modules", ())), cfg.get("shm", True),
         (cfg.get("curve_secret") or "").encode() or None,

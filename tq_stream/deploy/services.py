@@ -133,6 +133,13 @@ class UnitService:
         fn(partition, ticket, ok)
 
 
+def nearest(info: dict[str, Any]) -> str:
+    """The address to call a server at from this process: its unix ``local`` address
+    when it has one and runs on this host, else its ``address``."""
+    local = info.get("local")
+    return local if local and info.get("host") == host_id() else info["address"]
+
+
 class ControllerService(Controller):
     """The Controller, plus what a remote deployment needs around it.
 
@@ -152,16 +159,20 @@ class ControllerService(Controller):
         self._make_client = unit_client
         self._sampler_modules = tuple(sampler_modules)
         self._attached = threading.Event()
+        # A unix address this controller is also served at, for clients on its host
+        # (set by ``deploy.server.serve``; None when there is none).
+        self.local_address: str | None = None
 
     def _free_remote(self, unit: int, partition: str, slots: np.ndarray) -> None:
         self._unit_clients[unit].call("free", {"partition": partition, "slots": slots})
 
     def attach_units(self, units: list[dict[str, Any]]) -> None:
-        """Record the units' addresses (``[{"address", "host", "pid"}, ...]``)."""
+        """Record the units' addresses (``[{"address", "host", "pid", "local"?}, ...]``;
+        a unit on this host is called at its ``local`` address when it has one)."""
         if len(units) != self.n_units:
             raise ConfigError(f"units must list {self.n_units} storage units, got {len(units)}")
         self._unit_addresses = list(units)
-        self._unit_clients = [self._make_client(u["address"]) for u in units]
+        self._unit_clients = [self._make_client(nearest(u)) for u in units]
         self._attached.set()
 
     def drop_unit(self, unit: int, info: dict[str, Any] | None = None) -> dict[str, int]:
@@ -211,7 +222,8 @@ class ControllerService(Controller):
         return self._unit_addresses
 
     def ping(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "host": host_id(), "units": len(self._unit_addresses)}
+        return {"pid": os.getpid(), "host": host_id(), "units": len(self._unit_addresses),
+                "local": self.local_address}
 
     def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
                       dp_size: int = 1, replicas: int = 1, lease_timeout: float = 300.0,
