@@ -8,6 +8,7 @@ end, time to first batch, write->yield latency p50/p99, duplicates and missing r
 from __future__ import annotations
 
 import math
+import sys
 
 from benchmarks.systems.base import StreamSpec
 from benchmarks.systems.streaming import run_stream, token_rows
@@ -24,7 +25,11 @@ def run(system, shapes: Shapes, quick: bool = False) -> list[Row]:
                           rows_per_put=per_put, num_workers=workers,
                           timeout_s=120.0 if quick else 300.0)
         try:
-            summary = run_stream(system, spec, token_rows).summary()
+            result = run_stream(system, spec, token_rows)
+            summary = result.summary()
+            for error in result.errors:  # shown, so a failed case can be understood
+                print(f"{system.name} streaming {per_put}/put workers={workers}: {error}",
+                      file=sys.stderr)
         except Exception as exc:  # noqa: BLE001 - a peer's failure is a result, not a crash
             rows.append(Row("streaming", f"{per_put} rows/put, workers={workers}",
                             system.name, math.nan, "rows/s", {"error": repr(exc)[:120]}))
