@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing as mp
+import os
 import signal
 import subprocess
 import sys
@@ -18,7 +19,16 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import initialize
 from tensordict import TensorDict
-from tq_fixtures import CONFIG, alive, kill, local_stream, segments_of, start_local, wait_gone
+from tq_fixtures import (
+    CONFIG,
+    alive,
+    kill,
+    local_stream,
+    segments_of,
+    start_local,
+    wait_gone,
+    wait_until,
+)
 from tq_workers import produce, values
 
 import tq_stream as tq
@@ -321,7 +331,7 @@ import sys, torch
 import tq_stream as tq
 s = tq.init(mode="local", storage_units=2)
 s.writer("p").put(["a", "b"], {"x": torch.ones(2, 64)})
-print(" ".join(map(str, s._owner.pids)), flush=True)
+print(" ".join(map(str, s._owner.pids)), s._owner._ipc_dir, flush=True)
 sys.stdin.readline()  # then exit without closing the stream
 """
 
@@ -334,11 +344,14 @@ def test_no_orphans_when_the_owner_exits_or_is_killed():
     holders = {end: subprocess.Popen([sys.executable, "-c", _HOLDER], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True) for end in ends}
     servers: dict[str, list[int]] = {}
+    folders: dict[str, str] = {}
     try:
         for end, proc in holders.items():
             line = proc.stdout.readline()
             assert line, f"holder exited with {proc.wait(10)}"
-            servers[end] = [int(p) for p in line.split()]
+            *pids, folder = line.split()
+            servers[end] = [int(p) for p in pids]
+            folders[end] = folder
             assert all(alive(p) for p in servers[end]) and segments_of(servers[end][:2])
         for end, proc in holders.items():
             if end == "exit":
@@ -350,6 +363,8 @@ def test_no_orphans_when_the_owner_exits_or_is_killed():
             assert proc.wait(40) == ends[end]  # generous: the suite may load both cores
             assert wait_gone(servers[end], 40.0) == [], f"orphans after {end}"
             assert segments_of(servers[end]) == []
+            assert wait_until(lambda f=folders[end]: not os.path.exists(f), 10.0), \
+                f"{end}: the servers leave no socket folder behind"
     finally:
         for proc in holders.values():
             if proc.poll() is None:
@@ -392,8 +407,6 @@ def test_a_reader_lets_go_of_cleared_segments(local_stream):
 @pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_ipc_transport_works_and_removes_its_socket_folder():
-    import os
-
     stream = tq.init(mode="local", storage_units=1, transport="ipc")
     folder = stream._owner._ipc_dir
     try:

@@ -17,6 +17,7 @@ that the main thread polls together with the lifeline.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -97,8 +98,19 @@ def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, .
         cleanup()
         for server in servers:
             server.close(timeout=STOP_GRACE)
+        for server in servers:
+            _remove_folder_if_empty(server.address)
 
     return servers[0], stop, local
+
+
+def _remove_folder_if_empty(address: str) -> None:
+    """The last server of a deployment to stop removes the folder of its unix sockets
+    (its owner does too when it closes, but an owner that was killed cannot)."""
+    for scheme in ("unix://", "ipc://"):
+        if address.startswith(scheme):
+            with contextlib.suppress(OSError):  # not empty (others still serve), or gone
+                os.rmdir(os.path.dirname(address[len(scheme):]))
 
 
 def _on_stop_signal(signum: int, frame: Any) -> None:
