@@ -113,6 +113,13 @@ def _map_np(lay: dict[str, Any] | None) -> np.ndarray | None:
     return None if t is None else t.numpy()
 
 
+def _forget(cache: dict[Any, _Layout]) -> None:
+    """Drop cached layouts and the reader's mappings of segments that are gone (their
+    memory is returned once nothing maps it)."""
+    cache.clear()
+    _READER.forget_gone()
+
+
 class SameHostUnit(StorageUnit):
     """A unit process on this host, reached through its shared-memory slabs where it pays.
 
@@ -145,23 +152,18 @@ class SameHostUnit(StorageUnit):
         slots = np.asarray(slots, dtype=np.int64)
         if not len(slots):
             return
-        dense = all(isinstance(c, torch.Tensor) for c in columns.values())
-        size = sum(c.numel() * c.element_size() for c in columns.values()) if dense else 0
-        if self._shm and dense and generations is not None and size < self.DIRECT_BYTES \
-                and len(slots) <= self.SHARED_ROWS:
+        tensors = {f: c for f, c in columns.items() if isinstance(c, torch.Tensor)}
+        size = sum(c.numel() * c.element_size() for c in tensors.values())
+        if self._shm and len(tensors) == len(columns) and generations is not None \
+                and size < self.DIRECT_BYTES and len(slots) <= self.SHARED_ROWS:
             layout = self._write_layout(partition, tuple(columns))
-            if layout is not None and layout.write(slots, columns,  # type: ignore[arg-type]
-                                                   generations):
+            if layout is not None and layout.write(slots, tensors, generations):
                 return
-        tensors = columns if dense else {f: c for f, c in columns.items()
-                                         if isinstance(c, torch.Tensor)}
-        if not dense:
-            size = sum(c.numel() * c.element_size() for c in tensors.values())
         if self._shm and self._direct and size >= self.DIRECT_BYTES:
             try:
                 # Dense fields straight into shared memory; ragged and object fields
                 # (if any) still travel over the socket, after them.
-                self._put_direct(partition, slots, tensors, generations)  # type: ignore[arg-type]
+                self._put_direct(partition, slots, tensors, generations)
                 rest = {f: c for f, c in columns.items() if f not in tensors}
                 if rest:
                     self._remote.put(partition, slots, rest, generations)
@@ -220,14 +222,8 @@ class SameHostUnit(StorageUnit):
         if layout is not None and not fresh and layout.valid():
             return layout
         if layout is not None or len(self._layouts) >= MAX_LAYOUTS:
-            # The unit's epoch moved: every cached layout is stale, and dropping them
-            # (and the reader's mappings of unlinked segments) returns their memory.
-            self._layouts.clear()
-            _READER.forget_gone()
-        raw = self._remote._rpc.call("layout", {"partition": partition, "fields": list(fields)})
-        if not raw:
-            self._shm = False  # the unit keeps its slabs on its heap
-        layout = _Layout(raw)
+            _forget(self._layouts)
+        layout = self._ask_layout(partition, fields, writable=False) or _Layout({})
         if set(layout.fields) == set(fields) and layout.tokens is not None:
             self._layouts[key] = layout  # partial layouts are used once (see _Layout)
         return layout
@@ -240,9 +236,20 @@ class SameHostUnit(StorageUnit):
             some = next(iter(cache.values()), None)
             if some is not None and not some.valid():
                 self._layouts.clear()
-                self._writes.clear()
-                _READER.forget_gone()
+                _forget(self._writes)
                 return
+
+    def _ask_layout(self, partition: str, fields: Sequence[str],
+                    writable: bool) -> _Layout | None:
+        """The unit's current layout of ``fields`` (None: it keeps no shared memory)."""
+        args: dict[str, Any] = {"partition": partition, "fields": list(fields)}
+        if writable:
+            args["writable"] = True
+        raw = self._remote._rpc.call("layout", args)
+        if not raw:
+            self._shm = False  # the unit keeps its slabs on its heap
+            return None
+        return _Layout(raw)
 
     def _write_layout(self, partition: str, fields: tuple[str, ...]) -> _Layout | None:
         """A writable layout of ``fields`` (cached while it stays writable), or None when
@@ -253,16 +260,10 @@ class SameHostUnit(StorageUnit):
         if layout is not None and layout.writable():
             return layout
         if layout is not None or len(self._writes) >= MAX_LAYOUTS:
-            self._writes.clear()
-            _READER.forget_gone()
-        raw = self._remote._rpc.call("layout", {"partition": partition, "fields": list(fields),
-                                                "writable": True})
-        if not raw:
-            self._shm = False
-            return None
-        layout = _Layout(raw)
-        if set(layout.fields) != set(fields) or set(layout.flags) != set(fields) or \
-                layout.live is None or layout.tokens is None:
+            _forget(self._writes)
+        layout = self._ask_layout(partition, fields, writable=True)
+        if layout is None or set(layout.fields) != set(fields) or \
+                set(layout.flags) != set(fields) or layout.live is None or layout.tokens is None:
             return None
         self._writes[key] = layout
         return layout

@@ -82,7 +82,9 @@ class _Pool:
                 return _Conn(sock)
             except (FileNotFoundError, ConnectionRefusedError, TimeoutError) as exc:
                 sock.close()
-                # The server is starting or restarting: retry until the deadline.
+                # The server is starting or restarting. Nothing signals that a socket
+                # began to listen, so retry at a short interval, bounded by the call's
+                # deadline (as zmq reconnects in the background).
                 wait = min(RETRY_CONNECT, deadline - time.monotonic())
                 if wait <= 0:
                     raise WaitTimeout(f"no server at {address} for {method!r} before the "
