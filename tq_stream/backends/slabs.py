@@ -306,15 +306,20 @@ class Generations:
         """Invalidate every slot (before the array is replaced or dropped)."""
         self.data.fill_(UNSET)
 
+    def holds(self, slots: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """Mask over ``slots``: the slot holds the row of its token."""
+        inside = (slots >= 0) & (slots < self.data.shape[0])
+        ok = inside.copy()
+        ok[inside] = self.data.numpy()[slots[inside]] == tokens[inside]
+        return ok
+
     def check(self, partition: str, slots: np.ndarray, tokens: np.ndarray) -> None:
         """Raise StateError unless every slot holds the row of its token."""
         tokens = np.asarray(tokens, dtype=np.int64)
         if tokens.shape != slots.shape:
             raise StateError(f"generations must have one entry per slot ({len(slots)}), "
                              f"got shape {tokens.shape}")
-        inside = (slots >= 0) & (slots < self.data.shape[0])
-        ok = inside.copy()
-        ok[inside] = self.data.numpy()[slots[inside]] == tokens[inside]
+        ok = self.holds(slots, tokens)
         if not ok.all():
             raise stale_rows(partition, slots[~ok])
 

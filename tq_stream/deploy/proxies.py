@@ -20,6 +20,7 @@ from tq_stream.errors import WaitTimeout
 from tq_stream.samplers.spec import to_spec
 
 POLL_SLICE = 2.0  # seconds one server-side wait may take
+UNIT_FILE_TIMEOUT = 600.0  # seconds a unit may take to write or read its checkpoint file
 MARGIN = 5.0  # extra seconds a reply may take beyond the server-side wait (at most
 # the configured call timeout)
 
@@ -206,6 +207,14 @@ class RemoteUnit(StorageUnit):
 
     def ping(self) -> dict[str, Any]:
         return self._rpc.call("ping", {}, timeout=self._timeout)
+
+    def save_rows(self, request: dict[str, Any]) -> dict[str, Any]:
+        return self._rpc.call("save_rows", {"request": request},
+                              timeout=max(self._timeout, UNIT_FILE_TIMEOUT))
+
+    def load_rows(self, path: str, save: str, unit: int) -> dict[str, Any]:
+        return self._rpc.call("load_rows", {"path": path, "save": save, "unit": unit},
+                              timeout=max(self._timeout, UNIT_FILE_TIMEOUT))
 
     def close(self) -> None:
         self._rpc.close()
