@@ -106,6 +106,8 @@ class Client:
         self._controller.set_version(partition=partition, task=task, version=version)
 
     def _check_step(self, meta: BatchMeta, what: str) -> None:
+        if not isinstance(meta, BatchMeta):
+            raise ConfigError(f"meta must be a BatchMeta from get_meta, got {meta!r:.80}")
         if not meta.task or meta.step < 0:
             raise ConfigError(f"{what} needs a meta from get_meta (with task and step), got "
                               f"task={meta.task!r} step={meta.step}")

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from tq_stream.buffers import gather_rows
+from tq_stream.buffers import gather_rows, indexable, scatter_rows
 from tq_stream.columns import Column, Ragged, dtype_from_name, schema_of
 from tq_stream.errors import KeyConflictError, StateError
 
@@ -105,8 +105,7 @@ class DenseSlab:
 
     def put(self, slots: np.ndarray, values: torch.Tensor) -> None:
         self._ensure(int(slots.max()))
-        idx = torch.from_numpy(slots)
-        self.data.index_copy_(0, idx, values.to(self.dtype).reshape(-1, *self.shape))
+        scatter_rows(self.data, slots, values)
         self.written[slots] = True
 
     def get(self, slots: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -169,7 +168,7 @@ class RaggedArena:
             return self.values[:0].clone()
         offs = np.cumsum(lengths) - lengths
         idx = np.repeat(self.start[slots] - offs, lengths) + np.arange(total, dtype=np.int64)
-        return self.values.index_select(0, torch.from_numpy(idx))
+        return indexable(self.values).index_select(0, torch.from_numpy(idx)).view(self.dtype)
 
     def put(self, slots: np.ndarray, values: Ragged) -> None:
         self._ensure_slots(int(slots.max()))

@@ -37,7 +37,7 @@ from tq_stream.errors import (
     check_positive,
     check_timeout,
 )
-from tq_stream.samplers.base import Sampler
+from tq_stream.samplers.base import Sampler, check_sampler
 from tq_stream.samplers.sequential import SequentialSampler
 from tq_stream.transport.dispatch import WouldBlock, may_block
 
@@ -84,7 +84,7 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic):
         self._closed = False
 
     # ------------------------------------------------------------ partitions
-    def _part(self, partition: str, create: bool = False) -> PartitionMeta:
+    def _part(self, partition: str, create: bool = False, by_put: bool = False) -> PartitionMeta:
         self._check_open()
         part = self._parts.get(partition)
         if part is None:
@@ -94,7 +94,10 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic):
                 )
             check_name("partition", partition)
             part = self._parts[partition] = PartitionMeta(partition, None, self.n_units)
+            part.by_put = by_put  # made by a put (see abort)
             self._tasks[partition] = {}
+        elif create and not by_put:
+            part.by_put = False  # named explicitly: kept even while empty
         return part
 
     def create_partition(self, partition: str, capacity: int | None = None) -> None:
@@ -151,7 +154,7 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic):
         check_spare(spare)
         deadline = time.monotonic() + timeout
         with self._cond:
-            part = self._part(partition, create=expect is None)
+            part = self._part(partition, create=expect is None, by_put=True)
             while True:
                 part.check_schemas(schemas_, coerce=True)
                 idx = part.lookup(list(keys))
@@ -269,6 +272,8 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic):
             for r in part.ready.values():
                 ok &= ~r[index]
             freed = self._release_rows(part, index[ok])
+            if part.unused() and not self._tasks[partition]:  # a failed first put: as if
+                del self._parts[partition], self._tasks[partition]  # it never came
         self._free_slots(partition, freed)
 
     def _release_rows(self, part: PartitionMeta, rows: np.ndarray) -> list:
@@ -308,9 +313,7 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic):
                             check_positive("dp_size", dp_size),
                             check_positive("replicas", replicas),
                             check_timeout("lease_timeout", lease_timeout), bool(drop_last))
-        sampler = sampler if sampler is not None else SequentialSampler()
-        if not isinstance(sampler, Sampler):
-            raise ConfigError(f"sampler must be a tq_stream.samplers.Sampler, got {sampler!r}")
+        sampler = check_sampler(sampler if sampler is not None else SequentialSampler())
         with self._cond:
             part = self._part(partition, create=True)
             existing = self._tasks[partition].get(task)

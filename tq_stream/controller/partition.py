@@ -79,6 +79,14 @@ class PartitionMeta:
         self._next_row = 0
         self.next_created = 0
         self._pools = [_SlotPool() for _ in range(n_units)]
+        # Created by a put and named by nothing else since (create_partition,
+        # close_partition, register_task clear it): a failed first put removes it.
+        self.by_put = False
+
+    def unused(self) -> bool:
+        """Made by a put that never committed: no rows, spares, fields or settings."""
+        return self.by_put and self.live == 0 and not self.spare.any() and not self.schemas \
+            and self.admitted == 0
 
     @property
     def size(self) -> int:

@@ -16,7 +16,7 @@ import numpy as np
 
 from tq_stream.backends.base import StorageUnit
 from tq_stream.columns import Column
-from tq_stream.errors import WaitTimeout
+from tq_stream.errors import WaitTimeout, check_timeout
 from tq_stream.samplers.spec import to_spec
 
 POLL_SLICE = 2.0  # seconds one server-side wait may take
@@ -36,6 +36,7 @@ class RemoteController:
         return self._rpc.call(method, args, timeout=timeout or self._timeout)
 
     def _long_poll(self, method: str, timeout: float, **args: Any) -> Any:
+        timeout = check_timeout("timeout", timeout)  # before the arithmetic below
         deadline = time.monotonic() + timeout
         margin = min(MARGIN, max(1.0, self._timeout))  # a short timeout: notice death soon
         while True:
