@@ -167,3 +167,32 @@ def test_controller_state_is_detached_from_later_calls():
         client.get_meta(P, "actor", 1, timeout=1.0)  # leases rows: their state changes
         assert (state["tasks"][P]["actor"]["acks"] == acks).all()
         assert (state["tasks"][P]["actor"]["state"] == task_state).all()
+
+
+def test_a_crafted_huge_frame_length_is_refused_before_allocation(saved):
+    """A table whose checksum was recomputed after setting a 2**60 byte length."""
+    import struct
+    import zlib
+
+    path, _ = saved
+    meta = os.path.join(path, "controller.tq")
+    raw = bytearray(open(meta, "rb").read())
+    count = struct.unpack_from("<Q", raw, 8)[0]
+    struct.pack_into("<Q", raw, 16 + 8, 2**60)  # frame 0's length
+    end = 16 + 24 * count
+    struct.pack_into("<I", raw, end, zlib.crc32(raw[:end]))
+    open(meta, "wb").write(bytes(raw))
+    with pytest.raises(CheckpointError, match="frame 0 spans"):
+        tq.init(storage_units=3, restore=path)
+
+
+def test_a_unit_reads_and_writes_only_files_named_for_the_save():
+    from tq_stream.backends.memory import MemoryUnit
+    from tq_stream.deploy.services import UnitService
+
+    service = UnitService(MemoryUnit())
+    with pytest.raises(tq.errors.ConfigError, match="unit-<unit>-<save>.tq"):
+        service.load_rows("/etc/passwd", "ab12", 0)
+    with pytest.raises(tq.errors.ConfigError, match="unit-<unit>-<save>.tq"):
+        service.save_rows({"file": "/tmp/x/.bashrc", "save": "ab12", "unit": 0,
+                           "partitions": {}})

@@ -36,6 +36,16 @@ Request = Mapping[str, Any]
 Collected = tuple[np.ndarray, np.ndarray, dict[str, tuple[np.ndarray, Column]]]
 
 
+def check_file(file: Any, save: Any, unit: Any) -> None:
+    """Raise ConfigError unless ``file`` is an absolute path named ``unit-<unit>-<save>.tq``
+    (a unit reads and writes no other file on a client's word)."""
+    if not (isinstance(save, str) and save.isalnum() and isinstance(unit, int)
+            and isinstance(file, str) and os.path.isabs(file)
+            and os.path.basename(file) == f"unit-{unit}-{save}.tq"):
+        raise ConfigError(f"file must be an absolute path ending in unit-<unit>-<save>.tq, "
+                          f"got file {file!r}, unit {unit!r}, save {save!r}")
+
+
 def check_request(request: Any) -> Request:
     """A received request, checked: the file is named ``unit-<unit>-<save>.tq`` (so a
     request never overwrites other files) and every array fits its partition."""
@@ -43,12 +53,7 @@ def check_request(request: Any) -> Request:
                                                           "partitions"}:
         raise ConfigError(f"request must hold file, save, unit and partitions, got "
                           f"{sorted(request) if isinstance(request, dict) else request!r}")
-    save, unit, file = request["save"], request["unit"], request["file"]
-    if not (isinstance(save, str) and save.isalnum() and isinstance(unit, int)
-            and isinstance(file, str) and os.path.isabs(file)
-            and os.path.basename(file) == f"unit-{unit}-{save}.tq"):
-        raise ConfigError(f"file must be an absolute path ending in unit-<unit>-<save>.tq, "
-                          f"got file {file!r}, unit {unit!r}, save {save!r}")
+    check_file(request["file"], request["save"], request["unit"])
     for name, spec in request["partitions"].items():
         slots = check_slots(spec["slots"], f"slots of partition {name!r}")
         tokens = np.asarray(spec["tokens"])

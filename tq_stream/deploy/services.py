@@ -120,7 +120,10 @@ class UnitService:
 
     def load_rows(self, path: str, save: str, unit: int) -> dict[str, Any]:
         """Check and store the rows of this unit's checkpoint file ``path``."""
-        return self.unit.load_rows(str(path), str(save), int(unit))
+        from tq_stream.backends.unit_files import check_file
+
+        check_file(path, save, unit)
+        return self.unit.load_rows(path, save, unit)
 
     def prepare_write(self, partition: str, slots: Any, generations: Any,
                       fields: dict[str, Any]) -> dict[str, Any]:
