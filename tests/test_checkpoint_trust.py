@@ -196,3 +196,17 @@ def test_a_unit_reads_and_writes_only_files_named_for_the_save():
     with pytest.raises(tq.errors.ConfigError, match="unit-<unit>-<save>.tq"):
         service.save_rows({"file": "/tmp/x/.bashrc", "save": "ab12", "unit": 0,
                            "partitions": {}})
+
+
+def test_rows_a_unit_loaded_must_be_placed_there_by_the_metadata():
+    with tq.init(storage_units=2) as stream:
+        fill(stream)
+        state = stream._controller().state_dict()
+    spec = ckpt._unit_rows(state, 0)[P]
+    ckpt._check_unit_rows(state, 0, {P: [spec["slots"], spec["tokens"]]}, "u0")  # all known
+    wrong = spec["tokens"].copy()
+    wrong[0] += 1 << 32  # the same row index at another generation
+    with pytest.raises(CheckpointError, match="'u0' holds 1 rows of partition 'train'"):
+        ckpt._check_unit_rows(state, 0, {P: [spec["slots"], wrong]}, "u0")
+    with pytest.raises(CheckpointError, match="holds 2 rows"):
+        ckpt._check_unit_rows(state, 1, {P: [spec["slots"][:2], spec["tokens"][:2]]}, "u1")

@@ -134,9 +134,7 @@ def restore(path: str, controller: Any, units: Sequence[Any]) -> None:
             _check_unit_rows(state, u, rows, os.path.join(path, meta["units"][u]))
         controller.load_state_dict(state)
     except BaseException:
-        for unit in units:
-            for name in state["partitions"]:
-                unit.drop(name)
+        _drop_all(units, state["partitions"])
         raise
     for name, keys in meta["gone"].items():
         controller.clear(name, keys)
@@ -171,15 +169,31 @@ def _load_meta(meta_path: str, n_units: int) -> dict[str, Any]:
     return meta
 
 
+def _drop_all(units: Sequence[Any], partitions: Any) -> None:
+    """Undo a failed restore on every unit (best effort: the first error is the one
+    worth reporting, and ``tq.init`` stops these units anyway)."""
+    for unit in units:
+        for name in partitions:
+            try:
+                unit.drop(name)
+            except Exception:  # noqa: BLE001, S112 - a dead unit holds nothing either
+                continue
+
+
 def _check_unit_rows(state: dict[str, Any], u: int, rows: dict[str, Any], file: str) -> None:
-    """Every row a unit loaded is a row the metadata places on that unit."""
+    """Every ``(slot, token)`` a unit loaded is one the metadata places on that unit."""
     expected = _unit_rows(state, u)
     for name, (slots, tokens) in rows.items():
         spec = expected.get(name)
-        pairs = set(zip(np.asarray(slots).tolist(), np.asarray(tokens).tolist(), strict=True))
-        known = set() if spec is None else set(
-            zip(spec["slots"].tolist(), spec["tokens"].tolist(), strict=True))
-        if not pairs <= known:
-            raise CheckpointError(f"{file!r} holds {len(pairs - known)} rows of partition "
+        slots, tokens = np.asarray(slots, np.int64), np.asarray(tokens, np.int64)
+        known = np.zeros(len(slots), dtype=bool)
+        if spec is not None and len(spec["tokens"]):
+            order = np.argsort(spec["tokens"])  # tokens are unique within a partition
+            pos = np.searchsorted(spec["tokens"], tokens, sorter=order).clip(
+                0, len(order) - 1)
+            known = (spec["tokens"][order][pos] == tokens) & \
+                (spec["slots"][order][pos] == slots)
+        if not known.all():
+            raise CheckpointError(f"{file!r} holds {int((~known).sum())} rows of partition "
                                   f"{name!r} that the controller's metadata does not place "
                                   f"on unit {u}")
