@@ -353,3 +353,26 @@ def test_a_first_put_that_fails_leaves_no_partition(stream, monkeypatch):
     monkeypatch.undo()
     stream.writer("new").put(["a"], {"x": torch.ones(1, 2)})
     assert [r["key"] for r in stream.kv.list("new")] == ["a"]
+
+
+def test_a_partition_goes_only_when_its_last_failed_put_has_freed_its_slots():
+    from tq_stream.controller import Controller
+
+    freeing = []
+
+    def free(unit, partition, slots):
+        # while a slot is being freed, the partition (and its slot pools) must stay
+        freeing.append(partition in ctrl.partitions())
+
+    ctrl = Controller(1, free=free)
+    schema = {"x": {"kind": "dense", "dtype": "float32", "shape": [2]}}
+    a = ctrl.reserve("p", ["a"], schema)
+    b = ctrl.reserve("p", ["b"], schema)
+    ctrl.abort("p", a["index"], a["generation"])
+    assert ctrl.partitions() == ["p"]  # b's row still lives there
+    ctrl.abort("p", b["index"], b["generation"])
+    assert ctrl.partitions() == [] and freeing == [True, True]
+    ctrl.create_partition("q")
+    c = ctrl.reserve("q", ["c"], schema)
+    ctrl.abort("q", c["index"], c["generation"])
+    assert ctrl.partitions() == ["q"]  # created explicitly: kept while empty

@@ -272,9 +272,11 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic):
             for r in part.ready.values():
                 ok &= ~r[index]
             freed = self._release_rows(part, index[ok])
-            if part.unused() and not self._tasks[partition]:  # a failed first put: as if
-                del self._parts[partition], self._tasks[partition]  # it never came
         self._free_slots(partition, freed)
+        with self._cond:  # a failed first put leaves no partition (once its slots are free)
+            part = self._parts.get(partition)
+            if part is not None and part.unused() and not self._tasks[partition]:
+                del self._parts[partition], self._tasks[partition]
 
     def _release_rows(self, part: PartitionMeta, rows: np.ndarray) -> list:
         if len(rows) == 0:

@@ -84,9 +84,11 @@ class PartitionMeta:
         self.by_put = False
 
     def unused(self) -> bool:
-        """Made by a put that never committed: no rows, spares, fields or settings."""
+        """Made by a put that never committed: no rows, spares, fields or settings, and no
+        slot held or still being freed in storage (every pool started over), so a
+        partition made again under this name cannot get a slot a late free still hits."""
         return self.by_put and self.live == 0 and not self.spare.any() and not self.schemas \
-            and self.admitted == 0
+            and self.admitted == 0 and all(p.next == 0 for p in self._pools)
 
     @property
     def size(self) -> int:
