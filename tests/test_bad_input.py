@@ -8,6 +8,13 @@ from dataclasses import replace
 
 import pytest
 import torch
+from bad_input_cases import (
+    CASES,
+    fill,
+    rejected_unchanged,
+    restore_of_missing_path_fails,
+    round_trip_odd_columns,
+)
 from conftest import (
     assert_same_snapshot,
     dense_batch,
@@ -314,3 +321,58 @@ def test_close_wakes_blocked_calls(stream):
     for t in threads:
         t.join(5.0)
     assert len(errors) == 2 and all(isinstance(e, ClosedError) for e in errors), errors
+
+
+# ---------------------------------------------------- the last gaps (issue 11, item 7)
+@pytest.mark.parametrize("call, error, match", [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_last_gaps_are_tq_errors_that_change_nothing(stream, call, error, match):
+    fill(stream)
+    rejected_unchanged(stream, call, error, match)
+
+
+def test_float8_uint_and_zero_width_fields_round_trip(stream):
+    round_trip_odd_columns(stream)
+
+
+def test_restore_of_a_missing_path_is_a_tq_error(tmp_path):
+    restore_of_missing_path_fails(str(tmp_path / "missing"))
+
+
+def test_a_first_put_that_fails_leaves_no_partition(stream, monkeypatch):
+    from tq_stream.backends.memory import MemoryUnit
+
+    def broken(*args, **kwargs):
+        raise tq.errors.StateError("unit refuses the write")
+
+    monkeypatch.setattr(MemoryUnit, "put", broken)
+    with pytest.raises(tq.errors.StateError, match="refuses"):
+        stream.writer("new").put(["a"], {"x": torch.ones(1, 2)})
+    assert stream._controller().partitions() == []
+    assert stream.stats() == {}
+    monkeypatch.undo()
+    stream.writer("new").put(["a"], {"x": torch.ones(1, 2)})
+    assert [r["key"] for r in stream.kv.list("new")] == ["a"]
+
+
+def test_a_partition_goes_only_when_its_last_failed_put_has_freed_its_slots():
+    from tq_stream.controller import Controller
+
+    freeing = []
+
+    def free(unit, partition, slots):
+        # while a slot is being freed, the partition (and its slot pools) must stay
+        freeing.append(partition in ctrl.partitions())
+
+    ctrl = Controller(1, free=free)
+    schema = {"x": {"kind": "dense", "dtype": "float32", "shape": [2]}}
+    a = ctrl.reserve("p", ["a"], schema)
+    b = ctrl.reserve("p", ["b"], schema)
+    ctrl.abort("p", a["index"], a["generation"])
+    assert ctrl.partitions() == ["p"]  # b's row still lives there
+    ctrl.abort("p", b["index"], b["generation"])
+    assert ctrl.partitions() == [] and freeing == [True, True]
+    ctrl.create_partition("q")
+    c = ctrl.reserve("q", ["c"], schema)
+    ctrl.abort("q", c["index"], c["generation"])
+    assert ctrl.partitions() == ["q"]  # created explicitly: kept while empty

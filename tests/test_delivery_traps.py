@@ -271,8 +271,8 @@ def test_set_version_before_the_task_registers(stream):
 
 def test_ack_and_release_of_none_are_config_errors(stream):
     c = stream.client()
-    with pytest.raises(ConfigError, match="BatchMeta from get_meta, got NoneType"):
+    with pytest.raises(ConfigError, match="BatchMeta from get_meta, got None"):
         c.ack(None)
-    with pytest.raises(ConfigError, match="BatchMeta from get_meta, got NoneType"):
+    with pytest.raises(ConfigError, match="BatchMeta from get_meta, got None"):
         c.release(None)
 

@@ -455,7 +455,7 @@ def test_dump_aligns_every_buffer_to_64_bytes(tmp_path):
     dump([torch.ones(3, dtype=torch.int8), torch.ones(5)], path)
     raw = path.read_bytes()
     count = int.from_bytes(raw[8:16], "little")
-    offsets = [int.from_bytes(raw[16 + 16 * i : 24 + 16 * i], "little") for i in range(count)]
+    offsets = [int.from_bytes(raw[16 + 24 * i : 24 + 24 * i], "little") for i in range(count)]
     assert count == 3 and all(o % 64 == 0 for o in offsets)
 
 

@@ -98,12 +98,25 @@ def runs(slots: np.ndarray) -> list[tuple[int, int, int]] | None:
     return [(a, int(slots[a]), b - a) for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
+# dtypes whose index_copy_ (and, 1-D, index_select) torch does not implement on CPU:
+# indexed as same-size ints.
+_NO_INDEX_COPY = frozenset({torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz,
+                            torch.float8_e5m2fnuz, torch.uint16, torch.uint32, torch.uint64})
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def indexable(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a view of its bytes as ints of the same size when torch has no
+    index_copy_ / index_select for its dtype (float8, uint16/32/64)."""
+    return t.view(_BITS[t.element_size()]) if t.dtype in _NO_INDEX_COPY else t
+
+
 def scatter_rows(dst: torch.Tensor, slots: np.ndarray, values: torch.Tensor) -> None:
     """``dst[slots] = values``: a plain copy per run of consecutive slots (``runs``)."""
     values = values.to(dst.dtype).reshape(len(slots), *dst.shape[1:])
     parts = runs(slots)
     if parts is None:
-        dst.index_copy_(0, torch.from_numpy(slots), values)
+        indexable(dst).index_copy_(0, torch.from_numpy(slots), indexable(values))
         return
     for pos, first, n in parts:
         dst[first : first + n].copy_(values[pos : pos + n])
@@ -117,7 +130,8 @@ def gather_rows(src: torch.Tensor, slots: np.ndarray,
         out = POOL.empty((len(slots), *src.shape[1:]), src.dtype)
     parts = runs(slots)
     if parts is None:
-        return torch.index_select(src, 0, torch.from_numpy(slots), out=out)
+        torch.index_select(indexable(src), 0, torch.from_numpy(slots), out=indexable(out))
+        return out
     for pos, first, n in parts:
         out[pos : pos + n].copy_(src[first : first + n])
     return out

@@ -161,8 +161,7 @@ class Client:
 
     def _check_step(self, meta: BatchMeta, what: str) -> None:
         if not isinstance(meta, BatchMeta):
-            raise ConfigError(f"meta of {what} must be a BatchMeta from get_meta, got "
-                              f"{type(meta).__name__}")
+            raise ConfigError(f"meta must be a BatchMeta from get_meta, got {meta!r:.80}")
         if not meta.task or meta.step < 0:
             raise ConfigError(f"{what} needs a meta from get_meta (with task and step), got "
                               f"task={meta.task!r} step={meta.step}")

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import torch
 
+from tq_stream.buffers import indexable
 from tq_stream.errors import SchemaError
 
 Kind = Literal["dense", "ragged", "object"]
@@ -166,7 +167,7 @@ def column_len(column: Column) -> int:
 def take(column: Column, positions: torch.Tensor) -> Column:
     """Rows ``positions`` of a normalized column (a gather, not a view)."""
     if isinstance(column, torch.Tensor):
-        return column.index_select(0, positions)
+        return indexable(column).index_select(0, positions).view(column.dtype)
     if isinstance(column, Ragged):
         return Ragged.from_list([column.row(int(i)) for i in positions])
     return [column[int(i)] for i in positions]

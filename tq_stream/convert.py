@@ -49,8 +49,21 @@ def _check_plain(field: str, value: Any, depth: int = 0) -> None:
     )
 
 
+def _check_tensor(field: str, t: torch.Tensor) -> None:
+    """Raise SchemaError unless ``t`` is a dense tensor holding data (not sparse, not on
+    the meta device), the only kind a storage unit can copy."""
+    if t.layout not in (torch.strided, torch.jagged):
+        raise SchemaError(f"field {field!r} must be a dense (strided) tensor, got layout "
+                          f"{t.layout}; call .to_dense() first")
+    if t.device.type == "meta":
+        raise SchemaError(f"field {field!r} must be a tensor with data, got a tensor on "
+                          f"device meta (shape {list(t.shape)}, no values)")
+
+
 def _from_list(field: str, rows: list) -> Column:
     if rows and all(isinstance(r, torch.Tensor) for r in rows):
+        for r in rows:
+            _check_tensor(field, r)
         if any(r.is_nested for r in rows):
             raise SchemaError(f"field {field!r} rows must be plain tensors, got a nested one")
         rows = [r.detach().cpu() for r in rows]
@@ -91,6 +104,7 @@ def _from_nested(field: str, value: torch.Tensor) -> Ragged:
 def to_column(field: str, value: Any, n: int) -> Column:
     """Normalize one field's values for ``n`` rows."""
     if isinstance(value, torch.Tensor):
+        _check_tensor(field, value)
         if value.is_nested:
             col: Column = _from_nested(field, value)
         elif value.dim() == 0:

@@ -9,6 +9,7 @@
     │   └── LeaseError         ack/release of rows this consumer does not hold
     ├── WaitTimeout            a bounded wait expired (also a TimeoutError)
     ├── SerializationError     a malformed, truncated or unsupported message
+    │   └── CheckpointError    a checkpoint file that is missing, damaged or inconsistent
     └── RemoteError            an error raised on the other side of a transport
 
 Every message names the argument, the rule and the offending value, e.g.
@@ -55,6 +56,10 @@ class WaitTimeout(TQError, TimeoutError):
 
 class SerializationError(TQError):
     """A malformed, truncated or unsupported message."""
+
+
+class CheckpointError(SerializationError):
+    """A checkpoint file that is missing, truncated, corrupted or from another save."""
 
 
 class RemoteError(TQError):

@@ -127,7 +127,13 @@ class Stream:
         return self._controller().stats()
 
     def save(self, path: str) -> None:
-        """Checkpoint metadata and stored rows to ``path`` (atomic; no pickle)."""
+        """Checkpoint metadata and stored rows into the folder ``path``.
+
+        Each storage unit writes its own rows there (``unit-<i>-<save>.tq``), the
+        controller's metadata goes to ``controller.tq``; every file is checksummed,
+        written atomically and private (0600). On several nodes ``path`` must be on
+        storage every node sees (see ``tq_stream.deploy.snapshot``).
+        """
         if self._owner is None:
             raise StateError("save must be called on the stream returned by tq.init")
         self._owner.save(path)

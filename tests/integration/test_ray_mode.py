@@ -3,8 +3,11 @@ pinned to one node, a consumer pinned to the other, every row delivered exactly 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from checkpoint_cases import save_under_load
 from tq_fixtures import ray_cluster, wait_until
 
 import tq_stream as tq
@@ -91,3 +94,26 @@ def test_producer_and_consumer_on_different_nodes(ray_cluster):
         return False
 
     assert wait_until(lambda: all(gone(n) for n in names), 30), "shutdown kills the actors"
+
+
+# Checkpoints on two nodes: each unit actor writes and reads its own file (here both nodes
+# share this machine's filesystem, as shared storage would).
+CONFIG = tq.StreamConfig(timeout=60)
+
+
+@pytest.mark.timeout(240)
+def test_units_on_two_nodes_save_and_restore_their_own_files(ray_cluster, tmp_path):
+    path = str(tmp_path / "ckpt")
+    with tq.init(mode="ray", storage_units=2, config=CONFIG) as stream:
+        assert sorted(stream._owner.unit_nodes) == sorted(ray_cluster), "one unit per node"
+        checked = save_under_load(stream, str(tmp_path), lambda p: tq.init(
+            mode="ray", storage_units=2, config=CONFIG, restore=p, name="tq_restored"),
+            saves=2)
+        keys = [f"r{i}" for i in range(16)]
+        x = torch.arange(32, dtype=torch.float32).reshape(16, 2)
+        stream.writer("p").put(keys, {"x": x})
+        stream.save(path)
+    assert checked > 0
+    assert len([n for n in os.listdir(path) if n.startswith("unit-")]) == 2
+    with tq.init(mode="ray", storage_units=2, config=CONFIG, restore=path) as stream:
+        assert torch.equal(stream.kv.get_batch(keys, ["x"], partition="p")["x"], x)

@@ -15,10 +15,25 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from tq_stream.columns import Column
+from tq_stream.errors import ConfigError
+
+MAX_SLOT = 2**31  # slots are dense from 0 per unit; a larger one is a malformed request
+
+
+def check_slots(value: Any, what: str = "slots",
+                error: type[Exception] = ConfigError) -> np.ndarray:
+    """``value`` as int64 slots, or raise ``error``: a 1-D array of ints in [0, MAX_SLOT)."""
+    slots = np.asarray(value)
+    if slots.ndim != 1 or (slots.size and (slots.dtype.kind not in "iu" or slots.min() < 0
+                                           or slots.max() >= MAX_SLOT)):
+        raise error(f"{what} must be a 1-D array of ints in [0, {MAX_SLOT}), got "
+                    f"{slots.dtype} of shape {slots.shape}")
+    return slots.astype(np.int64, copy=False)
 
 
 def occupancy(index: np.ndarray, generation: np.ndarray) -> np.ndarray:
@@ -70,6 +85,24 @@ class StorageUnit(ABC):
     @abstractmethod
     def nbytes(self) -> int:
         """Bytes currently held for row data (allocated capacity)."""
+
+    def collect(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """The rows a checkpoint request names that still hold their tokens (see
+        ``tq_stream.backends.unit_files``); units that keep bytes implement it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot write checkpoints")
+
+    def save_rows(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Write this unit's checkpoint file; returns the skipped slots per partition."""
+        from tq_stream.backends import unit_files
+
+        return unit_files.write(request, self.collect(request))
+
+    def load_rows(self, path: str, save: str, unit: int) -> dict[str, Any]:
+        """Check and store the rows of this unit's checkpoint file ``path`` (all or none);
+        returns ``{partition: [slots, tokens]}`` of the rows stored."""
+        from tq_stream.backends import unit_files
+
+        return unit_files.put_all(self, unit_files.read(path, save, unit))
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release every resource; idempotent."""

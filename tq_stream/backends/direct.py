@@ -66,6 +66,19 @@ class DirectWrites:
                                   f"writes stayed open for {GROWTH_WAIT}s")
             self._wcond.wait(min(left, 1.0))
 
+    def _quiesce(self, partition: str, slots: np.ndarray) -> None:
+        """Called with the lock held: wait (bounded) until no open write covers ``slots``,
+        so a checkpoint copies their finished rows (a row being written has no token)."""
+        deadline = time.monotonic() + GROWTH_WAIT
+        while self._open_on(partition) and any(
+                v[0] == partition and np.isin(v[1], slots).any()
+                for v in self._tickets.values()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimeout(f"a checkpoint of partition {partition!r} waited "
+                                  f"{GROWTH_WAIT}s for direct writes to its rows to finish")
+            self._wcond.wait(min(left, 1.0))
+
     def prepare_write(self, partition: str, slots: np.ndarray, generations: Any,
                       fields: Mapping[str, Any]) -> dict[str, Any]:
         """Ready dense slabs of ``fields`` (name -> [dtype, shape]) for ``slots``."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,8 +20,17 @@ from tq_stream.backends.slabs import (
     stale_rows,
     store_for,
 )
-from tq_stream.columns import Column
+from tq_stream.columns import Column, take
 from tq_stream.errors import ClosedError, KeyConflictError
+
+
+def _rows_in(slots: np.ndarray, column: Column,
+             keep: np.ndarray) -> tuple[np.ndarray, Column]:
+    """The rows of ``column`` (one per slot of ``slots``) whose slot is in ``keep``."""
+    mask = np.isin(slots, keep)
+    if mask.all():
+        return slots, column
+    return slots[mask], take(column, torch.from_numpy(np.flatnonzero(mask)))
 
 
 class _PartitionStore:
@@ -130,6 +140,35 @@ class MemoryUnit(StorageUnit):
                     raise KeyConflictError(
                         f"field {name!r} of partition {partition!r}: {exc}") from None
             return out
+
+    def _quiesce(self, partition: str, slots: np.ndarray) -> None:  # noqa: B027 - a hook
+        """Called with the lock held before a checkpoint copies ``slots`` (ShmUnit waits
+        for open direct writes to them)."""
+
+    def collect(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Rows of a checkpoint request whose slots hold their tokens before and after
+        the copy (a same-host writer may write new rows without the lock: seqlock)."""
+        out = {}
+        with self._lock:
+            self._check_open()
+            for name, spec in request["partitions"].items():
+                slots = np.asarray(spec["slots"], dtype=np.int64)
+                tokens = np.asarray(spec["tokens"], dtype=np.int64)
+                self._quiesce(name, slots)
+                part = self._parts.get(name)
+                if part is None:
+                    out[name] = (slots[:0], tokens[:0], {})
+                    continue
+                ok = part.gen.holds(slots, tokens)
+                fields = {f: (slots[np.asarray(m, dtype=bool) & ok], None)
+                          for f, m in spec["fields"].items()}
+                fields = {f: (s, part.fields[f].get(s)) for f, (s, _) in fields.items()
+                          if len(s)}
+                still = part.gen.holds(slots, tokens)
+                keep = ok & still
+                out[name] = (slots[keep], tokens[keep],
+                             {f: _rows_in(s, c, slots[keep]) for f, (s, c) in fields.items()})
+        return out
 
     def free(self, partition: str, slots: np.ndarray) -> None:
         slots = np.asarray(slots, dtype=np.int64)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from tq_stream.buffers import gather_rows
+from tq_stream.buffers import gather_rows, indexable, scatter_rows
 from tq_stream.columns import Column, Ragged, dtype_from_name, schema_of
 from tq_stream.errors import KeyConflictError, StateError
 
@@ -105,8 +105,7 @@ class DenseSlab:
 
     def put(self, slots: np.ndarray, values: torch.Tensor) -> None:
         self._ensure(int(slots.max()))
-        idx = torch.from_numpy(slots)
-        self.data.index_copy_(0, idx, values.to(self.dtype).reshape(-1, *self.shape))
+        scatter_rows(self.data, slots, values)
         self.written[slots] = True
 
     def get(self, slots: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -169,7 +168,7 @@ class RaggedArena:
             return self.values[:0].clone()
         offs = np.cumsum(lengths) - lengths
         idx = np.repeat(self.start[slots] - offs, lengths) + np.arange(total, dtype=np.int64)
-        return self.values.index_select(0, torch.from_numpy(idx))
+        return indexable(self.values).index_select(0, torch.from_numpy(idx)).view(self.dtype)
 
     def put(self, slots: np.ndarray, values: Ragged) -> None:
         self._ensure_slots(int(slots.max()))
@@ -306,15 +305,20 @@ class Generations:
         """Invalidate every slot (before the array is replaced or dropped)."""
         self.data.fill_(UNSET)
 
+    def holds(self, slots: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """Mask over ``slots``: the slot holds the row of its token."""
+        inside = (slots >= 0) & (slots < self.data.shape[0])
+        ok = inside.copy()
+        ok[inside] = self.data.numpy()[slots[inside]] == tokens[inside]
+        return ok
+
     def check(self, partition: str, slots: np.ndarray, tokens: np.ndarray) -> None:
         """Raise StateError unless every slot holds the row of its token."""
         tokens = np.asarray(tokens, dtype=np.int64)
         if tokens.shape != slots.shape:
             raise StateError(f"generations must have one entry per slot ({len(slots)}), "
                              f"got shape {tokens.shape}")
-        inside = (slots >= 0) & (slots < self.data.shape[0])
-        ok = inside.copy()
-        ok[inside] = self.data.numpy()[slots[inside]] == tokens[inside]
+        ok = self.holds(slots, tokens)
         if not ok.all():
             raise stale_rows(partition, slots[~ok])
 

@@ -81,11 +81,25 @@ def _task_state(task: TaskState) -> dict[str, Any]:
 
 def controller_state(parts: dict[str, PartitionMeta],
                      tasks: dict[str, dict[str, TaskState]]) -> dict[str, Any]:
-    return {
+    """The metadata as plain data, sharing no array with the live controller (the
+    state of one moment: acks after the lock is released never change it)."""
+    return _detached({
         "format": FORMAT,
         "partitions": {n: _part_state(p) for n, p in parts.items()},
         "tasks": {n: {t: _task_state(s) for t, s in ts.items()} for n, ts in tasks.items()},
-    }
+    })
+
+
+def _detached(value: Any) -> Any:
+    """``value`` with every numpy array, dict and list copied (strings and numbers are
+    immutable and shared)."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, dict):
+        return {k: _detached(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_detached(v) for v in value)
+    return value
 
 
 def load_controller(state: Any, n_units: int) -> tuple[dict, dict]:

@@ -40,7 +40,7 @@ from tq_stream.errors import (
     check_positive,
     check_timeout,
 )
-from tq_stream.samplers.base import Sampler
+from tq_stream.samplers.base import Sampler, check_sampler
 from tq_stream.samplers.sequential import SequentialSampler
 from tq_stream.transport.dispatch import WouldBlock, may_block
 
@@ -99,7 +99,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         self._unfreed: list[tuple[int, str, np.ndarray]] = []  # frees to retry
 
     # ------------------------------------------------------------ partitions
-    def _part(self, partition: str, create: bool = False) -> PartitionMeta:
+    def _part(self, partition: str, create: bool = False, by_put: bool = False) -> PartitionMeta:
         self._check_open()
         part = self._parts.get(partition)
         if part is None:
@@ -109,7 +109,10 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
                 )
             check_name("partition", partition)
             part = self._parts[partition] = PartitionMeta(partition, None, self.n_units)
+            part.by_put = by_put  # made by a put (see abort)
             self._tasks[partition] = {}
+        elif create and not by_put:
+            part.by_put = False  # named explicitly: kept even while empty
         return part
 
     def create_partition(self, partition: str, capacity: int | None = None,
@@ -191,7 +194,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         check_spare(spare)
         deadline = time.monotonic() + timeout
         with self._cond:
-            part = self._part(partition, create=expect is None)
+            part = self._part(partition, create=expect is None, by_put=True)
             while True:
                 part.check_schemas(schemas_, coerce=True)
                 idx = part.lookup(list(keys))
@@ -310,6 +313,10 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
                 ok &= ~r[index]
             freed = self._release_rows(part, index[ok])
         self._free_slots(partition, freed)
+        with self._cond:  # a failed first put leaves no partition (once its slots are free)
+            part = self._parts.get(partition)
+            if part is not None and part.unused() and not self._tasks[partition]:
+                del self._parts[partition], self._tasks[partition]
 
     def _release_rows(self, part: PartitionMeta, rows: np.ndarray) -> list:
         if len(rows) == 0:
@@ -362,9 +369,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
                             check_positive("dp_size", dp_size),
                             check_replicas(replicas),
                             check_timeout("lease_timeout", lease_timeout), bool(drop_last))
-        sampler = sampler if sampler is not None else SequentialSampler()
-        if not isinstance(sampler, Sampler):
-            raise ConfigError(f"sampler must be a tq_stream.samplers.Sampler, got {sampler!r}")
+        sampler = check_sampler(sampler if sampler is not None else SequentialSampler())
         with self._cond:
             part = self._part(partition, create=True)
             if part.consumers is not None and task not in part.consumers:

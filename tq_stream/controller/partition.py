@@ -82,6 +82,16 @@ class PartitionMeta:
         self._next_row = 0
         self.next_created = 0
         self._pools = [_SlotPool() for _ in range(n_units)]
+        # Created by a put and named by nothing else since (create_partition,
+        # close_partition, register_task clear it): a failed first put removes it.
+        self.by_put = False
+
+    def unused(self) -> bool:
+        """Made by a put that never committed: no rows, spares, fields or settings, and no
+        slot held or still being freed in storage (every pool started over), so a
+        partition made again under this name cannot get a slot a late free still hits."""
+        return self.by_put and self.live == 0 and not self.spare.any() and not self.schemas \
+            and self.admitted == 0 and all(p.next == 0 for p in self._pools)
 
     @property
     def size(self) -> int:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 from tensordict import NonTensorStack, TensorDict
 
+from tq_stream.buffers import indexable
 from tq_stream.errors import ConfigError
 from tq_stream.meta import BatchMeta
 
@@ -51,7 +52,7 @@ def _take(value: object, pos: torch.Tensor) -> object:
             picked = [rows[i] for i in pos.tolist()]
             return torch.nested.nested_tensor(picked, layout=torch.jagged) if picked \
                 else value
-        return value.index_select(0, pos)
+        return indexable(value).index_select(0, pos).view(value.dtype)
     if isinstance(value, NonTensorStack):
         items = value.tolist()
         return NonTensorStack.from_list([items[i] for i in pos.tolist()])

@@ -16,7 +16,8 @@ def init(mode: str = "embedded", storage_units: int = 1, restore: str | None = N
     Args:
         mode: "embedded" (this process), "local" (child processes) or "ray".
         storage_units: how many storage units rows are spread over.
-        restore: a checkpoint written by ``stream.save`` to start from.
+        restore: a checkpoint folder written by ``stream.save`` to start from (every
+            file is checked first: a damaged one raises ``CheckpointError``).
         config: timeouts and lease defaults (``StreamConfig``).
         options: mode-specific settings (see the mode's module).
     """

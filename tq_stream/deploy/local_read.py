@@ -280,5 +280,11 @@ class SameHostUnit(StorageUnit):
     def ping(self) -> dict[str, Any]:
         return self._remote.ping()
 
+    def save_rows(self, request: dict[str, Any]) -> dict[str, Any]:
+        return self._remote.save_rows(request)
+
+    def load_rows(self, path: str, save: str, unit: int) -> dict[str, Any]:
+        return self._remote.load_rows(path, save, unit)
+
     def close(self) -> None:
         self._remote.close()

@@ -20,6 +20,7 @@ from tq_stream.columns import Column
 from tq_stream.errors import check_timeout
 from tq_stream.samplers.spec import to_spec
 
+UNIT_FILE_TIMEOUT = 600.0  # seconds a unit may take to write or read its checkpoint file
 MARGIN = 5.0  # extra seconds a reply may take beyond the server-side wait (at most
 # the configured call timeout)
 
@@ -35,7 +36,7 @@ class RemoteController:
         return self._rpc.call(method, args, timeout=timeout or self._timeout)
 
     def _long_poll(self, method: str, timeout: float, **args: Any) -> Any:
-        check_timeout("timeout", timeout)
+        timeout = check_timeout("timeout", timeout)
         margin = min(MARGIN, max(1.0, self._timeout))  # a short timeout: notice death soon
         return self._rpc.call(method, {**args, "timeout": timeout}, timeout=timeout + margin)
 
@@ -207,6 +208,14 @@ class RemoteUnit(StorageUnit):
 
     def ping(self) -> dict[str, Any]:
         return self._rpc.call("ping", {}, timeout=self._timeout)
+
+    def save_rows(self, request: dict[str, Any]) -> dict[str, Any]:
+        return self._rpc.call("save_rows", {"request": request},
+                              timeout=max(self._timeout, UNIT_FILE_TIMEOUT))
+
+    def load_rows(self, path: str, save: str, unit: int) -> dict[str, Any]:
+        return self._rpc.call("load_rows", {"path": path, "save": save, "unit": unit},
+                              timeout=max(self._timeout, UNIT_FILE_TIMEOUT))
 
     def close(self) -> None:
         self._rpc.close()

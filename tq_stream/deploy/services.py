@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tq_stream.backends.base import StorageUnit
+from tq_stream.backends.base import StorageUnit, check_slots
 from tq_stream.columns import Ragged
 from tq_stream.controller import Controller
 from tq_stream.controller.task import LEASED, NEW
@@ -36,17 +36,11 @@ def host_id() -> str:
 
 
 UNIT_LOST = "unit_lost"  # discard reason of rows whose storage unit died
-MAX_SLOT = 2**31  # slots are dense from 0 per unit; a larger one is a malformed request
 
 
 def _slots(value: Any) -> np.ndarray:
     """Received slots as int64: a 1-D array of ints in [0, MAX_SLOT)."""
-    slots = np.asarray(value)
-    if slots.ndim != 1 or (slots.size and (slots.dtype.kind not in "iu" or slots.min() < 0
-                                           or slots.max() >= MAX_SLOT)):
-        raise ConfigError(f"slots must be a 1-D array of ints in [0, {MAX_SLOT}), got "
-                          f"{slots.dtype} of shape {slots.shape}")
-    return slots.astype(np.int64, copy=False)
+    return check_slots(value)
 
 
 def _tokens(value: Any, slots: np.ndarray) -> np.ndarray | None:
@@ -74,11 +68,12 @@ class UnitService:
     are checked to be 1-D int arrays (slots in ``[0, MAX_SLOT)``) before they reach it."""
 
     RPC_METHODS = frozenset({"put", "get", "free", "drop", "nbytes", "ping", "layout",
-                             "prepare_write", "finish_write"})
+                             "prepare_write", "finish_write", "save_rows", "load_rows"})
     # The unit's lock guards only copies, so every method may run on the server's IO
     # thread; large transfers go to worker threads (``INLINE_BYTES``/``INLINE_ROWS``), so
     # a bulk copy never delays small requests and several copies run in parallel.
-    RPC_INLINE = RPC_METHODS - {"prepare_write"}  # it may wait for open writes
+    # prepare_write may wait for open writes; save_rows / load_rows write / read files.
+    RPC_INLINE = RPC_METHODS - {"prepare_write", "save_rows", "load_rows"}
     INLINE_BYTES = 1 << 20  # a put carrying more bytes than this runs on a worker
     INLINE_ROWS = 64  # a get of more rows than this runs on a worker
 
@@ -116,6 +111,19 @@ class UnitService:
 
     def ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": host_id(), "nbytes": self.unit.nbytes()}
+
+    def save_rows(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Write this unit's checkpoint file (see ``tq_stream.backends.unit_files``)."""
+        from tq_stream.backends.unit_files import check_request
+
+        return self.unit.save_rows(check_request(request))
+
+    def load_rows(self, path: str, save: str, unit: int) -> dict[str, Any]:
+        """Check and store the rows of this unit's checkpoint file ``path``."""
+        from tq_stream.backends.unit_files import check_file
+
+        check_file(path, save, unit)
+        return self.unit.load_rows(path, save, unit)
 
     def prepare_write(self, partition: str, slots: Any, generations: Any,
                       fields: dict[str, Any]) -> dict[str, Any]:

@@ -267,3 +267,10 @@ def missing_mask(values: np.ndarray) -> np.ndarray:
     if values.dtype.kind == "O":
         return np.fromiter((v is None or v != v for v in values), bool, len(values))
     return np.zeros(values.shape[0], dtype=bool)
+
+
+def check_sampler(sampler: Any) -> Sampler:
+    """Return ``sampler`` if it is a Sampler, or raise ConfigError naming it."""
+    if not isinstance(sampler, Sampler):
+        raise ConfigError(f"sampler must be a tq_stream.samplers.Sampler, got {sampler!r:.80}")
+    return sampler

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tq_stream.errors import ConfigError
-from tq_stream.samplers.base import Sampler
+from tq_stream.samplers.base import Sampler, check_sampler
 
 BUILTIN_PREFIX = "tq_stream.samplers."
 _PLAIN = (str, int, float, bool, type(None))
@@ -38,7 +38,7 @@ def _encode(value: Any, where: str) -> Any:
 
 def to_spec(sampler: Sampler) -> dict[str, Any]:
     """The spec of ``sampler`` (raises ConfigError if an argument is not plain data)."""
-    cls = type(sampler)
+    cls = type(check_sampler(sampler))
     args, kwargs = getattr(sampler, "_spec_args", ((), {}))
     name = f"{cls.__module__}.{cls.__qualname__}"
     return {
