@@ -170,5 +170,5 @@ def test_custom_method_is_validated():
     def everything_on_rank0(costs, k):
         return [np.arange(len(costs))] + [np.empty(0, dtype=np.int64)] * (k - 1)
 
-    with pytest.raises(ConfigError, match="non-empty parts"):
+    with pytest.raises(ConfigError, match="non-empty equal-sized parts"):
         SeqlenBalancedSampler(method=everything_on_rank0).sample(cands, 2)
