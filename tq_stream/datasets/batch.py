@@ -88,8 +88,10 @@ def _take(value: object, pos: torch.Tensor) -> object:
         if value.is_nested:
             rows = value.unbind()
             picked = [rows[i] for i in pos.tolist()]
-            return torch.nested.nested_tensor(picked, layout=torch.jagged) if picked \
-                else value
+            if not picked:  # no rows: an empty jagged tensor of the same row shape
+                return torch.nested.nested_tensor_from_jagged(
+                    value.values()[:0], torch.zeros(1, dtype=torch.int64))
+            return torch.nested.nested_tensor(picked, layout=torch.jagged)
         return value.index_select(0, pos)
     if isinstance(value, NonTensorStack):
         items = value.tolist()
