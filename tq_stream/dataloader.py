@@ -92,6 +92,13 @@ class StreamingDataLoader:
             self._rows[batch_meta(batch).partition] += len(batch_meta(batch))
             yield batch
 
+    def __len__(self) -> int:
+        """Batches per epoch: see ``StreamingDataset.__len__``."""
+        return len(self.dataset)
+
+    def __bool__(self) -> bool:
+        return True
+
     def ack(self, batch: TensorDict | None = None) -> None:
         """Ack ``batch`` (default: every batch yielded and not yet acked)."""
         todo = self._unacked if batch is None else [batch]

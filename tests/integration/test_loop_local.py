@@ -53,3 +53,22 @@ def test_spawn_workers_are_flagged(local_stream):
     ds = tq.StreamingDataset(local_stream, "flag", "t", ["x"], batch_size=4)
     with pytest.warns(SpawnStartWarning, match="forkserver"):
         tq.StreamingDataLoader(ds, num_workers=2, multiprocessing_context="spawn")
+
+
+def test_length_over_rpc_and_declared_epochs_with_workers(local_stream):
+    part = "epochs"
+    local_stream.writer(part).put([f"e{i}" for i in range(40)], {"x": torch.arange(40)})
+    ds = tq.StreamingDataset(local_stream, part, "t", ["x"], batch_size=4, timeout=60,
+                             rows_per_epoch=16)
+    loader = tq.StreamingDataLoader(ds, num_workers=2, multiprocessing_context="fork")
+    assert len(loader) == 4
+    epochs = [[k for b in loader for k in tq.batch_meta(b).keys] for _ in range(2)]
+    assert [len(e) for e in epochs] == [16, 16]  # each pass ends after its 4 steps
+    assert sorted(epochs[0] + epochs[1]) == sorted(f"e{i}" for i in range(32))
+    closed = "closed_len"
+    local_stream.writer(closed).put([f"c{i}" for i in range(10)], {"x": torch.arange(10)})
+    reader = tq.StreamingDataLoader(tq.StreamingDataset(local_stream, closed, "t", ["x"], 4))
+    with pytest.raises(TypeError, match="must be closed"):
+        len(reader)
+    local_stream.close_partition(closed)
+    assert len(reader) == 3 and sum(1 for _ in reader) == 3

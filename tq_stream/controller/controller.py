@@ -23,6 +23,7 @@ import numpy as np
 from tq_stream.columns import FieldSchema
 from tq_stream.controller.access import AccessLogic
 from tq_stream.controller.admission import AdmissionLogic
+from tq_stream.controller.counts import CountLogic
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.spares import SpareLogic, check_spare
 from tq_stream.controller.steps import StepLogic
@@ -48,7 +49,7 @@ def _no_free(unit: int, partition: str, slots: np.ndarray) -> None:
     pass
 
 
-class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic):
+class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic, CountLogic):
     """The metadata service of one deployment.
 
     Args:
@@ -61,7 +62,7 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic):
         "create_partition", "close_partition", "reserve", "commit", "abort",
         "register_task", "get_meta", "ack", "release", "renew", "clear", "lookup",
         "list_rows", "set_tags", "set_version", "stats", "partitions",
-        "admit", "set_admission", "admission", "commit_new", "release_spares",
+        "admit", "set_admission", "admission", "commit_new", "release_spares", "task_rows",
     })
     # Methods that never wait, so a server may run them on its IO thread: they hold the
     # lock only for short CPU work; reserve and admit raise WouldBlock instead of waiting.
@@ -71,7 +72,7 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic):
     RPC_INLINE = frozenset({
         "create_partition", "close_partition", "partitions", "reserve", "commit", "release",
         "renew", "lookup", "set_tags", "set_version", "stats", "admit", "set_admission",
-        "admission", "commit_new", "release_spares",
+        "admission", "commit_new", "release_spares", "task_rows",
     })
 
     def __init__(self, n_units: int = 1, free: FreeFn = _no_free) -> None:

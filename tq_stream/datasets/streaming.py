@@ -23,6 +23,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from tq_stream.config import DEFAULT_PREFETCH
 from tq_stream.datasets.batch import attach_meta, batch_meta, loader_step
+from tq_stream.datasets.length import epoch_end, known_steps
 from tq_stream.errors import (
     ConfigError,
     StateError,
@@ -63,6 +64,9 @@ class StreamingDataset(IterableDataset):
             (counted as discarded, reason "tail") instead of handing it out.
         ragged: "nested" (jagged nested tensors) or "padded" for ragged fields.
         prefetch: batches fetched ahead in the background (>= 1).
+        rows_per_epoch: declare an epoch of this many rows (all ranks together): an
+            iteration ends after ``len(dataset)`` steps (see ``datasets.length``);
+            without it ``len()`` works once the partitions are closed.
 
     Example:
         >>> ds = tq.StreamingDataset(stream, "train", "actor", ["input_ids"], batch_size=16,
@@ -77,7 +81,8 @@ class StreamingDataset(IterableDataset):
                  sampler: Sampler | PartitionSampler | None = None, dp_rank: int = 0,
                  dp_size: int = 1, replicas: int = 1, timeout: float | None = None,
                  lease_timeout: float | None = None, drop_last: bool = False,
-                 ragged: str = "nested", prefetch: int = DEFAULT_PREFETCH) -> None:
+                 ragged: str = "nested", prefetch: int = DEFAULT_PREFETCH,
+                 rows_per_epoch: int | None = None) -> None:
         super().__init__()
         self.stream = stream
         self._router = sampler if isinstance(sampler, PartitionSampler) else None
@@ -112,9 +117,22 @@ class StreamingDataset(IterableDataset):
             raise ConfigError(f"ragged must be 'nested' or 'padded', got {ragged!r}")
         self.ragged = ragged
         self.prefetch = check_positive("prefetch", prefetch)
+        self.rows_per_epoch = None if rows_per_epoch is None else \
+            check_positive("rows_per_epoch", rows_per_epoch)
         self.start_step = 0
         self.auto_ack = True
         self._registered = False
+
+    def __len__(self) -> int:
+        """Steps of an epoch (``rows_per_epoch``), or in all of closed partitions.
+
+        Raises:
+            LengthUnknownError: (a TypeError) if neither is known.
+        """
+        return known_steps(self)
+
+    def __bool__(self) -> bool:  # not len(): a dataset of an open stream is still truthy
+        return True
 
     def register(self) -> None:
         """Declare the task on the controller (done on first iteration)."""
@@ -135,7 +153,8 @@ class StreamingDataset(IterableDataset):
                              "processes (num_workers > 0); use tq.init(mode='local')")
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         step = self.start_step + worker
-        while True:
+        end = epoch_end(self, self.start_step)
+        while end is None or step < end:
             yield step
             step += workers
 
@@ -194,6 +213,7 @@ class StreamingDataset(IterableDataset):
                     return
                 if item is None:
                     return
+            self._offer(out, stop, _END)  # the declared epoch is over
         except BaseException as exc:  # travels to the consumer as a value
             self._offer(out, stop, _Failure(exc))
 
