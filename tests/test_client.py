@@ -19,12 +19,13 @@ def test_old_logp_stage_pattern(stream):
     """Stage A reads input_ids and writes old_logp; stage B reads both."""
     keys = keys_of("s", 6)
     ids = torch.arange(24).reshape(6, 4)
+    stream.create_partition(P, consumers=["old_logp", "actor"])
     stream.writer(P).put(keys, {"input_ids": ids})
     c = stream.client()
     c.register_task(P, "old_logp", ["input_ids"], batch_size=3)
     c.register_task(P, "actor", ["input_ids", "old_logp"], batch_size=2)
-    with pytest.raises(WaitTimeout):  # nothing has old_logp yet
-        c.get_meta(P, "actor", step=0, timeout=0.05)
+    with pytest.raises(WaitTimeout, match=r"\[.old_logp.\] were never written.*input_ids"):
+        c.get_meta(P, "actor", step=0, timeout=0.05)  # nothing has old_logp yet
     for step in range(2):
         meta = c.get_meta(P, "old_logp", step)
         td = c.get_data(meta)
@@ -44,6 +45,7 @@ def test_old_logp_stage_pattern(stream):
 
 
 def test_put_data_to_freed_rows_is_refused(stream):
+    stream.create_partition(P, consumers=["t"])
     put_rows(stream, keys_of("a", 2))
     c = stream.client()
     c.register_task(P, "t", ["x"], batch_size=2)
@@ -71,17 +73,17 @@ def test_release_hands_rows_out_again(stream):
     c.register_task(P, "t", ["x"], batch_size=2)
     m0 = c.get_meta(P, "t", 0)
     c.release(m0)
-    assert c.get_meta(P, "t", 0).keys == m0.keys  # refilled first, with the same rows
-    m1 = c.get_meta(P, "t", 1)
-    assert not set(m1.keys) & set(m0.keys)
-    partial = m1.select([0])
-    c.release(partial)  # give back one row; the other stays leased
-    assert c.get_meta(P, "t", 1).keys == (m1.keys[1],)
+    assert stream.stats()[P]["tasks"]["t"]["claimed"] == 0
+    other = stream.client()
+    assert other.get_meta(P, "t", None).keys == m0.keys  # the next reader: the same rows
+    m1 = c.get_meta(P, "t", None)
+    assert m1.step == 1 and not set(m1.keys) & set(m0.keys)
     st = stream.stats()[P]["tasks"]["t"]
-    assert st["leased"] == 3 and st["available"] == 1
+    assert st["leased"] == 4 and st["available"] == 0 and st["redelivered"] == 2
 
 
 def test_renew_and_clear_by_keys(stream, clock):
+    stream.create_partition(P, consumers=["t"])
     put_rows(stream, keys_of("a", 3))
     c = stream.client()
     c.register_task(P, "t", ["x"], batch_size=3, lease_timeout=10.0)
@@ -108,35 +110,38 @@ def test_rows_spread_over_storage_units():
 
 
 def test_dp_shares_are_disjoint_and_replicas_identical(stream):
+    stream.create_partition(P, consumers=["t"])
     put_rows(stream, keys_of("a", 8))
     c = stream.client()
     c.register_task(P, "t", ["x"], batch_size=2, dp_size=2, replicas=2)
     r0 = c.get_meta(P, "t", 0, dp_rank=0)
     r1 = c.get_meta(P, "t", 0, dp_rank=1)
-    r0b = c.get_meta(P, "t", 0, dp_rank=0)  # the other replica of rank 0
+    r0b = c.get_meta(P, "t", 0, dp_rank=0, replica=1)  # the other replica of rank 0
     assert r0.keys == r0b.keys and not set(r0.keys) & set(r1.keys)
     assert c.ack(r0) == 0   # one replica of two: not acked yet
+    assert c.ack(r0) == 0   # the same replica again: still one of two
     assert c.ack(r0b) == 2
     assert stream.stats()[P]["rows"] == 6
 
 
-def test_a_returned_share_is_refilled_before_later_steps_form(stream):
-    """Rank 0 returns its share; rank 1 cannot run ahead with those rows, so at the end
-    of the stream both ranks still get the same number of batches."""
+def test_a_returned_share_keeps_its_rows_for_its_rank(stream):
+    """Rank 0 returns its share of step 0; it gets the same rows again, while rank 1 may
+    run ahead, and at the end of the stream both ranks get the same number of batches."""
     put_rows(stream, keys_of("a", 8))
     c = stream.client()
     c.register_task(P, "t", ["x"], batch_size=2, dp_size=2)
     m0 = c.get_meta(P, "t", 0, dp_rank=0)
     c.ack(c.get_meta(P, "t", 0, dp_rank=1))
     c.release(m0)
-    with pytest.raises(WaitTimeout):  # step 1 waits for rank 0's refill of step 0
-        c.get_meta(P, "t", 1, dp_rank=1, timeout=0.05)
+    assert not set(c.get_meta(P, "t", 1, dp_rank=1).keys) & set(m0.keys)
     stream.close_partition(P)
     counts, nxt = {0: 0, 1: 1}, {0: 0, 1: 1}
     for _ in range(5):
         for rank in (0, 1):
             meta = c.get_meta(P, "t", nxt[rank], dp_rank=rank, timeout=1.0)
             if not meta.end:
+                if (rank, nxt[rank]) == (0, 0):
+                    assert meta.keys == m0.keys
                 counts[rank] += 1
                 nxt[rank] += 1
                 c.ack(meta)

@@ -41,13 +41,13 @@ def test_prefetch_and_ack_on_next_request(stream):
     first = next(it)
     assert len(tq.batch_meta(first)) == 2
     # the background thread leases the next `prefetch` steps while the first trains
-    assert wait_for(lambda: task_stats(stream)["leased"] == 2 * (1 + 2))
+    assert wait_for(lambda: task_stats(stream)["claimed"] == 2 * (1 + 2))
     assert task_stats(stream)["acked"] == 0  # not acked until the next batch is asked for
     second = next(it)
     assert task_stats(stream)["acked"] == 2
     assert not set(tq.batch_meta(first).keys) & set(tq.batch_meta(second).keys)
     it.close()
-    assert task_stats(stream)["leased"] == 2  # prefetched steps handed back; `second` kept
+    assert task_stats(stream)["claimed"] == 2  # prefetched steps handed back; `second` kept
 
 
 def test_batches_carry_fields_values_and_meta(stream):
@@ -93,6 +93,7 @@ def test_minibatches_over_epochs_with_ragged_fields(stream):
 
 def test_state_dict_resumes_without_skips_or_repeats(stream):
     keys = keys_of("k", 20)
+    stream.create_partition(P, consumers=["actor"])
     put_rows(stream, keys)
     stream.close_partition(P)
     first, seen = loader(stream, prefetch=3), []
@@ -129,7 +130,8 @@ def run_ranks(stream, n_ranks, replicas=1, **kw) -> dict[tuple[int, int], list]:
 
     def consume(rank, replica):
         try:
-            ld = loader(stream, dp_rank=rank, dp_size=n_ranks, replicas=replicas, **kw)
+            ld = loader(stream, dp_rank=rank, dp_size=n_ranks, replicas=replicas,
+                        replica=replica, **kw)
             out[(rank, replica)] = [tq.batch_meta(b).keys for b in ld]
         except BaseException as exc:  # noqa: BLE001 - re-raised below
             errors.append(exc)
@@ -148,6 +150,7 @@ def run_ranks(stream, n_ranks, replicas=1, **kw) -> dict[tuple[int, int], list]:
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_end_of_stream_two_ranks(stream, drop_last):
     keys = keys_of("k", 11)  # 2 full steps of 2 x 2 rows, 3 rows left
+    stream.create_partition(P, consumers=["actor"])
     put_rows(stream, keys)
     stream.close_partition(P)
     got = run_ranks(stream, 2, batch_size=2, drop_last=drop_last)
@@ -172,6 +175,7 @@ def test_end_of_stream_one_leftover_row_for_two_ranks(stream):
 
 
 def test_replicas_get_identical_batches_and_free_after_both(stream):
+    stream.create_partition(P, consumers=["actor"])
     put_rows(stream, keys_of("k", 8))
     stream.close_partition(P)
     got = run_ranks(stream, 2, replicas=2, batch_size=2)
@@ -181,9 +185,10 @@ def test_replicas_get_identical_batches_and_free_after_both(stream):
 
 
 def test_replica_rows_freed_only_after_both_ack(stream):
+    stream.create_partition(P, consumers=["actor"])
     put_rows(stream, keys_of("k", 4))
-    a = iter(loader(stream, batch_size=2, replicas=2, prefetch=1))
-    b = iter(loader(stream, batch_size=2, replicas=2, prefetch=1))
+    a = iter(loader(stream, batch_size=2, replicas=2, replica=0, prefetch=1))
+    b = iter(loader(stream, batch_size=2, replicas=2, replica=1, prefetch=1))
     assert tq.batch_meta(next(a)).keys == tq.batch_meta(next(b)).keys
     next(a)  # replica a acks step 0
     assert task_stats(stream)["acked"] == 0 and stream.stats()[P]["rows"] == 4

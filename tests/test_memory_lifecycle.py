@@ -27,6 +27,7 @@ def put_round(stream: tq.Stream, r: int, n: int = 16) -> list[str]:
 
 def test_long_run_returns_to_baseline():
     with tq.init(storage_units=2) as stream:
+        stream.create_partition(P, consumers=["old_logp", "actor"])
         client = stream.client()
         client.register_task(P, "old_logp", ["x"], batch_size=8)
         client.register_task(P, "actor", ["x", "r", "reward"], batch_size=4, dp_size=2)
@@ -57,6 +58,7 @@ def test_long_run_returns_to_baseline():
 
 def test_loader_run_frees_everything():
     with tq.init() as stream:
+        stream.create_partition(P, consumers=["actor"])
         ds = tq.StreamingDataset(stream, P, "actor", ["x", "r"], batch_size=8, timeout=5.0)
         loader = tq.StreamingDataLoader(ds)
         it = iter(loader)
@@ -71,6 +73,7 @@ def test_loader_run_frees_everything():
 
 def test_rows_stay_until_every_task_acked():
     with tq.init() as stream:
+        stream.create_partition(P, consumers=["a", "b"])
         client = stream.client()
         client.register_task(P, "a", ["x"], batch_size=16)
         client.register_task(P, "b", ["x"], batch_size=16)

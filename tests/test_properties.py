@@ -1,5 +1,6 @@
-"""Random interleavings of puts, gets, acks, releases and lease expiries on the
-embedded controller and client, checking the delivery guarantees of DESIGN.md:
+"""Random interleavings of puts, gets, acks, releases, lease expiries, consumer deaths
+and replacements, a task that registers late and tags that arrive after the fields, on
+the embedded controller and client, checking the delivery guarantees (docs/design.md):
 
 - a row is never handed to a task again once that task acked it, and when the
   consumers keep going every written row is acked (or discarded, counted);
@@ -40,8 +41,8 @@ class Consumer:
     replica: int
     step: int = 0
     held: tq.BatchMeta | None = None
-    maybe_expired: bool = False
     ended_at: int | None = None
+    skip: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -54,6 +55,7 @@ class TaskModel:
     group_size: int | None
     acked: set[str] = field(default_factory=set)
     share: dict[tuple[int, int], tuple[str, ...]] = field(default_factory=dict)
+    acks: dict[tuple[int, int], set[int]] = field(default_factory=dict)  # replicas done
 
 
 class DeliveryMachine(RuleBasedStateMachine):
@@ -66,6 +68,7 @@ class DeliveryMachine(RuleBasedStateMachine):
         self.clock = FakeClock()
         self._saved = self.clock.install()
         self.stream = tq.init(config=tq.StreamConfig(timeout=5.0))
+        self.stream.create_partition(P, consumers=["main", "aux"])
         self.client = self.stream.client()
         self.group_size = groups
         g = groups or 1
@@ -73,24 +76,29 @@ class DeliveryMachine(RuleBasedStateMachine):
                          replicas, groups)
         aux = TaskModel("aux", ["a"], 2, 1, 1, None)
         self.tasks = {t.name: t for t in (main, aux)}
-        for t in self.tasks.values():
-            sampler = tq.samplers.GroupSampler(group_size=t.group_size) if t.group_size \
-                else None
-            self.client.register_task(P, t.name, t.fields, t.batch_size, dp_size=t.dp_size,
-                                      replicas=t.replicas, lease_timeout=LEASE,
-                                      drop_last=drop_last and t.name == "main",
-                                      sampler=sampler)
-        self.consumers = [Consumer(t.name, r, k) for t in self.tasks.values()
-                          for r in range(t.dp_size) for k in range(t.replicas)]
-        # the order in which the drain serves consumers (rank 0 first, or the last rank)
-        self.drain_order = self.consumers[::-1] if backwards else list(self.consumers)
+        self.drop_last = drop_last
+        self.backwards = backwards
+        self.consumers: list[Consumer] = []
+        self.registered: set[str] = set()
+        self._register(main)  # aux registers late (a rule), or at the drain
         self.written: list[str] = []
         self.without_b: list[str] = []
+        self.untagged: list[tuple[str, dict]] = []  # rows whose group tags come later
         self.n_groups = 0
         self.done = False
-        # releases and expiries re-form a rank's share; with replicas that would let
-        # the replicas of one rank diverge, so they only run without replicas
-        self.refills = replicas == 1
+
+    def _register(self, t: TaskModel) -> None:
+        sampler = tq.samplers.GroupSampler(group_size=t.group_size) if t.group_size \
+            else None
+        self.client.register_task(P, t.name, t.fields, t.batch_size, dp_size=t.dp_size,
+                                  replicas=t.replicas, lease_timeout=LEASE,
+                                  drop_last=self.drop_last and t.name == "main",
+                                  sampler=sampler)
+        self.registered.add(t.name)
+        self.consumers += [Consumer(t.name, r, k) for r in range(t.dp_size)
+                           for k in range(t.replicas)]
+        # the order in which the drain serves consumers (rank 0 first, or the last rank)
+        self.drain_order = self.consumers[::-1] if self.backwards else list(self.consumers)
 
     def teardown(self):
         if hasattr(self, "stream"):
@@ -103,8 +111,8 @@ class DeliveryMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ writes
     @precondition(lambda self: not self.done)
-    @rule(groups=st.integers(1, 3), with_b=st.booleans())
-    def put(self, groups, with_b):
+    @rule(groups=st.integers(1, 3), with_b=st.booleans(), late_tags=st.booleans())
+    def put(self, groups, with_b, late_tags):
         g = self.group_size or 1
         keys, tags = [], []
         for _ in range(groups):
@@ -112,6 +120,9 @@ class DeliveryMachine(RuleBasedStateMachine):
             self.n_groups += 1
             keys += [f"{uid}_{i}" for i in range(g)]
             tags += [{"uid": uid, "version": self.n_groups}] * g
+        if late_tags and self.group_size:  # the group sampler must wait for "uid"
+            self.untagged += list(zip(keys, tags, strict=True))
+            tags = [{"version": t["version"]} for t in tags]
         data = {"a": torch.arange(len(keys), dtype=torch.float32)}
         # b comes later only when a task needs it: a late field nobody waits for could
         # reach a row that was consumed and freed, and re-create it half-written
@@ -129,6 +140,19 @@ class DeliveryMachine(RuleBasedStateMachine):
         keys, self.without_b = self.without_b[:n], self.without_b[n:]
         self.stream.writer(P).put(keys, {"b": [torch.ones(2)] * len(keys)})
 
+    @precondition(lambda self: not self.done and self.untagged)
+    @rule(data=st.data())
+    def add_tags(self, data):
+        n = data.draw(st.integers(1, len(self.untagged)))
+        todo, self.untagged = self.untagged[:n], self.untagged[n:]
+        self.stream.set_tags(P, [k for k, _ in todo], [t for _, t in todo])
+
+    @precondition(lambda self: not self.done and "aux" not in self.registered)
+    @rule()
+    def register_late(self):
+        """aux registers after main acked rows: none of them may be lost to it."""
+        self._register(self.tasks["aux"])
+
     # ---------------------------------------------------------------- consumers
     @precondition(lambda self: not self.done)
     @rule(data=st.data())
@@ -144,22 +168,32 @@ class DeliveryMachine(RuleBasedStateMachine):
         if c.held is not None:
             self._ack(c)
 
-    @precondition(lambda self: not self.done and self.refills)
+    @precondition(lambda self: not self.done)
     @rule(data=st.data())
     def release(self, data):
         c = data.draw(st.sampled_from(self.consumers))
-        if c.held is not None and not c.maybe_expired:
+        if c.held is not None:
             self.client.release(c.held)
-            self._forget(c)
+            c.held = None
 
-    @precondition(lambda self: not self.done and self.refills)
+    @precondition(lambda self: not self.done)
     @rule()
     def expire_leases(self):
+        """Time passes with no heartbeat: every claim expires, no share changes."""
         self.clock.advance(LEASE + 1)
-        for c in self.consumers:
-            c.maybe_expired = c.held is not None
-            if c.maybe_expired:  # its rows may now go to another rank of the same step
-                self.tasks[c.task].share.pop((c.step, c.rank), None)
+
+    @precondition(lambda self: not self.done)
+    @rule(data=st.data())
+    def replace_consumer(self, data):
+        """A consumer dies holding a batch; a fresh one for its rank resumes from the
+        controller's first unfinished step (no step bookkeeping of its own)."""
+        c = data.draw(st.sampled_from(self.consumers))
+        if c.ended_at is not None:
+            return
+        where = self.client.first_unfinished(P, c.task, c.rank)
+        c.held, c.step, c.skip = None, where["step"], set(where["skip"])
+        while c.step in c.skip:
+            c.step += 1
 
     @precondition(lambda self: not self.done)
     @rule()
@@ -188,7 +222,8 @@ class DeliveryMachine(RuleBasedStateMachine):
     def _fetch(self, c: Consumer) -> None:
         t = self.tasks[c.task]
         try:
-            meta = self.client.get_meta(P, c.task, c.step, c.rank, timeout=TINY)
+            meta = self.client.get_meta(P, c.task, c.step, c.rank, timeout=TINY,
+                                        replica=c.replica)
         except WaitTimeout:
             return
         if meta.end:
@@ -199,40 +234,42 @@ class DeliveryMachine(RuleBasedStateMachine):
         assert 1 <= len(keys) <= t.batch_size, (len(keys), t.batch_size)
         assert not set(keys) & t.acked, f"{c.task} got acked rows again: {set(keys) & t.acked}"
         known = t.share.get((c.step, c.rank))
-        if known is not None and t.replicas > 1:
-            assert keys == known, f"replicas of rank {c.rank} differ at step {c.step}"
+        if known is not None:  # replicas, readers after a release, expiry or death
+            assert keys == known, f"share of rank {c.rank} changed at step {c.step}"
         t.share[(c.step, c.rank)] = keys
         if t.group_size:
             sizes = Counter(tag["uid"] for tag in meta.tags)
             assert set(sizes.values()) == {t.group_size}, f"a group was split: {sizes}"
         if "b" in t.fields:
             assert not set(keys) & set(self.without_b), "a row without b was handed out"
-        c.held, c.maybe_expired = meta, False
+        c.held = meta
 
     def _ack(self, c: Consumer) -> None:
         t = self.tasks[c.task]
         meta = c.held
         try:
-            self.client.ack(meta)
+            self.client.ack(meta)  # an expired claim does not matter: the share is fixed
         except LeaseError:
-            assert c.maybe_expired, f"ack of a live lease failed: {c}"
-            self._forget(c)
-            return
-        # counted acked once every replica acked; each replica acks its step once
-        others = [o for o in self.consumers if o.task == c.task and o.rank == c.rank
-                  and o is not c]
-        if all(o.step > c.step for o in others):
+            # only a share every replica acked is gone (a replaced replica acked it again)
+            assert t.acks.get((c.step, c.rank), set()) >= set(range(t.replicas)), c
+        done = t.acks.setdefault((c.step, c.rank), set())
+        done.add(c.replica)
+        if len(done) == t.replicas:  # acked once every replica acked
             t.acked |= set(meta.keys)
-        c.held, c.maybe_expired = None, False
+        c.held = None
         c.step += 1
-
-    def _forget(self, c: Consumer) -> None:
-        self.tasks[c.task].share.pop((c.step, c.rank), None)
-        c.held, c.maybe_expired = None, False
+        while c.step in c.skip:
+            c.step += 1
 
     def drain(self) -> None:
         """Close the partition, complete every row, consume to the end; check it all."""
         self.done = True
+        if "aux" not in self.registered:
+            self._register(self.tasks["aux"])
+        if self.untagged:
+            self.stream.set_tags(P, [k for k, _ in self.untagged],
+                                 [t for _, t in self.untagged])
+            self.untagged = []
         if self.without_b:
             self.stream.writer(P).put(self.without_b, {"b": [torch.ones(1)] * len(
                 self.without_b)})
@@ -251,8 +288,7 @@ class DeliveryMachine(RuleBasedStateMachine):
         stats = self.stream.stats()[P]
         for t in self.tasks.values():
             ends = {c.ended_at for c in self.consumers if c.task == t.name}
-            steps = {c.step for c in self.consumers if c.task == t.name}
-            assert len(ends) == 1 and ends == steps, f"ranks got different batch counts: " \
+            assert len(ends) == 1, f"ranks saw different ends: " \
                 f"{[(c.rank, c.replica, c.step, c.ended_at) for c in self.consumers]}"
             ts = stats["tasks"][t.name]
             discarded = sum(ts["discarded"].values())

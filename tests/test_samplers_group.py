@@ -194,7 +194,10 @@ def test_batch_size_must_be_multiple_of_group_size():
         GroupSampler(group_size=4).sample(cands, 6)
 
 
-def test_missing_group_tag_is_a_clear_error():
+def test_a_tag_no_candidate_has_reads_as_missing():
+    """The controller never offers rows without a sampler's required tags; a sampler
+    called directly on such rows sees missing values, not an exception."""
     cands = Candidates.from_arrays(np.arange(4), {"other": np.zeros(4)}, partition="train")
-    with pytest.raises(ConfigError, match="'uid'.*'train'"):
-        GroupSampler(group_size=2).sample(cands, 2)
+    assert np.isnan(cands.tag("uid")).all()
+    sel = GroupSampler(group_size=2).sample(cands, 2)
+    assert not sel.ready and sel.discard["missing_tag"].tolist() == [0, 1, 2, 3]

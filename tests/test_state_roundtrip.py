@@ -19,7 +19,7 @@ from tq_stream.samplers import Candidates, SequentialSampler
 def _busy_controller(stream: tq.Stream) -> Controller:
     """A controller with two partitions, typed tags, two tasks, leases, acks and frees."""
     ctrl = stream._controller()
-    stream.create_partition("train", capacity=64)
+    stream.create_partition("train", capacity=64, consumers=["old_logp", "actor"])
     keys = keys_of("k", 12)
     tags = [{"uid": f"g{i // 2}", "v": i, "score": i / 3, "ok": i % 2 == 0} for i in range(12)]
     put_rows(stream, keys, tags=tags)
@@ -103,7 +103,7 @@ def test_controller_load_errors(stream):
         ctrl.load_state_dict(state)
     with pytest.raises(ConfigError, match="storage_units must be 1"):
         Controller(n_units=2).load_state_dict(state)
-    with pytest.raises(ConfigError, match="format must be 1"):
+    with pytest.raises(ConfigError, match="format must be 2"):
         Controller(n_units=1).load_state_dict({**state, "format": 99})
 
 

@@ -48,11 +48,20 @@ def test_missing_values_are_visible():
     t = TagTable(4)
     t.set(rows(0, 1), [{"n": 3, "ok": True, "f": 1.0}, {"n": 4, "ok": False, "f": 2.0}])
     t.set(rows(2), [{}])  # a row without the tags
-    assert t.kinds["n"] == "float" and math.isnan(t.get("n", rows(2))[0])
-    assert t.kinds["ok"] == "object" and t.get("ok", rows(2))[0] is None
+    assert t.kinds["n"] == "int" and math.isnan(t.get("n", rows(2))[0])
+    assert t.kinds["ok"] == "bool" and t.get("ok", rows(2))[0] is None
     assert math.isnan(t.get("f", rows(2))[0])
     assert t.rows_as_dicts(rows(2)) == [{}]
-    assert t.get("n", rows(0)).tolist() == [3.0]
+    assert t.get("n", rows(0)).tolist() == [3] and t.get("n", rows(0)).dtype == np.int64
+    assert t.rows_as_dicts(rows(0)) == [{"n": 3, "ok": True, "f": 1.0}]  # ints stay ints
+
+
+def test_large_int_tags_stay_exact_when_other_rows_lack_them():
+    t = TagTable(4)
+    t.set(rows(0), [{"n": 2**53 + 1}])
+    t.set(rows(1), [{}])
+    assert t.rows_as_dicts(rows(0, 1)) == [{"n": 2**53 + 1}, {}]
+    assert type(t.rows_as_dicts(rows(0))[0]["n"]) is int
 
 
 def test_clear_and_grow():

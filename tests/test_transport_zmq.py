@@ -25,10 +25,8 @@ from tq_stream.errors import (
 from tq_stream.serialization import decode, encode
 from tq_stream.transport.zeromq import (
     BUSY,
-    Publisher,
     RpcClient,
     RpcServer,
-    Subscriber,
     generate_keys,
     public_key,
 )
@@ -373,44 +371,3 @@ def test_curve_client_allowlist(handler):
         with RpcClient(srv.address, timeout=0.3, curve_server_key=server_public) as other:
             with pytest.raises(WaitTimeout):
                 other.call("echo", {"value": 1})
-
-
-# ----------------------------------------------------------------- PUB/SUB
-
-
-def test_publish_and_wait():
-    with Publisher() as pub, Subscriber(pub.address, topics=["ready"]) as sub:
-        sub.subscribe("ready2")
-        payload = None
-        for i in range(100):  # subscriptions propagate asynchronously (slow joiner)
-            pub.publish("ready2", {"other": i})
-            pub.publish("ready", {"n": i, "t": torch.ones(2)})
-            try:
-                payload = sub.wait("ready", timeout=0.05)
-                break
-            except WaitTimeout:
-                continue
-        assert payload is not None and torch.equal(payload["t"], torch.ones(2))
-        assert "other" in sub.wait("ready2", timeout=1)  # kept while waiting for "ready"
-        with pytest.raises(WaitTimeout, match="'nothing'"):
-            sub.wait("nothing", timeout=0.05)
-    with pytest.raises(ClosedError):
-        pub.publish("ready", {})
-    with pytest.raises(ClosedError):
-        sub.wait("ready", timeout=0.05)
-
-
-def test_topics_match_exactly():
-    with Publisher() as pub, Subscriber(pub.address, topics=["rows"]) as sub:
-        got = None
-        for _ in range(100):
-            pub.publish("rows_ready", {"wrong": True})
-            pub.publish("rows", {"right": True})
-            try:
-                got = sub.wait("rows", timeout=0.05)
-                break
-            except WaitTimeout:
-                continue
-        assert got == {"right": True}
-        with pytest.raises(WaitTimeout):
-            sub.wait("rows", timeout=0.1)  # "rows_ready" never matched "rows"

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,8 @@ from tensordict import TensorDict
 from tq_stream import placement
 from tq_stream.backends.base import occupancy
 from tq_stream.convert import to_columns, to_tensordict
-from tq_stream.errors import ConfigError, check_name
+from tq_stream.errors import ConfigError, check_name, check_timeout
+from tq_stream.leases import Hold
 from tq_stream.meta import BatchMeta
 from tq_stream.samplers.base import Sampler
 
@@ -28,10 +30,25 @@ if TYPE_CHECKING:
 
 
 class Client:
-    """Explicit calls on a Stream's controller and storage units (see module doc)."""
+    """Explicit calls on a Stream's controller and storage units (see module doc).
 
-    def __init__(self, stream: Stream) -> None:
+    A client is one consumer session: the leases it takes with ``get_meta`` are kept
+    alive by the stream's heartbeat for as long as the client exists (keep a reference
+    to it while you work on a batch), and expire ``lease_timeout`` seconds after its
+    process dies; the rows then go to the next reader of that step and rank.
+
+    Args:
+        stream: the Stream to call.
+        consumer: a stable name for ``get_meta(step=None)`` in a pool of stage workers:
+            a restarted worker of the same name first gets back what it held.
+        session: the session id (default: a new random one).
+    """
+
+    def __init__(self, stream: Stream, consumer: str = "", session: str | None = None) -> None:
         self._stream = stream
+        self.consumer = consumer
+        self.session = uuid.uuid4().hex if session is None else session
+        self._holds: dict[tuple[str, str], Hold] = {}
 
     @property
     def _controller(self) -> Any:
@@ -47,13 +64,43 @@ class Client:
             drop_last=drop_last, sampler=sampler,
         )
 
-    def get_meta(self, partition: str, task: str, step: int, dp_rank: int = 0,
-                 timeout: float | None = None) -> BatchMeta:
-        """The rows of ``step`` for ``dp_rank`` (waits up to ``timeout`` for them)."""
+    def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
+                 timeout: float | None = None, replica: int = 0) -> BatchMeta | None:
+        """The rows of ``step`` for ``dp_rank`` (waits up to ``timeout`` for them).
+
+        ``step=None`` asks for the next batch for this client: for a pool of stage
+        workers, each taking the next batch; two clients never get the same rows, and
+        a dead worker's batch goes to the next one that asks once its lease expired
+        (or at once to a restarted worker with the same ``consumer`` name). Pass step
+        numbers for DP lockstep control (``first_unfinished`` tells where to resume).
+
+        Returns:
+            the batch's BatchMeta (``meta.end`` once a closed partition is drained), or
+            None if ``cancel()`` ended the wait.
+        """
         timeout = self._stream.config.timeout if timeout is None else timeout
+        check_timeout("timeout", timeout)
+        self._hold(partition, task)
         d = self._controller.get_meta(partition=partition, task=task, step=step,
-                                      dp_rank=dp_rank, timeout=timeout)
-        return BatchMeta.from_dict(d)
+                                      dp_rank=dp_rank, timeout=timeout, replica=replica,
+                                      session=self.session, consumer=self.consumer)
+        return None if d is None else BatchMeta.from_dict({**d, "session": self.session})
+
+    def first_unfinished(self, partition: str, task: str, dp_rank: int = 0) -> dict[str, Any]:
+        """Where a reader of ``dp_rank`` resumes: ``{"step": the first step its rank has
+        not fully acked, "skip": later steps already acked}``."""
+        return self._controller.first_unfinished(partition=partition, task=task,
+                                                 dp_rank=dp_rank)
+
+    def cancel(self) -> None:
+        """End this client's waiting get_meta calls now (they return None)."""
+        self._controller.cancel(session=self.session)
+
+    def _hold(self, partition: str, task: str) -> None:
+        if (partition, task) not in self._holds:
+            lease = self._stream.config.lease_timeout
+            self._holds[(partition, task)] = self._stream._keeper().hold(
+                partition, task, self.session, lease)
 
     def get_data(self, meta: BatchMeta, fields: Sequence[str] | None = None,
                  ragged: str = "nested") -> TensorDict:
@@ -75,21 +122,23 @@ class Client:
                                                    expect=meta.generation)
 
     def ack(self, meta: BatchMeta) -> int:
-        """This rank is done with meta's rows; returns how many rows became acked."""
+        """This replica of meta's rank is done with meta's rows (a second ack is a
+        no-op); returns how many rows became acked by every replica."""
         self._check_step(meta, "ack")
         return self._controller.ack(partition=meta.partition, task=meta.task, step=meta.step,
                                     dp_rank=meta.dp_rank, index=meta.index,
-                                    generation=meta.generation)
+                                    generation=meta.generation, replica=meta.replica)
 
     def release(self, meta: BatchMeta) -> None:
-        """Give meta's unacked rows back; they are handed out again later."""
+        """Stop reading meta's step: its rows go, unchanged, to the next reader of that
+        step and rank (or of the next batch)."""
         self._check_step(meta, "release")
         self._controller.release(partition=meta.partition, task=meta.task, step=meta.step,
                                  dp_rank=meta.dp_rank, index=meta.index,
-                                 generation=meta.generation)
+                                 generation=meta.generation, replica=meta.replica)
 
     def renew(self, meta: BatchMeta) -> None:
-        """Extend the lease on meta's step."""
+        """Extend the lease on meta's step now (the heartbeat does this by itself)."""
         self._check_step(meta, "renew")
         self._controller.renew(partition=meta.partition, task=meta.task, step=meta.step)
 
@@ -111,6 +160,9 @@ class Client:
         self._controller.set_version(partition=partition, task=task, version=version)
 
     def _check_step(self, meta: BatchMeta, what: str) -> None:
+        if not isinstance(meta, BatchMeta):
+            raise ConfigError(f"meta of {what} must be a BatchMeta from get_meta, got "
+                              f"{type(meta).__name__}")
         if not meta.task or meta.step < 0:
             raise ConfigError(f"{what} needs a meta from get_meta (with task and step), got "
                               f"task={meta.task!r} step={meta.step}")

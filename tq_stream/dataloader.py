@@ -2,8 +2,15 @@
 
 The loader wraps (does not subclass) ``torch.utils.data.DataLoader``. It acks a
 batch in the training process when the next batch is requested (or when
-``ack()`` / ``state_dict()`` is called), so rows are acked only after the
-training step that used them, whichever worker process fetched them.
+``ack()`` is called), so rows are acked only after the training step that used
+them, whichever worker process fetched them. ``state_dict()`` has no side
+effects.
+
+Each iteration is a consumer session whose leases the process's heartbeat keeps
+alive (workers renew what they fetched ahead, this process what it yielded), so
+a slow step never loses its batch; a crashed trainer's rows go to its
+replacement. A new iteration, a fresh loader or one restored from an older
+``state_dict`` resumes at the first step this rank has not fully acked.
 
 Example:
     >>> loader = tq.StreamingDataLoader(ds, num_workers=0)
@@ -15,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -27,7 +35,7 @@ from tq_stream.datasets.batch import batch_meta, copy_meta, loader_step
 from tq_stream.datasets.minibatch import minibatches
 from tq_stream.datasets.streaming import StreamingDataset
 from tq_stream.datasets.workers import check_start_method
-from tq_stream.errors import ConfigError, check_positive
+from tq_stream.errors import ConfigError, LeaseError, check_positive
 
 
 def _identity(batch: Any) -> Any:
@@ -48,7 +56,7 @@ class StreamingDataLoader:
         prefetch_factor: batches each worker fetches ahead.
     """
 
-    STATE_KEYS = ("partition", "task", "dp_rank", "step")
+    STATE_KEYS = ("partition", "task", "dp_rank", "step", "yielded")
 
     def __init__(self, dataset: StreamingDataset, num_workers: int = 0,
                  multiprocessing_context: str | None = None,
@@ -73,12 +81,36 @@ class StreamingDataLoader:
         self._client = dataset.stream.client()
         self._next_step = dataset.start_step
         self._unacked: list[TensorDict] = []
+        self._holds: list[Any] = []  # heartbeats of sessions with batches not yet acked
+        self._saved_done: list[tuple[str, int]] = []  # yielded before a loaded state
         self._rows: Counter[str] = Counter()  # rows yielded per partition
 
+    def _ack_saved(self) -> None:
+        """Batches yielded before the restored state_dict was taken count as trained:
+        ack them if no one did (a crash after the save, before the next batch)."""
+        ds, todo = self.dataset, self._saved_done
+        self._saved_done = []
+        for partition, step in todo:
+            try:
+                meta = self._client.get_meta(partition, ds.task, step, ds.dp_rank,
+                                             timeout=ds.timeout, replica=ds.replica)
+                if meta is not None and not meta.end:
+                    self._client.ack(meta)
+            except LeaseError:
+                pass  # acked already
+
     def __iter__(self) -> Iterator[TensorDict]:
-        self.dataset.register()
-        self.dataset.start_step = self._next_step
-        batches = iter(DataLoader(self.dataset, **self._kwargs))
+        ds = self.dataset
+        ds.register()
+        self._ack_saved()
+        self.ack()  # batches of an earlier iteration: they were yielded, so they are done
+        ds.start_step = self._next_step
+        ds.session = uuid.uuid4().hex
+        ds.plan = ds.resume_plan()
+        for p in ds.partitions:  # what workers fetched ahead and this process yields
+            self._holds.append(ds.stream._keeper().hold(p, ds.task, ds.session,
+                                                        ds.lease_timeout))
+        batches = iter(DataLoader(ds, **self._kwargs))
         while True:
             self.ack()  # before waiting: the end of a stream waits for every ack
             try:
@@ -106,11 +138,17 @@ class StreamingDataLoader:
             self._client.ack(batch_meta(b))
         self._unacked = [] if batch is None else [
             b for b in self._unacked if all(b is not t for t in todo)]
+        if not self._unacked and len(self._holds) > len(self.dataset.partitions):
+            for h in self._holds[: -len(self.dataset.partitions)]:  # earlier iterations'
+                h.close()
+            del self._holds[: -len(self.dataset.partitions)]
 
     def set_version(self, version: int) -> None:
-        """The trainer's current policy version (for staleness-aware samplers)."""
+        """The trainer's current policy version (for staleness-aware samplers); works
+        before the first batch too (a resumed trainer sets its version first)."""
         ds = self.dataset
-        self._client.set_version(ds.partition, ds.task, version)
+        for p in ds.partitions:
+            self._client.set_version(p, ds.task, version)
 
     def minibatches(self, batch: TensorDict, minibatch_size: int | None = None,
                     epochs: int = 1, shuffle: bool = False, seed: int | None = None, *,
@@ -122,14 +160,17 @@ class StreamingDataLoader:
                            num_minibatches=num_minibatches, drop_last=drop_last)
 
     def state_dict(self) -> dict[str, Any]:
-        """Acks the batches already yielded, then records where to resume."""
-        self.ack()
+        """Where this loader stands (no side effects: nothing is acked). A loader
+        resumed from it, however old, continues at the first step its rank has not
+        fully acked, skipping steps acked since it was saved."""
         ds = self.dataset
+        yielded = [[p, s] for p, s in self._saved_done] + [
+            [m.partition, m.step] for m in (batch_meta(b) for b in self._unacked)]
         return {"partition": ds.partition, "task": ds.task, "dp_rank": ds.dp_rank,
-                "step": self._next_step}
+                "step": self._next_step, "yielded": yielded}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume at the step after the last batch acked by the saved loader."""
+        """Resume from a saved state (see ``state_dict``)."""
         if set(state) != set(self.STATE_KEYS):
             raise ConfigError(f"state must have keys {sorted(self.STATE_KEYS)}, got "
                               f"{sorted(state)}")
@@ -141,6 +182,7 @@ class StreamingDataLoader:
                               f"{mine}, got {theirs}")
         self._next_step = check_positive("state['step']", state["step"], allow_zero=True)
         self._unacked = []
+        self._saved_done = [(str(p), int(s)) for p, s in state["yielded"]]
 
     def stats(self) -> dict[str, Any]:
         """This loader's task counters per partition (handed out, acked, discarded by

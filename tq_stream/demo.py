@@ -80,6 +80,8 @@ def run(cfg: DemoConfig | None = None, quiet: bool = False) -> dict:
     seen: list[str] = []
     lat: list[tuple[str, float]] = []
     with tq.init() as stream:
+        # rows are freed once the trainer acked them (undeclared partitions keep rows)
+        stream.create_partition("train", consumers=["update_actor"])
         start = time.perf_counter()
         threads = [threading.Thread(target=_produce, args=(stream, cfg, i, written))
                    for i in range(cfg.producers)]

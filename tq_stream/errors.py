@@ -96,3 +96,12 @@ def check_name(name: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{name} must be a non-empty str, got {value!r}")
     return value
+
+
+def check_consumers(value: Any) -> tuple[str, ...]:
+    """Return declared consumer task names: a non-empty list of distinct non-empty str."""
+    if isinstance(value, str) or not isinstance(value, list | tuple) or not value or \
+            not all(isinstance(v, str) and v for v in value) or len(set(value)) != len(value):
+        raise ConfigError(f"consumers must be a non-empty list of distinct task names, "
+                          f"got {value!r}")
+    return tuple(value)

@@ -26,6 +26,8 @@ class BatchMeta:
         fields: the fields this batch is about.
         schemas: the schema of each of ``fields``.
         task, step, dp_rank: the consumer step this batch belongs to ("" / -1 if none).
+        replica: which TP/PP peer of ``dp_rank`` read it (acks count per replica).
+        session: the consumer session holding the lease (its heartbeat renews it).
         end: True for the end-of-stream marker (no rows).
 
     Example:
@@ -45,6 +47,8 @@ class BatchMeta:
     task: str = ""
     step: int = -1
     dp_rank: int = 0
+    replica: int = 0
+    session: str = ""
     end: bool = False
 
     def __len__(self) -> int:
@@ -61,7 +65,8 @@ class BatchMeta:
             fields=tuple(d.get("fields", ())),
             schemas={f: FieldSchema.from_dict(s) for f, s in d.get("schemas", {}).items()},
             task=d.get("task", ""), step=int(d.get("step", -1)),
-            dp_rank=int(d.get("dp_rank", 0)), end=bool(d.get("end", False)),
+            dp_rank=int(d.get("dp_rank", 0)), replica=int(d.get("replica", 0)),
+            session=str(d.get("session", "")), end=bool(d.get("end", False)),
         )
 
     def select(self, positions: Sequence[int] | np.ndarray) -> BatchMeta:

@@ -10,12 +10,14 @@ handle is not, since its controller lives only in this process.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from tq_stream.client import Client
 from tq_stream.config import StreamConfig
 from tq_stream.errors import ClosedError, StateError
 from tq_stream.kv import KV
+from tq_stream.leases import LeaseKeeper
 from tq_stream.writer import Writer
 
 
@@ -34,6 +36,7 @@ class Stream:
         self.mode = mode
         self._owner = owner
         self._closed = False
+        self._lease_keeper: LeaseKeeper | None = None
         self.kv = KV(self)
 
     # -- wiring used by the client layers
@@ -46,6 +49,13 @@ class Stream:
         if self._closed:
             raise ClosedError("stream is closed")
         return self._backend.units()
+
+    def _keeper(self) -> LeaseKeeper:
+        """This process's heartbeat for the leases taken through this handle."""
+        keeper = self._lease_keeper
+        if keeper is None or keeper._pid != os.getpid():  # new, or inherited by a fork
+            keeper = self._lease_keeper = LeaseKeeper(self._controller)
+        return keeper
 
     def _spares(self, partition: str, unit: int) -> Any:
         """This process's SparePool for puts to ``partition`` (None: puts use reserve)."""
@@ -74,13 +84,25 @@ class Stream:
             unit = prefer() if prefer is not None else -1
         return Writer(self, partition, unit)
 
-    def client(self) -> Client:
-        """The low-level client (get_meta / get_data / put_data / ack)."""
-        return Client(self)
+    def client(self, consumer: str = "") -> Client:
+        """The low-level client (get_meta / get_data / put_data / ack): one consumer
+        session (see ``Client``); ``consumer`` names a stage worker of a pool."""
+        return Client(self, consumer)
 
-    def create_partition(self, partition: str, capacity: int | None = None) -> None:
-        """Create ``partition`` explicitly, optionally bounded to ``capacity`` live rows."""
-        self._controller().create_partition(partition=partition, capacity=capacity)
+    def create_partition(self, partition: str, capacity: int | None = None,
+                         consumers: list[str] | None = None) -> None:
+        """Create ``partition`` explicitly.
+
+        Args:
+            capacity: at most this many live rows (a full partition blocks writers).
+            consumers: the tasks that read every row, e.g. ``["old_logp",
+                "update_actor"]``. A row is freed once each of them acked or discarded
+                it, whatever order they start in; a task not in the list cannot
+                register. Without it, rows stay until cleared (``kv.clear``,
+                ``client.clear``): nothing is freed behind a consumer's back.
+        """
+        self._controller().create_partition(partition=partition, capacity=capacity,
+                                            consumers=consumers)
 
     def close_partition(self, partition: str) -> None:
         """Declare that no new rows will be written to ``partition``."""
@@ -115,6 +137,8 @@ class Stream:
         if self._closed:
             return
         self._closed = True
+        if self._lease_keeper is not None:
+            self._lease_keeper.stop()
         if self._owner is not None:
             self._owner.close()
 

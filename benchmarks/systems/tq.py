@@ -70,7 +70,8 @@ class TqStreamSystem(System):
     # --- workload 3
     def stream_setup(self, spec: StreamSpec) -> None:
         self._partition = f"{spec.partition}-{next(self._runs)}"
-        self._tq.create_partition(self._partition)
+        # the consumer task is declared, so acked rows free their memory as they go
+        self._tq.create_partition(self._partition, consumers=[spec.task])
 
     def stream_teardown(self, spec: StreamSpec) -> None:
         self._tq.kv.clear(None, partition=self._partition)

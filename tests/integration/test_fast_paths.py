@@ -201,6 +201,7 @@ def test_a_shared_write_that_races_a_slab_move_is_written_again_by_the_unit(
 
 
 def test_shared_writes_into_a_partition_that_emptied_and_filled_again(local_stream, calls):  # noqa: F811
+    local_stream.create_partition("refill", consumers=["t"])
     w = local_stream.writer("refill")
     c = local_stream.client()
     c.register_task("refill", "t", ["x"], batch_size=4)

@@ -269,6 +269,7 @@ def test_rows_written_into_shared_memory_while_consumed_arrive_intact(local_stre
 
 def test_save_and_restore(local_stream, tmp_path):
     keys = [f"ck_{i}" for i in range(10)]
+    local_stream.create_partition("ckpt", consumers=["t"])
     local_stream.writer("ckpt").put(keys, {"x": values(keys), "o": keys},
                                     tags=[{"v": i} for i in range(10)])
     client = local_stream.client()

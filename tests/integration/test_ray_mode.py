@@ -67,6 +67,8 @@ def test_producer_and_consumer_on_different_nodes(ray_cluster):
         assert all(u._remote._rpc.address.startswith("unix://")
                    for u in stream._backend.units())
 
+        stream.create_partition("train", consumers=["learner"])
+
         def on(node: str) -> dict:
             return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
 

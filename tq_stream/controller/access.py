@@ -86,6 +86,8 @@ class AccessLogic:
             part = self._part(partition)
             idx = self.lookup(partition, keys)["index"]
             part.tags.set(idx, tags_ or [])
+            for task in self._tasks[partition].values():  # rows may wait for these tags
+                task.offer(idx, part.ready_for(task.config.fields, idx, task.tags))
             self._cond.notify_all()
 
     def stats(self) -> dict[str, Any]:
@@ -94,8 +96,23 @@ class AccessLogic:
             for name, part in self._parts.items():
                 out[name] = {
                     "rows": part.live, "capacity": part.capacity, "closed": part.closed,
+                    "consumers": None if part.consumers is None else list(part.consumers),
+                    "held": self._held(part),
                     "fields": {f: s.describe() for f, s in part.schemas.items()},
                     "tasks": {t: s.stats() for t, s in self._tasks[name].items()},
                 }
             return out
+
+    def _held(self, part: PartitionMeta) -> dict[str, int]:
+        """Why live rows are not freed: per declared consumer, the rows it has not acked
+        or discarded yet; ``"undeclared"`` for a partition without declared consumers
+        (its rows stay until cleared)."""
+        rows = np.flatnonzero(part.used)
+        if part.consumers is None:
+            return {"undeclared": len(rows)}
+        out = {}
+        for name in part.consumers:
+            task = self._tasks[part.name].get(name)
+            out[name] = len(rows) if task is None else len(rows) - len(task.finished_rows(rows))
+        return out
 

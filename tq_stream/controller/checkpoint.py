@@ -4,15 +4,15 @@ A restored task exists at once (its rows keep their consumption state, so rows
 it has not acked are never freed by other tasks' acks, new rows are offered to
 it, and a second checkpoint keeps it), but it serves no step until its consumer
 registers it again with the same settings; the sampler object comes from that
-consumer and the checkpointed sampler state is loaded into it. Leases are kept:
-a resumed consumer asking for a step it had not acked gets the same rows again;
-nobody asking lets the lease expire as usual.
+consumer and the checkpointed sampler state is loaded into it. Formed steps are
+kept with their shares and acks; claims are not (their sessions died with the old
+processes): a resumed consumer asking for a step it had not acked gets the same
+rows again.
 """
 
 from __future__ import annotations
 
 import copy
-import time
 from collections import Counter
 from typing import Any
 
@@ -20,11 +20,11 @@ import numpy as np
 
 from tq_stream.columns import FieldSchema
 from tq_stream.controller.partition import PartitionMeta
-from tq_stream.controller.task import StepRecord, TaskConfig, TaskState
+from tq_stream.controller.task import Claim, StepRecord, TaskConfig, TaskState
 from tq_stream.errors import ConfigError
 from tq_stream.samplers.base import Sampler
 
-FORMAT = 1
+FORMAT = 2
 STATE_KEYS = ("format", "partitions", "tasks")
 
 
@@ -37,6 +37,8 @@ def _part_state(part: PartitionMeta) -> dict[str, Any]:
     generation[spare] += 1
     return {
         "capacity": part.capacity, "closed": part.closed, "admitted": part.admitted,
+        "consumers": None if part.consumers is None else list(part.consumers),
+        "versions": dict(part.versions),
         "schemas": {f: s.to_dict() for f, s in part.schemas.items()},
         "size": part.size, "rows": rows, "keys": part.keys[rows].tolist(),
         "unit": part.unit[rows], "slot": part.slot[rows],
@@ -64,12 +66,16 @@ def _task_state(task: TaskState) -> dict[str, Any]:
         "sampler": sampler, "sampler_state": sampler_state,
         "state": task.state, "acks": task.acks,
         "available": task.queue.ordered(),
-        "steps": [{"step": s, "end": r.end, "done": list(r.done),
-                   "shares": [None if x is None else x for x in r.shares]}
+        "steps": [{"step": s, "end": r.end, "shares": list(r.shares),
+                   "served": sorted(list(k) for k in r.served),
+                   "claims": [[r_, q, c.session, c.consumer, c.expiry]
+                              for (r_, q), c in r.claims.items()]}
                   for s, r in task.steps.items()],
         "next_step": task.next_step, "ended": task.ended, "version": task.version,
         "steps_per_version": task.steps_per_version,
         "discards": dict(task.discards), "handed_out": task.handed_out, "acked": task.acked,
+        "counters": {"renewed": task.renewed, "expired": task.expired,
+                     "redelivered": task.redelivered},
     }
 
 
@@ -97,6 +103,8 @@ def load_controller(state: Any, n_units: int) -> tuple[dict, dict]:
         part = PartitionMeta(name, s["capacity"], n_units)
         part.closed = s["closed"]
         part.admitted = int(s.get("admitted", 0))
+        part.consumers = None if s["consumers"] is None else tuple(s["consumers"])
+        part.versions = {str(k): int(v) for k, v in s["versions"].items()}
         part._grow_to(int(s["size"]))
         part.fix_schemas({f: FieldSchema.from_dict(d) for f, d in s["schemas"].items()})
         rows = np.asarray(s["rows"], dtype=np.int64)
@@ -135,15 +143,18 @@ def _load_task(name: str, s: dict[str, Any], part: PartitionMeta) -> TaskState:
     task.state[: len(s["state"])] = s["state"]
     task.acks[: len(s["acks"])] = s["acks"]
     task.queue.push(np.asarray(s["available"], dtype=np.int64))
-    expiry = time.time() + task.config.lease_timeout
     for st in s["steps"]:
-        shares = [None if x is None else np.array(x, dtype=np.int64) for x in st["shares"]]
+        shares = [np.array(x, dtype=np.int64) for x in st["shares"]]
         task.steps[int(st["step"])] = StepRecord(
-            shares, float("inf") if st["end"] else expiry, st["end"], list(st["done"]))
+            shares, bool(st["end"]), served={(int(r), int(q)) for r, q in st["served"]},
+            claims={(int(r), int(q)): Claim(str(s_), str(c), float(e))
+                    for r, q, s_, c, e in st["claims"]})
     task.next_step, task.ended, task.version = s["next_step"], s["ended"], s["version"]
     task.steps_per_version = int(s.get("steps_per_version", 1))
     task.discards = Counter(s["discards"])
     task.handed_out, task.acked = s["handed_out"], s["acked"]
+    c = s["counters"]
+    task.renewed, task.expired, task.redelivered = c["renewed"], c["expired"], c["redelivered"]
     return task
 
 
@@ -159,3 +170,4 @@ def adopt(task: TaskState, config: TaskConfig, sampler: Sampler) -> None:
                           f"got {type(sampler).__name__}")
     sampler.load_state_dict(sampler_state)
     task.sampler, task.restored = sampler, None
+    task.tags = tuple(sampler.required_tags())

@@ -13,6 +13,7 @@ visible); a writer that fails in between calls ``abort``.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,17 +24,19 @@ import numpy as np
 from tq_stream.columns import FieldSchema
 from tq_stream.controller.access import AccessLogic
 from tq_stream.controller.admission import AdmissionLogic
+from tq_stream.controller.consuming import ConsumingLogic
 from tq_stream.controller.counts import CountLogic
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.spares import SpareLogic, check_spare
 from tq_stream.controller.steps import StepLogic
-from tq_stream.controller.task import TaskConfig, TaskState
+from tq_stream.controller.task import MAX_REPLICAS, TaskConfig, TaskState
 from tq_stream.errors import (
     ClosedError,
     ConfigError,
     KeyConflictError,
     StateError,
     WaitTimeout,
+    check_consumers,
     check_name,
     check_positive,
     check_timeout,
@@ -43,13 +46,23 @@ from tq_stream.samplers.sequential import SequentialSampler
 from tq_stream.transport.dispatch import WouldBlock, may_block
 
 FreeFn = Callable[[int, str, np.ndarray], None]
+MAX_UNFREED = 4096  # frees kept for retry while their unit is down
+logger = logging.getLogger(__name__)
+
+
+def check_replicas(replicas: object) -> int:
+    check_positive("replicas", replicas)
+    if replicas > MAX_REPLICAS:  # type: ignore[operator]
+        raise ConfigError(f"replicas must be <= {MAX_REPLICAS}, got {replicas!r}")
+    return replicas  # type: ignore[return-value]
 
 
 def _no_free(unit: int, partition: str, slots: np.ndarray) -> None:
     pass
 
 
-class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic, CountLogic):
+class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLogic,
+                 CountLogic):
     """The metadata service of one deployment.
 
     Args:
@@ -62,7 +75,8 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic, CountLogic)
         "create_partition", "close_partition", "reserve", "commit", "abort",
         "register_task", "get_meta", "ack", "release", "renew", "clear", "lookup",
         "list_rows", "set_tags", "set_version", "stats", "partitions",
-        "admit", "set_admission", "admission", "commit_new", "release_spares", "task_rows",
+        "admit", "set_admission", "admission", "commit_new", "release_spares",
+        "first_unfinished", "cancel", "task_rows",
     })
     # Methods that never wait, so a server may run them on its IO thread: they hold the
     # lock only for short CPU work; reserve and admit raise WouldBlock instead of waiting.
@@ -72,7 +86,8 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic, CountLogic)
     RPC_INLINE = frozenset({
         "create_partition", "close_partition", "partitions", "reserve", "commit", "release",
         "renew", "lookup", "set_tags", "set_version", "stats", "admit", "set_admission",
-        "admission", "commit_new", "release_spares", "task_rows",
+        "admission", "commit_new", "release_spares", "first_unfinished", "cancel",
+        "task_rows",
     })
 
     def __init__(self, n_units: int = 1, free: FreeFn = _no_free) -> None:
@@ -83,6 +98,8 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic, CountLogic)
         self._tasks: dict[str, dict[str, TaskState]] = {}
         self._rr = 0
         self._closed = False
+        self._cancelled: dict[str, float] = {}  # consumer sessions told to stop waiting
+        self._unfreed: list[tuple[int, str, np.ndarray]] = []  # frees to retry
 
     # ------------------------------------------------------------ partitions
     def _part(self, partition: str, create: bool = False) -> PartitionMeta:
@@ -98,10 +115,19 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic, CountLogic)
             self._tasks[partition] = {}
         return part
 
-    def create_partition(self, partition: str, capacity: int | None = None) -> None:
-        """Create ``partition`` (a no-op if it exists with the same capacity)."""
+    def create_partition(self, partition: str, capacity: int | None = None,
+                         consumers: Sequence[str] | None = None) -> None:
+        """Create ``partition`` (a no-op if it exists with the same settings).
+
+        Args:
+            capacity: at most this many live rows (a full partition blocks writers).
+            consumers: the tasks that will read every row. A row is freed once each of
+                them acked or discarded it; without a declaration rows stay until cleared.
+                Declared once; tasks not in the list cannot register.
+        """
         if capacity is not None:
             check_positive("capacity", capacity)
+        declared = None if consumers is None else check_consumers(consumers)
         with self._cond:
             part = self._part(partition, create=True)
             if part.capacity != capacity and part.live and capacity is not None \
@@ -110,7 +136,23 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic, CountLogic)
                     f"capacity must be >= the {part.live} rows partition {partition!r} "
                     f"holds, got {capacity}"
                 )
+            if declared is not None and part.consumers not in (None, declared):
+                raise ConfigError(
+                    f"consumers of partition {partition!r} are declared once: had "
+                    f"{list(part.consumers or ())}, got {list(declared)}")
+            if declared is not None:
+                stray = sorted(set(self._tasks[partition]) - set(declared))
+                if stray:
+                    raise ConfigError(
+                        f"consumers must include every task already registered on partition "
+                        f"{partition!r}, missing {stray} from {list(declared)}")
             part.capacity = capacity
+            if declared is not None and part.consumers is None:
+                part.consumers = declared
+                freed = self._finish_rows(part, np.flatnonzero(part.used))
+            else:
+                freed = []
+        self._free_slots(partition, freed)
 
     def close_partition(self, partition: str) -> None:
         """No more rows will be written: drain-mode consumers end after the last batch."""
@@ -245,7 +287,7 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic, CountLogic)
         part.write_time[index] = time.time()
         part.tags.set(index, tags if tags is not None else [{}] * len(index))
         for task in self._tasks[part.name].values():
-            task.offer(index, part.ready_for(task.config.fields, index))
+            task.offer(index, part.ready_for(task.config.fields, index, task.tags))
         self._cond.notify_all()
 
     def _check_generation(self, part: PartitionMeta, index: np.ndarray, gen: Any) -> None:
@@ -278,24 +320,38 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic, CountLogic)
         for task in self._tasks[part.name].values():
             task.forget_row(rows)
             for rec in task.steps.values():
-                rec.shares = [None if s is None else s[~np.isin(s, rows)] for s in rec.shares]
+                rec.shares = [s[~np.isin(s, rows)] for s in rec.shares]
         freed = part.release(rows)
         self._cond.notify_all()
         return freed
 
     def _free_slots(self, partition: str, freed: list) -> None:
-        """Free slots in storage, then make them reusable (see PartitionMeta.release)."""
-        if not freed:
+        """Free slots in storage, then make them reusable (see PartitionMeta.release).
+
+        Freeing is the controller's business, never the caller's error: a unit that
+        cannot be reached keeps its slots unusable (no new row gets them) and the free
+        is retried with the next one, so an ack or clear succeeds as a whole.
+        """
+        with self._cond:
+            todo = self._unfreed + [(u, partition, slots) for u, slots in freed]
+            self._unfreed = []
+        if not todo:
             return
-        try:
-            for unit, slots in freed:
-                self._free(unit, partition, slots)
-        finally:
-            with self._cond:
-                part = self._parts.get(partition)
+        done, failed = [], []
+        for unit, part_name, slots in todo:
+            try:
+                self._free(unit, part_name, slots)
+                done.append((unit, part_name, slots))
+            except Exception as exc:  # the unit is down: retried later
+                logger.warning("freeing %d slots of partition %r on unit %d failed (%s); "
+                               "retried later", len(slots), part_name, unit, exc)
+                failed.append((unit, part_name, slots))
+        with self._cond:
+            self._unfreed.extend(failed[-MAX_UNFREED:])
+            for unit, part_name, slots in done:
+                part = self._parts.get(part_name)
                 if part is not None:
-                    for unit, slots in freed:
-                        part.give_slots(unit, slots)
+                    part.give_slots(unit, slots)
 
     # ------------------------------------------------------------------ tasks
     def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
@@ -307,13 +363,17 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic, CountLogic)
             raise ConfigError(f"fields must be a non-empty list of str, got {fields!r}")
         config = TaskConfig(tuple(fields), check_positive("batch_size", batch_size),
                             check_positive("dp_size", dp_size),
-                            check_positive("replicas", replicas),
+                            check_replicas(replicas),
                             check_timeout("lease_timeout", lease_timeout), bool(drop_last))
         sampler = sampler if sampler is not None else SequentialSampler()
         if not isinstance(sampler, Sampler):
             raise ConfigError(f"sampler must be a tq_stream.samplers.Sampler, got {sampler!r}")
         with self._cond:
             part = self._part(partition, create=True)
+            if part.consumers is not None and task not in part.consumers:
+                raise ConfigError(
+                    f"task must be one of the declared consumers {list(part.consumers)} of "
+                    f"partition {partition!r}, got {task!r}")
             existing = self._tasks[partition].get(task)
             if existing is not None and existing.restored is not None:
                 from tq_stream.controller.checkpoint import adopt
@@ -334,8 +394,9 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic, CountLogic)
                     )
                 return
             state = TaskState(task, config, sampler, part.size)
+            state.version = part.versions.pop(task, None)
             rows = part.oldest_first(np.flatnonzero(part.used))
-            state.offer(rows, part.ready_for(config.fields, rows))
+            state.offer(rows, part.ready_for(config.fields, rows, state.tags))
             self._tasks[partition][task] = state
             self._cond.notify_all()
 
@@ -355,71 +416,13 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic, CountLogic)
         if isinstance(version, bool) or not isinstance(version, int):
             raise ConfigError(f"version must be an int, got {version!r}")
         with self._cond:
-            self._task(partition, task)[1].version = version
+            part = self._part(partition, create=True)
+            state = self._tasks[partition].get(task)
+            if state is None:  # before the consumer registers (a resumed trainer)
+                part.versions[task] = version
+            else:
+                state.version = version
             self._cond.notify_all()
-
-    # -------------------------------------------------------------- consuming
-    def get_meta(self, partition: str, task: str, step: int, dp_rank: int = 0,
-                 timeout: float = 60.0) -> dict[str, Any]:
-        """The rows of ``step`` for ``dp_rank``; waits for enough ready rows.
-
-        Returns:
-            a BatchMeta as a dict (``end=True`` once a closed partition is drained).
-        Raises:
-            WaitTimeout: not enough ready rows within ``timeout`` seconds.
-        """
-        check_positive("step", step, allow_zero=True)
-        check_timeout("timeout", timeout)
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            part, state = self._task(partition, task)
-            if not 0 <= dp_rank < state.config.dp_size:
-                raise ConfigError(
-                    f"dp_rank must be in [0, {state.config.dp_size}), got {dp_rank!r}"
-                )
-            while True:
-                meta = self._try_step(part, state, step, dp_rank)
-                if meta is not None:
-                    return meta
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise WaitTimeout(
-                        f"get_meta waited timeout={timeout}s for step {step} of task {task!r} "
-                        f"on partition {partition!r}: {state.queue.count} rows ready, "
-                        f"{state.config.batch_size * state.config.dp_size} needed per step"
-                    )
-                self._cond.wait(min(left, self._next_expiry(state)))
-                self._check_open()
-
-    def ack(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,
-            generation: np.ndarray) -> int:
-        """One rank of a DP group is done with rows; returns how many became ACKED."""
-        with self._cond:
-            part, state = self._task(partition, task)
-            rows = self._held_rows(part, state, step, dp_rank, index, generation, "ack")
-            done = self._ack_rows(state, step, dp_rank, rows)
-            freed = self._finish_rows(part, done)
-            self._cond.notify_all()
-        self._free_slots(partition, freed)
-        return len(done)
-
-    def release(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,
-                generation: np.ndarray) -> None:
-        """Give unacked rows back: they are handed out again in a later step."""
-        with self._cond:
-            part, state = self._task(partition, task)
-            rows = self._held_rows(part, state, step, dp_rank, index, generation, "release")
-            self._release_share(state, step, dp_rank, rows)
-            self._cond.notify_all()
-
-    def renew(self, partition: str, task: str, step: int) -> None:
-        """Extend the lease of ``step`` by the task's lease_timeout."""
-        with self._cond:
-            _, state = self._task(partition, task)
-            rec = state.steps.get(step)
-            if rec is None or rec.expiry == float("inf"):
-                raise self._no_lease(state, step, "renew")
-            rec.expiry = time.time() + state.config.lease_timeout
 
     def close(self) -> None:
         with self._cond:

@@ -22,9 +22,8 @@ class CountLogic:
 
         Returns:
             dict of ``exists`` (the partition exists), ``closed`` (no new rows will
-            come), ``remaining`` (live rows the task has not been handed, acked or
-            discarded, ready or not, minus ``batch_size`` rows per returned share
-            waiting for its refill), ``formed`` (steps formed, the end marker not
+            come), ``remaining`` (live rows not yet in a step of the task nor
+            discarded by it, ready or not), ``formed`` (steps formed, the end marker not
             counted) and ``ended`` (the task's end marker was formed). A task not yet
             registered has formed no step and will see every live row.
         """
@@ -40,12 +39,8 @@ class CountLogic:
                         "remaining": int(part.live), "formed": 0, "ended": False}
             n = min(part.size, state.state.shape[0])
             new = int(np.count_nonzero(part.used[:n] & (state.state[:n] == NEW)))
-            holes = sum(1 for rec in state.steps.values() if not rec.end
-                        for s, d in zip(rec.shares, rec.done, strict=True)
-                        if s is None and not d)
             return {
-                "exists": True, "closed": bool(part.closed),
-                "remaining": max(0, new - holes * state.config.batch_size),
+                "exists": True, "closed": bool(part.closed), "remaining": new,
                 "formed": state.next_step - (1 if state.ended else 0),
                 "ended": bool(state.ended),
             }

@@ -62,6 +62,9 @@ class PartitionMeta:
         self.name = name
         self.capacity = capacity
         self.closed = False
+        # tasks that read every row (None: not declared; rows stay until cleared)
+        self.consumers: tuple[str, ...] | None = None
+        self.versions: dict[str, int] = {}  # set_version of tasks not registered yet
         self.admitted = 0  # rows producers started through Writer.reserve
         self.schemas: dict[str, FieldSchema] = {}
         self.key_index: dict[str, int] = {}
@@ -211,14 +214,21 @@ class PartitionMeta:
     def give_slots(self, unit: int, slots: np.ndarray) -> None:
         self._pools[unit].give(slots)
 
-    def ready_for(self, fields: tuple[str, ...], idx: np.ndarray) -> np.ndarray:
-        """Mask over ``idx``: rows with every field in ``fields`` written."""
+    def ready_for(self, fields: tuple[str, ...], idx: np.ndarray,
+                  tags: tuple[str, ...] = ()) -> np.ndarray:
+        """Mask over ``idx``: rows with every field in ``fields`` written and every tag
+        in ``tags`` set."""
         mask = self.used[idx]
         for f in fields:
             r = self.ready.get(f)
             if r is None:
                 return np.zeros(len(idx), dtype=bool)
             mask &= r[idx]
+        for t in tags:
+            present = self.tags.present.get(t)
+            if present is None:
+                return np.zeros(len(idx), dtype=bool)
+            mask &= present[idx]
         return mask
 
     def fields_of(self, i: int) -> list[str]:

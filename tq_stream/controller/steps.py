@@ -1,13 +1,23 @@
-"""StepLogic: how the controller forms steps, runs samplers and ends a stream.
+"""StepLogic: how the controller forms steps, hands out shares and ends a stream.
 
 A step is formed once, for all DP ranks together, by the task's sampler; every
-rank (and every replica of a rank) asking for that step gets its own share.
-A share returned by ``release`` or lease expiry is refilled on the next request
-for it. No new step is formed while an earlier step has such a hole: the rows
-returned stay available for the refill, so a later step cannot take them and
-leave the earlier step unfillable at the end of the stream (ranks of a DP job
-advance together anyway). A closed, drained partition ends with one ``end``
-step that every rank receives, so all ranks see the same number of batches.
+rank (and every replica of a rank) asking for that step gets its own share, and
+the share never changes (see ``task.py``): a reader that released it, let its
+claim expire or died is replaced by whoever asks for that (step, rank) next.
+
+Readers find their step in one of two ways:
+
+- by number (``get_meta(step=n)``): DP lockstep. A loader starts at
+  ``first_unfinished(rank)``, the first step its rank has not fully acked, so a
+  restarted or replacement loader resumes where the dead one stopped and skips
+  what was acked since an older ``state_dict``;
+- "the next batch for me" (``get_meta(step=None)``): a pool of stage workers.
+  A caller gets, in order, a share its own consumer name claimed under an
+  earlier (dead) session, a share nobody claims (released or expired), or a
+  newly formed step; two live sessions never get the same share.
+
+A closed, drained partition ends with one ``end`` step that every rank
+receives, so all ranks see the same number of batches.
 
 Called with the controller's lock held; ``self`` is the Controller.
 """
@@ -20,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tq_stream.controller.partition import PartitionMeta
-from tq_stream.controller.task import ACKED, LEASED, NEW, StepRecord, TaskState
+from tq_stream.controller.task import ACKED, LEASED, StepRecord, TaskState
 from tq_stream.errors import LeaseError, StateError
 from tq_stream.samplers.base import Candidates, Selection
 
@@ -46,7 +56,7 @@ class StepLogic:
     def _pending(self, part: PartitionMeta, state: TaskState) -> int:
         """Live rows that are neither available nor handed out: not yet ready."""
         n = min(part.size, state.state.shape[0])
-        return int(np.count_nonzero(part.used[:n] & (state.state[:n] == NEW)
+        return int(np.count_nonzero(part.used[:n] & (state.state[:n] == 0)
                                     & ~state.queue.avail[:n]))
 
     def _apply_discards(self, part: PartitionMeta, state: TaskState, sel: Selection) -> int:
@@ -72,15 +82,13 @@ class StepLogic:
                 f"{[len(s) for s in sel.shares]}"
             )
 
-    @staticmethod
-    def _has_holes(state: TaskState) -> bool:
-        """True if a formed step has a returned share waiting to be refilled."""
-        return any(s is None and not d for rec in state.steps.values() if not rec.end
-                   for s, d in zip(rec.shares, rec.done, strict=True))
+    def _form(self, state: TaskState, sel: Selection) -> None:
+        state.lease(state.next_step, [np.asarray(s, dtype=np.int64) for s in sel.shares])
+        state.next_step += 1
 
     def _select(self, part: PartitionMeta, state: TaskState) -> bool:
         """Try to form step ``state.next_step``; True if it was formed."""
-        if state.ended or self._has_holes(state):
+        if state.ended:
             return False
         cfg, step = state.config, state.next_step
         # Samplers that want the oldest rows first see a prefix of the ready queue;
@@ -97,13 +105,11 @@ class StepLogic:
             if sel.ready:
                 self._check_selection(state, sel, cfg.dp_size)
                 self._apply_discards(part, state, sel)
-                state.lease(step, [np.asarray(s, dtype=np.int64) for s in sel.shares],
-                            time.time())
-                state.next_step += 1
+                self._form(state, sel)
                 return True
             if not self._apply_discards(part, state, sel):
                 break
-        if not part.closed or state.leased_count() or self._pending(part, state):
+        if not part.closed or self._pending(part, state):
             return False
         cands = self._candidates(part, state, cfg.dp_size, step)
         if not cfg.drop_last and cands.count:
@@ -111,43 +117,26 @@ class StepLogic:
             if sel.ready:
                 self._check_selection(state, sel, cfg.dp_size)
                 self._apply_discards(part, state, sel)
-                state.lease(step, list(sel.shares), time.time())
-                state.next_step += 1
+                self._form(state, sel)
                 return True
             self._apply_discards(part, state, sel)
         leftover = state.queue.ordered()
         if len(leftover):
             self._apply_discards(part, state, Selection.wait({"tail": leftover}))
-        state.steps[step] = StepRecord([None] * cfg.dp_size, float("inf"), end=True,
-                                       done=[False] * cfg.dp_size)
+        state.steps[step] = StepRecord([np.zeros(0, np.int64)] * cfg.dp_size, end=True)
         state.ended = True
         state.next_step += 1
         return True
 
-    def _refill(self, part: PartitionMeta, state: TaskState, step: int,
-                dp_rank: int) -> np.ndarray | None:
-        cands = self._candidates(part, state, 1, step)
-        sel = state.sampler.sample(cands, state.config.batch_size)
-        if not sel.ready and part.closed and not self._pending(part, state):
-            sel = state.sampler.tail(cands, state.config.batch_size)
-        if not sel.ready:
-            return None
-        self._check_selection(state, sel, 1)
-        self._apply_discards(part, state, sel)
-        share = np.asarray(sel.shares[0], dtype=np.int64)
-        rec = state.steps[step]
-        state.queue.remove(share)
-        state.state[share] = LEASED
-        state.handed_out += len(share)
-        rec.shares[dp_rank] = share
-        rec.expiry = time.time() + state.config.lease_timeout
-        self._cond.notify_all()  # type: ignore[attr-defined]  # a hole closed: steps may form
-        return share
-
-    def _try_step(self, part: PartitionMeta, state: TaskState, step: int,
-                  dp_rank: int) -> dict[str, Any] | None:
+    def _try_step(self, part: PartitionMeta, state: TaskState, step: int | None,
+                  dp_rank: int, replica: int, session: str,
+                  consumer: str) -> dict[str, Any] | None:
         now = time.time()
         state.expire(now)
+        if step is None:
+            step = self._next_for(part, state, dp_rank, replica, session, consumer)
+            if step is None:
+                return None
         while step >= state.next_step and not state.ended:
             if not self._select(part, state):
                 return None
@@ -157,35 +146,61 @@ class StepLogic:
         if rec is None:
             raise LeaseError(
                 f"step must not be already acked by every rank, got step={step} of task "
-                f"{state.name!r} (next step is {state.next_step}); resume from the loader's "
-                f"state_dict to continue where it stopped"
+                f"{state.name!r}; rank {dp_rank} resumes at step "
+                f"{state.first_unfinished(dp_rank)['step']} (get_meta(step=None) or a "
+                f"fresh loader finds it by itself)"
             )
         if rec.end:
             meta = self._placement(part, np.zeros(0, np.int64), state.config.fields)  # type: ignore[attr-defined]
             # An end meta carries the end step itself, so a reader that asked for a later
             # step learns where the stream ended (multi-partition loaders route by it).
             return {**meta, "task": state.name, "step": state.next_step - 1,
-                    "dp_rank": dp_rank, "end": True}
-        if rec.done[dp_rank]:
-            raise LeaseError(f"step {step} of task {state.name!r} was already acked by rank "
-                             f"{dp_rank}; it must not be read again")
+                    "dp_rank": dp_rank, "replica": replica, "end": True}
+        if rec.share_done(dp_rank, state.full_acks, state.acks):
+            raise LeaseError(
+                f"step {step} of task {state.name!r} was already acked by every replica of "
+                f"rank {dp_rank}; it must not be read again (rank {dp_rank} resumes at step "
+                f"{state.first_unfinished(dp_rank)['step']})")
+        state.claim(step, dp_rank, replica, session, consumer, now)
         share = rec.shares[dp_rank]
-        if share is None:
-            share = self._refill(part, state, step, dp_rank)
-            if share is None:
-                return None
-        rec.expiry = now + state.config.lease_timeout
         meta = self._placement(part, share, state.config.fields)  # type: ignore[attr-defined]
-        return {**meta, "task": state.name, "step": step, "dp_rank": dp_rank, "end": False}
+        return {**meta, "task": state.name, "step": step, "dp_rank": dp_rank,
+                "replica": replica, "end": False}
 
-    def _next_expiry(self, state: TaskState) -> float:
-        soonest = min((r.expiry for r in state.steps.values()), default=float("inf"))
-        return max(0.01, min(60.0, soonest - time.time()))
+    def _next_for(self, part: PartitionMeta, state: TaskState, rank: int, replica: int,
+                  session: str, consumer: str) -> int | None:
+        """The step "the next batch for me" hands out (see the module docstring)."""
+        key, full = (rank, replica), state.full_acks
+        bit = 1 << replica
+        unclaimed = None
+        for s in sorted(state.steps):
+            rec = state.steps[s]
+            if rec.end:
+                continue
+            share = rec.shares[rank]
+            if (state.acks[share] & bit).all():
+                continue  # this replica is done with it
+            if rec.share_done(rank, full, state.acks):
+                continue
+            claim = rec.claims.get(key)
+            if claim is None:
+                if unclaimed is None:
+                    unclaimed = s
+            elif claim.session != session and consumer and claim.consumer == consumer:
+                return s  # this consumer's own share from an earlier session: resume it
+        if unclaimed is not None:
+            return unclaimed
+        if state.ended:
+            return state.next_step - 1
+        return state.next_step  # form a new step
+
+    def _next_wake(self, state: TaskState) -> float:
+        return max(0.01, min(60.0, state.soonest_expiry() - time.time()))
 
     def _no_lease(self, state: TaskState, step: int, what: str) -> LeaseError:
         return LeaseError(
-            f"{what} needs rows leased to the caller, but step {step} of task {state.name!r} "
-            f"holds no open lease (it expired, was released, or was already acked)"
+            f"{what} needs rows of a formed step, but step {step} of task {state.name!r} "
+            f"is not open (it was already acked by every rank, or never formed)"
         )
 
     def _held_rows(self, part: PartitionMeta, state: TaskState, step: int, dp_rank: int,
@@ -196,8 +211,6 @@ class StepLogic:
         share = rec.shares[dp_rank]
         index = np.asarray(index, dtype=np.int64)
         generation = np.asarray(generation, dtype=np.int64)
-        if share is None or rec.done[dp_rank]:
-            raise self._no_lease(state, step, what)
         alive = part.used[index] & (part.generation[index] == generation)
         index = index[alive]  # rows cleared meanwhile are simply gone
         if not np.isin(index, share).all():
@@ -205,37 +218,34 @@ class StepLogic:
                              f"{state.name!r}; got rows outside that share")
         return index
 
-    def _ack_rows(self, state: TaskState, step: int, dp_rank: int,
+    def _ack_rows(self, state: TaskState, step: int, dp_rank: int, replica: int,
                   rows: np.ndarray) -> np.ndarray:
+        """Set ``replica``'s bit on ``rows``; returns the rows that became ACKED."""
         rows = rows[state.state[rows] == LEASED]
-        state.acks[rows] += 1
-        done = rows[state.acks[rows] >= state.config.replicas]
+        state.acks[rows] |= 1 << replica
+        done = rows[state.acks[rows] == state.full_acks]
         state.state[done] = ACKED
         state.acked += len(done)
         rec = state.steps[step]
         share = rec.shares[dp_rank]
-        if share is not None and (state.state[share] >= ACKED).all():
-            rec.done[dp_rank] = True
-        if all(rec.done):  # a returned share (None) still needs its refill: keep the step
+        if (state.acks[share] & (1 << replica)).all():
+            rec.claims.pop((dp_rank, replica), None)
+        if all(rec.share_done(r, state.full_acks, state.acks) for r in range(len(rec.shares))):
             del state.steps[step]
         return done
 
-    def _release_share(self, state: TaskState, step: int, dp_rank: int,
-                       rows: np.ndarray) -> None:
-        state.give_back(rows)
-        rec = state.steps[step]
-        share = rec.shares[dp_rank]
-        if share is None:
-            return
-        keep = share[state.state[share] != NEW]
-        rec.shares[dp_rank] = keep if len(keep) else None
-        if len(keep) and (state.state[keep] >= ACKED).all():
-            rec.done[dp_rank] = True
-
     def _finish_rows(self, part: PartitionMeta, rows: np.ndarray) -> list:
-        """Free rows that every registered task has acked or discarded."""
-        if len(rows) == 0:
+        """Free rows that every declared consumer of the partition acked or discarded;
+        a partition without declared consumers keeps its rows until cleared."""
+        if len(rows) == 0 or part.consumers is None:
             return []
-        for other in self._tasks[part.name].values():
-            rows = other.finished_rows(rows)
+        tasks = self._tasks[part.name]
+        for name in part.consumers:
+            task = tasks.get(name)
+            if task is None:
+                return []  # a declared consumer has not even registered yet
+            rows = task.finished_rows(rows)
         return self._release_rows(part, rows)  # type: ignore[attr-defined]
+
+
+__all__ = ["ACKED", "StepLogic"]

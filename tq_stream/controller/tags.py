@@ -4,9 +4,9 @@ A tag's column type follows its values: bool -> bool, int -> int64,
 float (or int mixed with float) -> float64, anything else (str, None, bool
 mixed with numbers...) -> object; a column only ever widens along
 bool/int -> float -> object, and bool never mixes with numbers (True must not
-read back as 1.0). A row without the tag reads as NaN in a float column, and None in an
-object column; int and bool columns are promoted to float64/object the
-first time a row lacks the tag, so a missing value is always visible.
+read back as 1.0). ``present`` marks the rows that have a tag, so int and bool
+columns keep their exact values; ``get`` shows a row without the tag as NaN (None
+for bool and object columns), so a missing value is always visible to samplers.
 """
 
 from __future__ import annotations
@@ -135,12 +135,6 @@ class TagTable:
             else:
                 col[idx] = vals
             self.present[name][idx] = True
-        self._make_missing_visible(rows)
-
-    def _make_missing_visible(self, rows: np.ndarray) -> None:
-        for name, kind in list(self.kinds.items()):
-            if kind in ("int", "bool") and not self.present[name][rows].all():
-                self._promote(name, "float" if kind == "int" else "object")
 
     def clear(self, rows: np.ndarray) -> None:
         for name, col in self.columns.items():
@@ -150,7 +144,14 @@ class TagTable:
                 col[rows] = _missing(kind)
 
     def get(self, name: str, rows: np.ndarray) -> np.ndarray:
-        return self.columns[name][rows]
+        values = self.columns[name][rows]
+        kind = self.kinds[name]
+        if kind in ("int", "bool"):
+            present = self.present[name][rows]
+            if not present.all():  # show the missing rows (exact values stay in the column)
+                values = values.astype(np.float64 if kind == "int" else object)
+                values[~present] = np.nan if kind == "int" else None
+        return values
 
     def rows_as_dicts(self, rows: np.ndarray) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = [{} for _ in range(len(rows))]

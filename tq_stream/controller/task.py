@@ -1,12 +1,24 @@
 """TaskState: one consumer task's view of a partition.
 
-Per row: ``state`` (NEW → LEASED → ACKED, or DISCARDED; LEASED → NEW again on
-release or lease expiry) and ``acks`` (how many ranks of the row's DP group
-acked it). Per step: a ``StepRecord`` with one share of rows per DP rank.
+Per row: ``state`` (NEW → LEASED → ACKED, or NEW → DISCARDED) and ``acks``, a
+bit per replica (TP/PP peer) of the row's DP rank that acked it; a row is ACKED
+once every replica's bit is set, so a second ack by the same replica is a no-op.
 
-Invariants: a row is LEASED iff it belongs to exactly one open share; the
-ready queue holds exactly the rows that are NEW and have every field of the
-task written; an ACKED or DISCARDED row never becomes NEW again.
+Per step: a ``StepRecord`` with one share of rows per DP rank. A share is
+fixed when the step is formed: whoever asks for (step, rank) gets the same rows
+until every replica acked them, whether the first reader acked, released,
+died or was replaced. A share is *claimed* by a consumer session per replica
+(``claims``), and a claim lasts ``lease_timeout`` seconds unless its session
+renews it (the loader and the client keep their claims alive from a
+heartbeat thread). An expired or released claim only drops the claim: the
+rows stay in their share, LEASED to the step, for the next reader of that
+(step, rank) — a replacement consumer, or the next stage worker asking for
+"the next batch for me".
+
+Invariants: a row is LEASED iff it belongs to exactly one share of a formed,
+not fully acked step; the ready queue holds exactly the rows that are NEW and
+ready for the task (fields written, required tags set); an ACKED or
+DISCARDED row never becomes NEW again.
 """
 
 from __future__ import annotations
@@ -22,21 +34,31 @@ from tq_stream.controller.fifo import ReadyQueue
 from tq_stream.samplers.base import Sampler
 
 NEW, LEASED, ACKED, DISCARDED = 0, 1, 2, 3
+MAX_REPLICAS = 62  # replica bits fit an int64
+
+
+@dataclass
+class Claim:
+    """Who reads a (step, rank, replica) now, and until when without a renewal."""
+
+    session: str
+    consumer: str
+    expiry: float
 
 
 @dataclass
 class StepRecord:
-    """The rows of one step; ``shares[r] is None`` once rank r's share was
-    returned (it is refilled on the next request)."""
+    """The rows of one step: ``shares[r]`` is DP rank r's share (fixed)."""
 
-    shares: list[np.ndarray | None]
-    expiry: float
+    shares: list[np.ndarray]
     end: bool = False
-    done: list[bool] = field(default_factory=list)
+    claims: dict[tuple[int, int], Claim] = field(default_factory=dict)
+    served: set[tuple[int, int]] = field(default_factory=set)  # (rank, replica) handed out
 
-    def open_rows(self) -> np.ndarray:
-        parts = [s for s, d in zip(self.shares, self.done, strict=True) if s is not None and not d]
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    def share_done(self, rank: int, full: int, acks: np.ndarray) -> bool:
+        """Every replica acked every row of rank's share."""
+        share = self.shares[rank]
+        return bool((acks[share] == full).all())
 
 
 @dataclass(frozen=True)
@@ -58,8 +80,9 @@ class TaskState:
         self.name = name
         self.config = config
         self.sampler = sampler
+        self.tags: tuple[str, ...] = tuple(sampler.required_tags())
         self.state = np.zeros(size, dtype=np.int8)
-        self.acks = np.zeros(size, dtype=np.int16)
+        self.acks = np.zeros(size, dtype=np.int64)
         self.queue = ReadyQueue(size)
         self.steps: dict[int, StepRecord] = {}
         self.next_step = 0
@@ -69,31 +92,51 @@ class TaskState:
         self.discards: Counter[str] = Counter()
         self.handed_out = 0
         self.acked = 0
+        self.renewed = 0
+        self.expired = 0
+        self.redelivered = 0
         # (sampler class name, sampler state) of a task restored from a checkpoint and
         # not yet registered again by its consumer; None once registered.
         self.restored: tuple[str, Any] | None = None
+
+    @property
+    def full_acks(self) -> int:
+        """The ``acks`` value of a row every replica acked."""
+        return (1 << self.config.replicas) - 1
 
     def grow(self, size: int) -> None:
         extra = size - self.state.shape[0]
         if extra > 0:
             self.state = np.concatenate([self.state, np.zeros(extra, np.int8)])
-            self.acks = np.concatenate([self.acks, np.zeros(extra, np.int16)])
+            self.acks = np.concatenate([self.acks, np.zeros(extra, np.int64)])
             self.queue.grow(size)
 
     def offer(self, rows: np.ndarray, ready: np.ndarray) -> None:
-        """Rows whose fields changed: those now ready and NEW become available."""
+        """Rows whose fields or tags changed: those now ready and NEW become available."""
         fresh = rows[ready & (self.state[rows] == NEW) & ~self.queue.avail[rows]]
         self.queue.push(fresh)
 
-    def lease(self, step: int, shares: list[np.ndarray], now: float) -> StepRecord:
-        rows = np.concatenate(shares)
+    def lease(self, step: int, shares: list[np.ndarray]) -> StepRecord:
+        """Form ``step`` from ``shares`` (one per DP rank): their rows become LEASED."""
+        rows = np.concatenate(shares) if shares else np.zeros(0, np.int64)
         self.queue.remove(rows)
         self.state[rows] = LEASED
-        self.handed_out += len(rows)
-        rec = StepRecord(list(shares), now + self.config.lease_timeout,
-                         done=[False] * len(shares))
+        rec = StepRecord(list(shares))
         self.steps[step] = rec
         return rec
+
+    def claim(self, step: int, rank: int, replica: int, session: str, consumer: str,
+              now: float) -> None:
+        """(rank, replica) of ``step`` is read by ``session`` until now + lease_timeout."""
+        rec = self.steps[step]
+        key = (rank, replica)
+        if key in rec.served:
+            self.redelivered += len(rec.shares[rank])
+        else:
+            rec.served.add(key)
+            if replica == 0:
+                self.handed_out += len(rec.shares[rank])
+        rec.claims[key] = Claim(session, consumer, now + self.config.lease_timeout)
 
     def discard(self, reason: str, rows: np.ndarray) -> np.ndarray:
         rows = rows[(self.state[rows] == NEW)]
@@ -102,25 +145,31 @@ class TaskState:
         self.discards[reason] += len(rows)
         return rows
 
-    def give_back(self, rows: np.ndarray) -> None:
-        """LEASED rows go back to the front of the ready queue."""
-        rows = rows[self.state[rows] == LEASED]
-        self.state[rows] = NEW
-        self.acks[rows] = 0
-        self.queue.push(rows, front=True)
-
     def expire(self, now: float) -> int:
-        """Return the rows of every step whose lease has expired; count them."""
+        """Drop every claim not renewed in time; returns how many expired."""
         n = 0
         for rec in self.steps.values():
-            if rec.expiry < now and not rec.end:
-                for r, share in enumerate(rec.shares):
-                    if share is not None and not rec.done[r]:
-                        self.give_back(share)
-                        n += len(share)
-                        rec.shares[r] = None
-                rec.expiry = float("inf")
+            for key in [k for k, c in rec.claims.items() if c.expiry < now]:
+                del rec.claims[key]
+                n += 1
+        self.expired += n
         return n
+
+    def renew(self, session: str, now: float) -> int:
+        """Extend every claim of ``session``; returns how many it holds."""
+        n = 0
+        expiry = now + self.config.lease_timeout
+        for rec in self.steps.values():
+            for c in rec.claims.values():
+                if c.session == session:
+                    c.expiry = expiry
+                    n += 1
+        self.renewed += n
+        return n
+
+    def soonest_expiry(self) -> float:
+        return min((c.expiry for rec in self.steps.values() for c in rec.claims.values()),
+                   default=float("inf"))
 
     def forget_row(self, rows: np.ndarray) -> None:
         """Rows freed from the partition (cleared): drop them from this task."""
@@ -132,18 +181,41 @@ class TaskState:
         return rows[self.state[rows] >= ACKED]
 
     def leased_count(self) -> int:
-        return sum(len(s) for rec in self.steps.values() for s, d in
-                   zip(rec.shares, rec.done, strict=True) if s is not None and not d)
+        return int(np.count_nonzero(self.state == LEASED))
+
+    def claimed_count(self) -> int:
+        return sum(len(rec.shares[r]) for rec in self.steps.values() for (r, _q) in rec.claims)
+
+    def first_unfinished(self, rank: int) -> dict[str, Any]:
+        """Where a (re)starting reader of ``rank`` resumes: the first step whose share
+        for ``rank`` some replica has not acked, and the later formed steps whose
+        share is already done (to skip)."""
+        full = self.full_acks
+        open_, done = [], []
+        for s in sorted(self.steps):
+            rec = self.steps[s]
+            if rec.end or not rec.share_done(rank, full, self.acks):
+                open_.append(s)
+            else:
+                done.append(s)
+        start = open_[0] if open_ else self.next_step
+        return {"step": start, "skip": [s for s in done if s > start]}
 
     def stats(self) -> dict[str, Any]:
         return {
             "fields": list(self.config.fields),
             "available": int(self.queue.count),
             "leased": self.leased_count(),
+            "claimed": self.claimed_count(),
             "handed_out": self.handed_out,
             "acked": self.acked,
             "discarded": dict(self.discards),
+            "renewed": self.renewed,
+            "expired": self.expired,
+            "redelivered": self.redelivered,
             "next_step": self.next_step,
+            "first_unacked": [self.first_unfinished(r)["step"]
+                              for r in range(self.config.dp_size)],
             "version": self.version,
             "ended": self.ended,
             "at": time.time(),

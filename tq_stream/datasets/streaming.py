@@ -1,10 +1,16 @@
 """StreamingDataset: an IterableDataset that yields this rank's ready batches.
 
 Step n of a task is one batch per DP rank; this dataset asks the controller
-for steps ``start_step, start_step + 1, ...`` for its ``dp_rank`` (DataLoader
-worker w of k takes every k-th step, starting at w), so ranks of one DP group
-get identical batches and different ranks disjoint ones. A background thread
-prefetches up to ``prefetch`` batches (metadata and bytes) ahead.
+for steps ``s, s + 1, ...`` for its ``dp_rank`` (DataLoader worker w of k takes
+every k-th of them), so the replicas of a rank get identical batches and
+different ranks disjoint ones. ``s`` is the first step this rank has not fully
+acked (``first_unfinished``), and later steps already acked are skipped, so a
+fresh or restarted loader resumes where the last one stopped. A background
+thread prefetches up to ``prefetch`` batches (metadata and bytes) ahead.
+
+Each iteration is one consumer session: its leases are renewed by the
+process's heartbeat (``tq_stream.leases``) for as long as it runs, and its
+waits are cancelled when it stops.
 
 When iterated directly, a batch is acked when the next one is requested; a
 ``StreamingDataLoader`` turns that off and acks in the training process.
@@ -12,15 +18,16 @@ When iterated directly, a batch is acked when the next one is requested; a
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tensordict import TensorDict
 from torch.utils.data import IterableDataset, get_worker_info
 
+from tq_stream.client import Client
 from tq_stream.config import DEFAULT_PREFETCH
 from tq_stream.datasets.batch import attach_meta, batch_meta, loader_step
 from tq_stream.datasets.length import epoch_end, known_steps
@@ -37,6 +44,7 @@ from tq_stream.samplers.base import Sampler
 from tq_stream.samplers.partition import PartitionSampler
 
 _END = object()
+logger = logging.getLogger(__name__)
 
 
 class _Failure:
@@ -58,6 +66,8 @@ class StreamingDataset(IterableDataset):
         dp_rank, dp_size: this rank's data-parallel index and the DP world size.
         replicas: how many ranks share this ``dp_rank`` (TP/PP peers); a row is
             acked when all of them acked it.
+        replica: which of those peers this is (``0 <= replica < replicas``); each
+            acks for itself, so a double ack by one peer counts once.
         timeout: seconds to wait for one batch before WaitTimeout.
         lease_timeout: seconds rows stay leased before they are handed out again.
         drop_last: when the partition is closed, drop a short last step
@@ -79,7 +89,8 @@ class StreamingDataset(IterableDataset):
     def __init__(self, stream: Any, partition: str | list[str] | None, task: str,
                  fields: Sequence[str], batch_size: int,
                  sampler: Sampler | PartitionSampler | None = None, dp_rank: int = 0,
-                 dp_size: int = 1, replicas: int = 1, timeout: float | None = None,
+                 dp_size: int = 1, replicas: int = 1, replica: int = 0,
+                 timeout: float | None = None,
                  lease_timeout: float | None = None, drop_last: bool = False,
                  ragged: str = "nested", prefetch: int = DEFAULT_PREFETCH,
                  rows_per_epoch: int | None = None) -> None:
@@ -107,6 +118,15 @@ class StreamingDataset(IterableDataset):
             raise ConfigError(f"dp_rank must be an int in [0, {dp_size}), got {dp_rank!r}")
         self.dp_rank = dp_rank
         self.replicas = check_positive("replicas", replicas)
+        if isinstance(replica, bool) or not isinstance(replica, int) or \
+                not 0 <= replica < replicas:
+            raise ConfigError(f"replica must be an int in [0, {replicas}), got {replica!r}")
+        self.replica = replica
+        if sampler is not None and self._router is None:
+            if not isinstance(sampler, Sampler):
+                raise ConfigError(f"sampler must be a tq_stream.samplers.Sampler, got "
+                                  f"{sampler!r}")
+            sampler.check_batch(self.batch_size)
         self.sampler = sampler
         self.timeout = stream.config.timeout if timeout is None else \
             check_timeout("timeout", timeout)
@@ -119,8 +139,10 @@ class StreamingDataset(IterableDataset):
         self.prefetch = check_positive("prefetch", prefetch)
         self.rows_per_epoch = None if rows_per_epoch is None else \
             check_positive("rows_per_epoch", rows_per_epoch)
-        self.start_step = 0
+        self.start_step = 0  # a multi-partition loader's resume step (its own numbering)
         self.auto_ack = True
+        self.session: str | None = None  # set by a loader for its iteration (and workers)
+        self.plan: tuple[int, frozenset[int]] | None = None  # (first step, steps to skip)
         self._registered = False
 
     def __len__(self) -> int:
@@ -146,33 +168,38 @@ class StreamingDataset(IterableDataset):
                     drop_last=self.drop_last, sampler=sampler)
             self._registered = True
 
-    def _steps(self) -> Iterator[int]:
+    def resume_plan(self) -> tuple[int, frozenset[int]]:
+        """(first step, later steps to skip) for this rank, from the controller."""
+        if self._router is not None:  # loader steps of its own numbering: from state
+            return self.start_step, frozenset()
+        where = self.stream.client().first_unfinished(self.partitions[0], self.task,
+                                                      self.dp_rank)
+        return int(where["step"]), frozenset(int(s) for s in where["skip"])
+
+    def _steps(self, plan: tuple[int, frozenset[int]]) -> Iterator[int]:
         info = get_worker_info()
         if info is not None and self.stream.mode == "embedded":
             raise StateError("an embedded stream must not be read from DataLoader worker "
                              "processes (num_workers > 0); use tq.init(mode='local')")
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        step = self.start_step + worker
-        end = epoch_end(self, self.start_step)
+        step, skip = plan
+        end = epoch_end(self, step)  # None unless rows_per_epoch declares an epoch
+        position = 0
         while end is None or step < end:
-            yield step
-            step += workers
+            if step not in skip:
+                if position % workers == worker:
+                    yield step
+                position += 1
+            step += 1
 
     def _wait_meta(self, client: Any, partition: str, step: int,
                    stop: threading.Event) -> BatchMeta | None:
-        """get_meta for ``step``, waiting at most ``timeout`` in all, in slices of at most
-        ``STOP_CHECK`` seconds so a stopped iterator's thread ends promptly (None then)."""
-        deadline = time.monotonic() + self.timeout
-        while not stop.is_set():
-            left = deadline - time.monotonic()
-            try:
-                return client.get_meta(partition, self.task, step, self.dp_rank,
-                                       max(min(left, self.STOP_CHECK), 1e-3))
-            except WaitTimeout as exc:
-                if left <= self.STOP_CHECK:
-                    raise WaitTimeout(f"{exc} (the loader of rank {self.dp_rank} waited "
-                                      f"timeout={self.timeout}s in all)") from None
-        return None
+        """get_meta for ``step``: one wait of up to ``timeout`` seconds, ended early
+        (None) when the iterator stops and cancels its session."""
+        if stop.is_set():
+            return None
+        return client.get_meta(partition, self.task, step, self.dp_rank, self.timeout,
+                               replica=self.replica)
 
     def _fetch(self, client: Any, step: int, stop: threading.Event) -> TensorDict | None:
         if self._router is None:
@@ -197,10 +224,10 @@ class StreamingDataset(IterableDataset):
             self._ends[route[0]] = meta.step  # ended there for every rank: route again
 
     def _producer(self, out: queue.Queue, stop: threading.Event,
-                  room: threading.Semaphore) -> None:
-        client = self.stream.client()
+                  room: threading.Semaphore, client: Any,
+                  plan: tuple[int, frozenset[int]]) -> None:
         try:
-            for step in self._steps():
+            for step in self._steps(plan):
                 # fetch (and lease) a step only when the queue has room for it, so at
                 # most `prefetch` batches wait ahead of the one being consumed
                 while not room.acquire(timeout=0.1):
@@ -241,12 +268,14 @@ class StreamingDataset(IterableDataset):
         out: queue.Queue = queue.Queue(maxsize=self.prefetch + 1)
         stop = threading.Event()
         room = threading.Semaphore(self.prefetch)
-        thread = threading.Thread(target=self._producer, args=(out, stop, room), daemon=True,
-                                  name=f"tq-prefetch-{self.task}-{self.dp_rank}")
+        client = Client(self.stream, session=self.session)  # one session per iteration
+        plan = self.plan if self.plan is not None else self.resume_plan()
+        thread = threading.Thread(target=self._producer, args=(out, stop, room, client, plan),
+                                  daemon=True, name=f"tq-prefetch-{self.task}-{self.dp_rank}")
         thread.start()
-        client = self.stream.client()
         single = get_worker_info() is None
         last = None
+        finished = False  # the prefetch thread ended on its own: no wait to cancel
         try:
             while True:
                 if self.auto_ack and last is not None:  # before waiting: the end of a
@@ -260,6 +289,7 @@ class StreamingDataset(IterableDataset):
                         f"{self.timeout}s (+5 s) from the prefetch thread") from None
                 room.release()
                 if item is _END:
+                    finished = True
                     return
                 if isinstance(item, _Failure):
                     raise item.exc
@@ -269,10 +299,27 @@ class StreamingDataset(IterableDataset):
                 yield item
         finally:
             stop.set()
+            self._stop(client, out, thread, last, cancel=not finished)
+
+    def _stop(self, client: Any, out: queue.Queue, thread: threading.Thread,
+              last: TensorDict | None, cancel: bool = True) -> None:
+        """End an iteration: ack its last batch (when iterated directly), cancel the
+        prefetch thread's wait, hand back what it fetched ahead. Runs when a generator
+        is closed or collected, so it reports failures (a closed stream, a dead
+        controller) in the log instead of raising them there. ``cancel=False`` when the
+        thread already ended: the session is shared with the other DataLoader workers,
+        whose waits must go on (one worker reaching the end of an epoch first must not
+        cut another's last step short)."""
+        try:
             if self.auto_ack and last is not None:
                 client.ack(batch_meta(last))
+            if cancel:
+                client.cancel()
             self._drain(out, client)
-            # the thread ends within STOP_CHECK (+ one get_data); joining it means no
-            # stale prefetch can lease (and then release) a step a new iterator reads
+            # the thread ends within one get_data once cancelled; joining it means no
+            # stale prefetch can claim a step a new iterator reads
             thread.join(timeout=self.STOP_CHECK + 30.0)
             self._drain(out, client)
+        except Exception as exc:
+            logger.debug("stopping the iterator of task %r rank %d: %s", self.task,
+                         self.dp_rank, exc)

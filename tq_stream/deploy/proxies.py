@@ -1,14 +1,15 @@
 """Client-side stand-ins for a remote controller and remote storage units.
 
 Every remote call is an explicit method here (no ``__getattr__`` proxying).
-Long waits (``get_meta``, a ``reserve`` at capacity) are split into short
-server-side long-polls, so a blocked consumer never pins a server thread for
-long and a dead controller is noticed within one slice.
+A long wait (``get_meta``, a ``reserve`` at capacity, ``admit``) is one request
+that the server answers when its condition holds or its timeout expires (a
+long-poll on a server worker thread); the transport waits ``MARGIN`` seconds
+more, so a dead controller is told from a slow answer. ``cancel(session)``
+ends a consumer's waiting ``get_meta`` early.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,10 +17,9 @@ import numpy as np
 
 from tq_stream.backends.base import StorageUnit
 from tq_stream.columns import Column
-from tq_stream.errors import WaitTimeout
+from tq_stream.errors import check_timeout
 from tq_stream.samplers.spec import to_spec
 
-POLL_SLICE = 2.0  # seconds one server-side wait may take
 MARGIN = 5.0  # extra seconds a reply may take beyond the server-side wait (at most
 # the configured call timeout)
 
@@ -35,23 +35,15 @@ class RemoteController:
         return self._rpc.call(method, args, timeout=timeout or self._timeout)
 
     def _long_poll(self, method: str, timeout: float, **args: Any) -> Any:
-        deadline = time.monotonic() + timeout
+        check_timeout("timeout", timeout)
         margin = min(MARGIN, max(1.0, self._timeout))  # a short timeout: notice death soon
-        while True:
-            wait = max(0.05, min(POLL_SLICE, deadline - time.monotonic()))
-            started = time.monotonic()
-            try:
-                return self._rpc.call(method, {**args, "timeout": wait}, timeout=wait + margin)
-            except WaitTimeout as exc:
-                if time.monotonic() - started >= wait + margin / 2:
-                    raise  # the transport timed out: the peer is gone (names the address)
-                if time.monotonic() >= deadline:
-                    raise WaitTimeout(str(exc).replace(f"timeout={wait}s",
-                                                       f"timeout={timeout}s")) from None
+        return self._rpc.call(method, {**args, "timeout": timeout}, timeout=timeout + margin)
 
     # --- partitions and writes
-    def create_partition(self, partition: str, capacity: int | None = None) -> None:
-        self._call("create_partition", partition=partition, capacity=capacity)
+    def create_partition(self, partition: str, capacity: int | None = None,
+                         consumers: Sequence[str] | None = None) -> None:
+        self._call("create_partition", partition=partition, capacity=capacity,
+                   consumers=None if consumers is None else list(consumers))
 
     def close_partition(self, partition: str) -> None:
         self._call("close_partition", partition=partition)
@@ -109,23 +101,32 @@ class RemoteController:
     def admission(self, partition: str) -> dict[str, Any]:
         return self._call("admission", partition=partition)
 
-    def get_meta(self, partition: str, task: str, step: int, dp_rank: int = 0,
-                 timeout: float = 60.0) -> dict[str, Any]:
+    def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
+                 timeout: float = 60.0, replica: int = 0, session: str = "",
+                 consumer: str = "") -> dict[str, Any] | None:
         return self._long_poll("get_meta", timeout, partition=partition, task=task, step=step,
-                               dp_rank=dp_rank)
+                               dp_rank=dp_rank, replica=replica, session=session,
+                               consumer=consumer)
 
     def ack(self, partition: str, task: str, step: int, dp_rank: int, index: Any,
-            generation: Any) -> int:
+            generation: Any, replica: int = 0) -> int:
         return self._call("ack", partition=partition, task=task, step=step, dp_rank=dp_rank,
-                          index=index, generation=generation)
+                          index=index, generation=generation, replica=replica)
 
     def release(self, partition: str, task: str, step: int, dp_rank: int, index: Any,
-                generation: Any) -> None:
+                generation: Any, replica: int = 0) -> None:
         self._call("release", partition=partition, task=task, step=step, dp_rank=dp_rank,
-                   index=index, generation=generation)
+                   index=index, generation=generation, replica=replica)
 
-    def renew(self, partition: str, task: str, step: int) -> None:
-        self._call("renew", partition=partition, task=task, step=step)
+    def renew(self, partition: str, task: str, step: int | None = None,
+              session: str = "") -> int:
+        return self._call("renew", partition=partition, task=task, step=step, session=session)
+
+    def first_unfinished(self, partition: str, task: str, dp_rank: int = 0) -> dict[str, Any]:
+        return self._call("first_unfinished", partition=partition, task=task, dp_rank=dp_rank)
+
+    def cancel(self, session: str) -> None:
+        self._call("cancel", session=session)
 
     # --- access
     def clear(self, partition: str, keys: Sequence[str] | None = None) -> int:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tq_stream.errors import ConfigError
+from tq_stream.errors import ConfigError, check_positive
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -65,16 +65,15 @@ class Candidates:
     def tag(self, name: str, rows: np.ndarray | None = None) -> np.ndarray:
         """The tag ``name`` of every candidate (or of ``rows``, row indexes).
 
-        Raises:
-            ConfigError: if no row of the partition carries tag ``name``.
+        A row without the tag reads as a missing value (see ``missing_mask``): NaN, or
+        None in an object column. A tag no row has yet is all NaN. Declare the tags a
+        sampler needs in ``required_tags`` and rows wait for them before they are ready.
         """
+        rows = self.index if rows is None else rows
         if not self.has_tag(name):
-            raise ConfigError(
-                f"tag {name!r} is required by the sampler but no row of partition "
-                f"{self.partition!r} has it; pass it in writer.put(..., tags=[{{{name!r}: ...}}])"
-            )
+            return np.full(len(rows), np.nan)
         assert self._tags is not None
-        return self._tags(name, self.index if rows is None else rows)
+        return self._tags(name, rows)
 
     def subset(self, positions: np.ndarray) -> Candidates:
         """The candidates at ``positions`` (a boolean mask or integer positions)."""
@@ -199,8 +198,25 @@ class Sampler:
         return Selection(tuple(np.array_split(rows, candidates.dp_size)))
 
     def required_tags(self) -> tuple[str, ...]:
-        """Tags this sampler reads (checked when a loader is built)."""
+        """Tags this sampler reads: a row is ready for the task only once it has all of
+        them (so a tag set later with ``stream.set_tags`` is waited for)."""
         return ()
+
+    def check_batch(self, batch_size: int) -> None:
+        """Raise ConfigError if this sampler can never form a step of ``batch_size``
+        rows per rank (called when a dataset is built and a task registers)."""
+        check_positive("batch_size", batch_size)
+        inner = getattr(self, "inner", None)
+        if isinstance(inner, Sampler):
+            inner.check_batch(batch_size)
+
+    def progress(self, candidates: Candidates, batch_size: int) -> str:
+        """What a waiting step has and needs, for a timeout message."""
+        inner = getattr(self, "inner", None)
+        if isinstance(inner, Sampler):
+            return inner.progress(candidates, batch_size)
+        return (f"{candidates.count} rows ready, {batch_size * candidates.dp_size} needed "
+                f"per step")
 
     def state_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.STATE_KEYS}

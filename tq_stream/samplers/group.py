@@ -121,6 +121,15 @@ class GroupSampler(Sampler):
         scan = self.scan(candidates, candidates.count, batch_size)
         return self.select(candidates, scan, batch_size, final=True)
 
+    def progress(self, candidates: Candidates, batch_size: int) -> str:
+        groups = self.scan(candidates, candidates.count, batch_size).n_groups
+        size = f" of {self.group_size}" if self.group_size is not None else ""
+        need = (f"{batch_size * candidates.dp_size // self.group_size} needed per step"
+                if self.group_size is not None else
+                f"{batch_size * candidates.dp_size} rows needed per step")
+        return (f"{groups} complete group{'' if groups == 1 else 's'}{size} ready "
+                f"({candidates.count} rows), {need}")
+
     def check_batch(self, batch_size: int) -> None:
         """Raise ConfigError unless ``batch_size`` is an int >= 1 (a multiple of group_size)."""
         check_positive("batch_size", batch_size)

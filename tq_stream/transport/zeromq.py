@@ -1,4 +1,4 @@
-"""The zmq transport: RPC server/client, PUB/SUB events and CURVE keys.
+"""The zmq transport: RPC server/client and CURVE keys.
 
 Importing this module imports pyzmq; ``import tq_stream`` does not.
 
@@ -12,16 +12,13 @@ Usage (a handler is any object with ``RPC_METHODS: frozenset[str]``):
 
 from tq_stream.transport.replies import BUSY
 from tq_stream.transport.zmq_client import RpcClient
-from tq_stream.transport.zmq_notify import Publisher, Subscriber
 from tq_stream.transport.zmq_security import generate_keys, public_key
 from tq_stream.transport.zmq_server import RpcServer
 
 __all__ = [
     "BUSY",
-    "Publisher",
     "RpcClient",
     "RpcServer",
-    "Subscriber",
     "generate_keys",
     "public_key",
 ]

@@ -1,0 +1,173 @@
+"""ConsumingLogic: the consumer's calls — get_meta, ack, release, renew, resume, cancel.
+
+Leases are held by consumer *sessions* (a random id per loader iteration or per
+client) and kept alive by their heartbeat (``renew(session=...)``); see
+``task.py`` for what a claim is and ``steps.py`` for how a step is found.
+A waiting ``get_meta`` is one wait on the controller's condition, woken by
+every commit, ack, release, clear and tag change, and ended early by
+``cancel(session)`` when its loader stops.
+
+Called by the Controller's public methods; ``self`` is the Controller.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from tq_stream.controller.partition import PartitionMeta
+from tq_stream.controller.task import MAX_REPLICAS, TaskState
+from tq_stream.errors import ConfigError, WaitTimeout, check_positive, check_timeout
+
+MAX_CANCELLED = 1024  # cancelled sessions remembered
+
+
+def _check_ids(state: TaskState, dp_rank: Any, replica: Any) -> None:
+    cfg = state.config
+    if isinstance(dp_rank, bool) or not isinstance(dp_rank, int) or \
+            not 0 <= dp_rank < cfg.dp_size:
+        raise ConfigError(f"dp_rank must be an int in [0, {cfg.dp_size}), got {dp_rank!r}")
+    if isinstance(replica, bool) or not isinstance(replica, int) or \
+            not 0 <= replica < cfg.replicas:
+        raise ConfigError(f"replica must be an int in [0, {cfg.replicas}) (replicas="
+                          f"{cfg.replicas} of task {state.name!r}), got {replica!r}")
+
+
+def _check_session(name: str, value: Any) -> str:
+    if not isinstance(value, str) or len(value) > 256:
+        raise ConfigError(f"{name} must be a str of at most 256 characters, got {value!r:.80}")
+    return value
+
+
+class ConsumingLogic:
+    """Mixin of Controller; see the module docstring."""
+
+    def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
+                 timeout: float = 60.0, replica: int = 0, session: str = "",
+                 consumer: str = "") -> dict[str, Any] | None:
+        """The rows of ``step`` for ``dp_rank`` (``step=None``: the next batch for this
+        consumer, see ``steps.py``); waits for enough ready rows.
+
+        Args:
+            replica: which TP/PP peer of ``dp_rank`` reads (each acks for itself).
+            session: the reading session; its heartbeat keeps the lease alive, and
+                ``cancel(session)`` ends this wait.
+            consumer: a stable name of a stage worker (``step=None``): a restarted
+                worker of that name first gets back what its earlier session held.
+        Returns:
+            a BatchMeta as a dict (``end=True`` once a closed partition is drained), or
+            None if ``session`` was cancelled while waiting.
+        Raises:
+            WaitTimeout: not enough ready rows within ``timeout`` seconds.
+        """
+        if step is not None:
+            check_positive("step", step, allow_zero=True)
+        check_timeout("timeout", timeout)
+        _check_session("session", session)
+        _check_session("consumer", consumer)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            part, state = self._task(partition, task)
+            _check_ids(state, dp_rank, replica)
+            while True:
+                if session and session in self._cancelled:
+                    return None
+                meta = self._try_step(part, state, step, dp_rank, replica, session, consumer)
+                if meta is not None:
+                    return meta
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._wait_error(part, state, step, dp_rank, timeout)
+                self._cond.wait(min(left, self._next_wake(state)))
+                self._check_open()
+
+    def _wait_error(self, part: PartitionMeta, state: TaskState, step: int | None,
+                    dp_rank: int, timeout: float) -> Exception:
+        unknown = [f for f in state.config.fields if f not in part.schemas]
+        if unknown and part.live:  # a timeout still: a later stage may write the field
+            return WaitTimeout(
+                f"get_meta waited timeout={timeout}s for task {state.name!r} on partition "
+                f"{part.name!r}, but fields {unknown} were never written to any of its "
+                f"{part.live} rows (known fields: {sorted(part.schemas)}); check the name, "
+                f"or start the stage that writes them")
+        cfg = state.config
+        cands = self._candidates(part, state, cfg.dp_size, state.next_step)
+        try:
+            progress = state.sampler.progress(cands, cfg.batch_size)
+        except Exception as exc:  # a message must not hide the timeout
+            progress = f"{cands.count} rows ready ({type(exc).__name__} describing them)"
+        which = "the next step" if step is None else f"step {step}"
+        missing = [t for t in state.tags if t not in part.tags.present]
+        hint = f"; no row has tag(s) {missing} the sampler needs yet" if missing else ""
+        return WaitTimeout(
+            f"get_meta waited timeout={timeout}s for {which} of task {state.name!r} "
+            f"on partition {part.name!r} (rank {dp_rank}): {progress}{hint}")
+
+    def ack(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,
+            generation: np.ndarray, replica: int = 0) -> int:
+        """Replica ``replica`` of ``dp_rank`` is done with rows; returns how many became
+        ACKED (every replica acked them). Acking twice is a no-op. Freeing storage
+        happens afterwards and never fails the ack."""
+        with self._cond:
+            part, state = self._task(partition, task)
+            _check_ids(state, dp_rank, replica)
+            rows = self._held_rows(part, state, step, dp_rank, index, generation, "ack")
+            done = self._ack_rows(state, step, dp_rank, replica, rows)
+            freed = self._finish_rows(part, done)
+            self._cond.notify_all()
+        self._free_slots(partition, freed)
+        return len(done)
+
+    def release(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,
+                generation: np.ndarray, replica: int = 0) -> None:
+        """Give up reading (step, dp_rank) for now: the share is handed, unchanged, to
+        the next reader of that step and rank (or of "the next batch")."""
+        with self._cond:
+            part, state = self._task(partition, task)
+            _check_ids(state, dp_rank, replica)
+            self._held_rows(part, state, step, dp_rank, index, generation, "release")
+            state.steps[step].claims.pop((dp_rank, replica), None)
+            self._cond.notify_all()
+
+    def renew(self, partition: str, task: str, step: int | None = None,
+              session: str = "") -> int:
+        """Keep leases alive: every claim of ``session`` (the heartbeat), or, with
+        ``step``, every claim on that step. Returns how many claims were renewed."""
+        _check_session("session", session)
+        with self._cond:
+            _, state = self._task(partition, task)
+            now = time.time()
+            if step is None:
+                return state.renew(session, now)
+            rec = state.steps.get(step)
+            if rec is None or rec.end or not rec.claims:
+                raise self._no_lease(state, step, "renew")
+            for c in rec.claims.values():
+                c.expiry = now + state.config.lease_timeout
+            state.renewed += len(rec.claims)
+            return len(rec.claims)
+
+    def first_unfinished(self, partition: str, task: str, dp_rank: int = 0) -> dict[str, Any]:
+        """Where a reader of ``dp_rank`` resumes: ``{"step": first step not acked by every
+        replica, "skip": later steps already done}``."""
+        with self._cond:
+            _, state = self._task(partition, task)
+            _check_ids(state, dp_rank, 0)
+            return state.first_unfinished(dp_rank)
+
+    def cancel(self, session: str) -> None:
+        """End every wait of ``session`` now (its get_meta returns None); later waits of
+        that session return None at once."""
+        _check_session("session", session)
+        if not session:
+            raise ConfigError("session must be a non-empty str to cancel, got ''")
+        with self._cond:
+            self._cancelled[session] = time.monotonic()
+            while len(self._cancelled) > MAX_CANCELLED:
+                self._cancelled.pop(next(iter(self._cancelled)))
+            self._cond.notify_all()
+
+
+__all__ = ["ConsumingLogic", "MAX_REPLICAS"]

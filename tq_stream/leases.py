@@ -1,0 +1,98 @@
+"""LeaseKeeper: the heartbeat that keeps a process's leases alive.
+
+A lease lasts ``lease_timeout`` seconds unless renewed. Every consumer session
+(a loader iteration, a DataLoader worker's part of it, a low-level client) takes
+a ``Hold`` on ``(partition, task, session)``; one daemon thread per process and
+stream renews every held session in one call each, ``RENEWALS_PER_LEASE`` times
+per lease. So a lease outlives any slow training step and expires only when its
+process dies (or drops every Hold on it): a dead consumer's rows come back
+within ``lease_timeout`` seconds.
+
+A Hold is released by ``close()`` or when it is garbage-collected, so a loader
+that is simply dropped stops renewing too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+RENEWALS_PER_LEASE = 4
+MIN_INTERVAL = 0.05  # seconds between two heartbeats at the least
+MAX_INTERVAL = 30.0
+
+
+class Hold:
+    """Keeps ``session``'s leases on ``(partition, task)`` alive until closed."""
+
+    def __init__(self, keeper: LeaseKeeper, partition: str, task: str, session: str,
+                 lease_timeout: float) -> None:
+        self.keeper = keeper
+        self.key = (partition, task, session)
+        self.interval = min(MAX_INTERVAL, max(MIN_INTERVAL,
+                                              lease_timeout / RENEWALS_PER_LEASE))
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class LeaseKeeper:
+    """One heartbeat thread renewing the sessions of live Holds (see module doc).
+
+    Args:
+        controller: returns the controller to call ``renew`` on.
+    """
+
+    def __init__(self, controller: Callable[[], Any]) -> None:
+        self._controller = controller
+        self._holds: weakref.WeakSet[Hold] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def hold(self, partition: str, task: str, session: str, lease_timeout: float) -> Hold:
+        """Start renewing ``session``'s leases on ``(partition, task)``."""
+        h = Hold(self, partition, task, session, lease_timeout)
+        with self._lock:
+            self._holds.add(h)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="tq-lease-keeper")
+                self._thread.start()
+        return h
+
+    def renew_now(self) -> None:
+        """Renew every held session at once (also what the thread does)."""
+        with self._lock:
+            holds = [h for h in self._holds if not h.closed]
+        for key in dict.fromkeys(h.key for h in holds):
+            partition, task, session = key
+            try:
+                self._controller().renew(partition=partition, task=task, session=session)
+            except Exception as exc:  # the next heartbeat tries again
+                logger.debug("renewing leases of %s failed: %s", key, exc)
+
+    def _run(self) -> None:
+        while not self._stopped:
+            with self._lock:
+                holds = [h for h in self._holds if not h.closed]
+                if not holds:
+                    self._thread = None
+                    return
+            self._wake.wait(min(h.interval for h in holds))
+            if self._stopped or os.getpid() != self._pid:
+                return
+            self.renew_now()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
