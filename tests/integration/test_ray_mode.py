@@ -91,3 +91,31 @@ def test_producer_and_consumer_on_different_nodes(ray_cluster):
         return False
 
     assert wait_until(lambda: all(gone(n) for n in names), 30), "shutdown kills the actors"
+
+
+def test_batch_conventions_and_length_in_ray_mode(ray_cluster):
+    # nested fields, fields-only batch keys with their meta, len() over the controller RPC
+    from tensordict import TensorDict
+
+    stream = tq.init(mode="ray", storage_units=2, config=tq.StreamConfig(timeout=60))
+    try:
+        n = 12
+        td = TensorDict({"obs": TensorDict({"image": torch.arange(n * 2.0).reshape(n, 2),
+                                            "state": torch.arange(n)}, [n])}, [n])
+        stream.writer("nested").put([f"k{i}" for i in range(n)], td)
+        ds = tq.StreamingDataset(stream, "nested", "t", ["obs.image", "obs.state"], 4)
+        loader = tq.StreamingDataLoader(ds)
+        with pytest.raises(TypeError, match="must be closed"):
+            len(loader)
+        stream.close_partition("nested")
+        assert len(loader) == 3
+        seen = []
+        for batch in loader:
+            assert list(batch.keys()) == ["obs"]
+            idx = batch["obs", "state"].tolist()
+            assert list(tq.batch_meta(batch).keys) == [f"k{i}" for i in idx]
+            assert torch.equal(batch["obs", "image"], td["obs", "image"][idx])
+            seen += idx
+        assert sorted(seen) == list(range(n))
+    finally:
+        stream.close()
