@@ -282,3 +282,15 @@ def test_variable_group_sizes_need_the_opt_out():
     assert sorted(loose.rows.tolist()) == list(range(6))
     with pytest.raises(ConfigError, match="equal_rows must be a bool"):
         SeqlenBalancedSampler(equal_rows=1)
+
+
+def test_a_step_cut_to_nothing_keeps_the_inner_discards():
+    # the fresh rows form one group for 2 ranks: no equal step, but stale rows still drop
+    cols = {"seqlen": np.ones(6), "version": np.array([0, 0, 5, 5, 5, 5]),
+            "uid": np.array([9, 9, 1, 1, 1, 1])}
+    cands = Candidates.from_arrays(np.arange(6), cols, dp_size=2, version=5)
+    inner = StalenessSampler(SequentialSampler(), max_staleness=1, version_tag="version")
+    assert inner.sample(cands, 2).ready
+    sel = SeqlenBalancedSampler(inner, group_tag="uid").sample(cands, 2)
+    assert not sel.ready
+    assert sorted(np.concatenate(list(sel.discard.values())).tolist()) == [0, 1]
