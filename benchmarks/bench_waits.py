@@ -89,7 +89,7 @@ def bench_idle(stream: tq.Stream, waiters: int, seconds: float, slice_s: float |
     for th in threads:
         th.start()
     time.sleep(1.0)  # every waiter is inside its wait
-    ctrl = psutil.Process(stream._owner.pids[0])
+    ctrl = psutil.Process(stream._owner.pids[-1])  # the controller starts last
     c0, t0 = ctrl.cpu_times(), time.monotonic()
     time.sleep(seconds)
     c1, t1 = ctrl.cpu_times(), time.monotonic()

@@ -14,6 +14,7 @@ from tq_stream.backends.memory import MemoryUnit
 from tq_stream.columns import Ragged, schema_of
 from tq_stream.controller import Controller
 from tq_stream.controller.checkpoint import load_controller
+from tq_stream.convert import schemas_of
 from tq_stream.errors import (
     ClosedError,
     ConfigError,
@@ -228,8 +229,24 @@ def spare_rows(n: int, start: int = 0) -> dict[str, np.ndarray]:
     return {"index": r, "unit": np.zeros(n, np.int64), "slot": r, "generation": r * 0}
 
 
+def known_pool() -> SparePool:
+    """A pool that learned field x's fixed schema (float32[4]) from an earlier put:
+    a pool never writes a field whose schema it has not seen fixed."""
+    pool = SparePool("p", -1)
+    pool.learn(schemas_of({"x": torch.ones(1, 4)}))
+    return pool
+
+
+def test_a_pool_sends_unknown_fields_through_reserve():
+    pool = SparePool("p", -1)
+    pool.add(spare_rows(2))
+    ctrl = FakeController({"ok": True})
+    assert not pool.put(ctrl, [MemoryUnit()], ["a"], {"x": torch.ones(1, 4)}, None)
+    assert ctrl.calls == [] and len(pool) == 2  # nothing written, no row taken
+
+
 def test_pool_puts_in_two_calls_and_refills():
-    unit, pool = MemoryUnit(), SparePool("p", -1)
+    unit, pool = MemoryUnit(), known_pool()
     assert pool.wanted() == SparePool.TARGET
     pool.add(spare_rows(2))
     ctrl = FakeController({"ok": True, "spare": spare_rows(3, start=10)})
@@ -241,7 +258,7 @@ def test_pool_puts_in_two_calls_and_refills():
 
 
 def test_pool_refills_in_batches_and_when_a_put_found_too_few_rows():
-    unit, pool = MemoryUnit(), SparePool("p", -1)
+    unit, pool = MemoryUnit(), known_pool()
     pool.add(spare_rows(SparePool.TARGET))
     ctrl = FakeController(*[{"ok": True} for _ in range(SparePool.TARGET)])
     asked = []
@@ -259,7 +276,7 @@ def test_pool_refills_in_batches_and_when_a_put_found_too_few_rows():
 
 
 def test_pool_target_grows_when_puts_find_it_empty():
-    unit, pool = MemoryUnit(), SparePool("p", -1)
+    unit, pool = MemoryUnit(), known_pool()
     ctrl = FakeController()
     targets = []
     for _ in range(6):  # as when many threads take the rows faster than refills come
@@ -270,7 +287,7 @@ def test_pool_target_grows_when_puts_find_it_empty():
 
 
 def test_pool_rejected_put_frees_its_bytes_and_keeps_the_rows():
-    unit, pool = MemoryUnit(), SparePool("p", -1)
+    unit, pool = MemoryUnit(), known_pool()
     pool.add(spare_rows(2))
     ctrl = FakeController({"ok": False, "reason": "exists"})
     assert not pool.put(ctrl, [unit], ["a"], {"x": torch.ones(1, 4)}, None)
@@ -281,7 +298,7 @@ def test_pool_rejected_put_frees_its_bytes_and_keeps_the_rows():
 
 
 def test_pool_drops_rows_whose_outcome_is_unknown_and_distrusts_taken_back_rows():
-    unit, pool = MemoryUnit(), SparePool("p", -1)
+    unit, pool = MemoryUnit(), known_pool()
     pool.add(spare_rows(3))
     with pytest.raises(WaitTimeout):
         pool.put(FakeController(WaitTimeout("late")), [unit], ["a"],
@@ -297,7 +314,7 @@ def test_pool_drops_rows_whose_outcome_is_unknown_and_distrusts_taken_back_rows(
 
 
 def test_pool_takes_only_small_puts_and_converts_to_known_schemas():
-    unit, pool = MemoryUnit(), SparePool("p", -1)
+    unit, pool = MemoryUnit(), known_pool()
     pool.add(spare_rows(SparePool.MAX_ROWS + 1))
     many = [f"k{i}" for i in range(SparePool.MAX_ROWS + 1)]
     assert not pool.put(FakeController(), [unit], many, {"x": torch.ones(len(many), 4)}, None)
@@ -310,7 +327,7 @@ def test_pool_takes_only_small_puts_and_converts_to_known_schemas():
 
 
 def test_pool_is_thread_safe():
-    pool = SparePool("p", -1)
+    pool = known_pool()
     pool.add(spare_rows(400))
     taken: list[int] = []
 

@@ -80,11 +80,14 @@ class Client:
         """
         timeout = self._stream.config.timeout if timeout is None else timeout
         check_timeout("timeout", timeout)
-        self._hold(partition, task)
+        hold = self._hold(partition, task)
         d = self._controller.get_meta(partition=partition, task=task, step=step,
                                       dp_rank=dp_rank, timeout=timeout, replica=replica,
                                       session=self.session, consumer=self.consumer)
-        return None if d is None else BatchMeta.from_dict({**d, "session": self.session})
+        if d is None:
+            return None
+        hold.set_lease(float(d.get("lease_timeout", self._stream.config.lease_timeout)))
+        return BatchMeta.from_dict({**d, "session": self.session})
 
     def first_unfinished(self, partition: str, task: str, dp_rank: int = 0) -> dict[str, Any]:
         """Where a reader of ``dp_rank`` resumes: ``{"step": the first step its rank has
@@ -96,11 +99,13 @@ class Client:
         """End this client's waiting get_meta calls now (they return None)."""
         self._controller.cancel(session=self.session)
 
-    def _hold(self, partition: str, task: str) -> None:
-        if (partition, task) not in self._holds:
+    def _hold(self, partition: str, task: str) -> Hold:
+        hold = self._holds.get((partition, task))
+        if hold is None:
             lease = self._stream.config.lease_timeout
-            self._holds[(partition, task)] = self._stream._keeper().hold(
+            hold = self._holds[(partition, task)] = self._stream._keeper().hold(
                 partition, task, self.session, lease)
+        return hold
 
     def get_data(self, meta: BatchMeta, fields: Sequence[str] | None = None,
                  ragged: str = "nested") -> TensorDict:

@@ -35,9 +35,16 @@ class Hold:
                  lease_timeout: float) -> None:
         self.keeper = keeper
         self.key = (partition, task, session)
-        self.interval = min(MAX_INTERVAL, max(MIN_INTERVAL,
-                                              lease_timeout / RENEWALS_PER_LEASE))
+        self.interval = MAX_INTERVAL
         self.closed = False
+        self.set_lease(lease_timeout)
+
+    def set_lease(self, lease_timeout: float) -> None:
+        """The task's lease is ``lease_timeout`` seconds: renew often enough for it."""
+        interval = min(MAX_INTERVAL, max(MIN_INTERVAL, lease_timeout / RENEWALS_PER_LEASE))
+        if interval < self.interval:
+            self.interval = interval
+            self.keeper._changed.set()  # the heartbeat adopts the shorter interval now
 
     def close(self) -> None:
         self.closed = True
@@ -54,7 +61,7 @@ class LeaseKeeper:
         self._controller = controller
         self._holds: weakref.WeakSet[Hold] = weakref.WeakSet()
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._changed = threading.Event()  # a hold's interval shrank, or stop()
         self._stopped = False
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
@@ -88,11 +95,12 @@ class LeaseKeeper:
                 if not holds:
                     self._thread = None
                     return
-            self._wake.wait(min(h.interval for h in holds))
+            if self._changed.wait(min(h.interval for h in holds)):
+                self._changed.clear()
             if self._stopped or os.getpid() != self._pid:
                 return
             self.renew_now()
 
     def stop(self) -> None:
         self._stopped = True
-        self._wake.set()
+        self._changed.set()

@@ -120,12 +120,16 @@ class SparePool:
             self._rows = {f: np.concatenate([rows[f], self._rows[f]]) for f in _FIELDS}
 
     def _coerced(self, cols: dict[str, Column]) -> tuple[dict[str, Column], dict] | None:
-        """Columns converted to the fixed schemas known here, and their schemas."""
+        """Columns converted to the fixed schemas known here, and their schemas; None
+        when a field's schema is not known here yet (``reserve`` checks it before any
+        byte moves) or the data cannot take it."""
         schemas = schemas_of(cols)
         out = cols
         for name, schema in schemas.items():
             fixed = self._schemas.get(name)
-            if fixed is not None and fixed != schema:
+            if fixed is None:
+                return None
+            if fixed != schema:
                 col = coerce(cols[name], FieldSchema.from_dict(fixed))
                 if col is None:
                     return None  # reserve raises the right SchemaError

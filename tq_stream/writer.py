@@ -147,6 +147,8 @@ class Writer:
                             place["slot"], cols, occupancy(place["index"], place["generation"]))
             ctrl.commit(partition=self.partition, index=place["index"],
                         generation=place["generation"], schemas=schemas, tags=tags)
+            if spares is not None:
+                spares.learn(schemas)  # fixed now: later small puts may skip reserve
         except BaseException:
             new = place["new"]
             if new.any():

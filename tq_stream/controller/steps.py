@@ -165,7 +165,8 @@ class StepLogic:
         share = rec.shares[dp_rank]
         meta = self._placement(part, share, state.config.fields)  # type: ignore[attr-defined]
         return {**meta, "task": state.name, "step": step, "dp_rank": dp_rank,
-                "replica": replica, "end": False}
+                "replica": replica, "end": False,
+                "lease_timeout": state.config.lease_timeout}
 
     def _next_for(self, part: PartitionMeta, state: TaskState, rank: int, replica: int,
                   session: str, consumer: str) -> int | None:
