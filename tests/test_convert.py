@@ -87,8 +87,6 @@ def test_object_values():
 def test_bad_values():
     with pytest.raises(SchemaError, match="'x'.*0-d tensor"):
         to_column("x", torch.tensor(1.0), 1)
-    with pytest.raises(SchemaError, match="'x'.*nested TensorDict"):
-        to_columns({"x": TensorDict({"y": torch.ones(2)}, [2])}, 2)
     with pytest.raises(ConfigError, match="field name"):
         to_columns({3: torch.ones(2)}, 2)
     with pytest.raises(SchemaError, match="'x' must be a tensor"):
@@ -119,3 +117,34 @@ def test_to_tensordict_out():
     assert padded["r"].shape == (2, 3)
     with pytest.raises(ConfigError, match="ragged must be"):
         to_tensordict(cols, 2, ragged="list")
+
+
+# ------------------------------------------------------------------ nested fields
+
+
+def test_nested_fields_are_flattened_on_put_and_nested_on_get():
+    td = TensorDict({"obs": TensorDict({"image": torch.ones(2, 3),
+                                        "deep": TensorDict({"v": torch.arange(2)}, [2])}, [2]),
+                     "r": torch.zeros(2)}, [2])
+    cols = to_columns(td, 2)
+    assert sorted(cols) == ["obs.deep.v", "obs.image", "r"]
+    assert sorted(to_columns({"obs": {"image": torch.ones(2, 3)}, "r": [1, 2]}, 2)) == \
+        ["obs.image", "r"]  # a dict inside a batch dict is nested fields too
+    back = to_tensordict(cols, 2)
+    assert sorted(back.keys()) == ["obs", "r"]
+    assert torch.equal(back["obs", "deep", "v"], torch.arange(2))
+    assert back["obs"].batch_size == torch.Size([2])
+    one = single_row({"obs": TensorDict({"image": torch.ones(3)}, []), "info": {"k": 1}})
+    assert sorted(one) == ["info", "obs.image"] and one["info"] == [{"k": 1}]
+
+
+@pytest.mark.parametrize("data, words", [
+    ({"obs": {"image": torch.ones(2)}, "obs.image": torch.ones(2)}, "'obs.image' is given twice"),
+    ({"obs": torch.ones(2), "obs.image": torch.ones(2)}, "'obs.image' collides with field 'obs'"),
+    ({"obs": {}}, "'obs' must hold at least one nested field"),
+    ({"a..b": torch.ones(2)}, "empty segment"),
+    ({"a.": torch.ones(2)}, "empty segment"),
+])
+def test_nested_names_cannot_collide(data, words):
+    with pytest.raises(SchemaError, match=words.replace("(", r"\(").replace(".", r"\.")):
+        to_columns(data, 2)

@@ -14,7 +14,7 @@ from tq_stream.client import Client
 from tq_stream.columns import FieldSchema, Ragged
 from tq_stream.config import StreamConfig
 from tq_stream.dataloader import StreamingDataLoader
-from tq_stream.datasets import StreamingDataset, batch_meta, select_rows
+from tq_stream.datasets import StreamingDataset, batch_meta, select_rows, split_rows
 from tq_stream.deploy import connect, init
 from tq_stream.kv import KV
 from tq_stream.meta import BatchMeta
@@ -41,4 +41,5 @@ __all__ = [
     "init",
     "samplers",
     "select_rows",
+    "split_rows",
 ]

@@ -156,6 +156,11 @@ class Client:
         check_name("partition", partition)
         return self._controller.clear(partition=partition, keys=list(target))
 
+    def task_rows(self, partition: str, task: str) -> dict:
+        """Rows ``task`` will still be handed and steps it formed (see
+        ``Controller.task_rows``); read-only."""
+        return self._controller.task_rows(partition=partition, task=task)
+
     def set_version(self, partition: str, task: str, version: int) -> None:
         self._controller.set_version(partition=partition, task=task, version=version)
 

@@ -15,6 +15,9 @@ tensor into a ragged field, or ragged rows all of length ``L`` into a dense
 
 Out: a ``TensorDict`` of batch size ``[n]``; ragged fields come back as jagged
 nested tensors (or padded dense tensors), object fields as ``NonTensorStack``.
+
+Nested: a nested TensorDict (or a dict of fields inside a batch dict) is stored as
+flat fields ``"obs.image"``; fields with a ``"."`` come back nested (``fieldpath``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
+from tq_stream import fieldpath
 from tq_stream.columns import Column, FieldSchema, Ragged, column_len, schema_of
 from tq_stream.errors import ConfigError, SchemaError, check_name
 
@@ -134,8 +138,37 @@ def to_column(field: str, value: Any, n: int) -> Column:
     return col
 
 
+def _is_nested(value: Any) -> bool:
+    return isinstance(value, TensorDictBase) and not isinstance(
+        value, NonTensorData | NonTensorStack)
+
+
+def _flatten(items: Mapping[Any, Any], out: dict[str, Any], prefix: str = "",
+             dicts: bool = True) -> dict[str, Any]:
+    """Nested TensorDicts (and, with ``dicts``, dicts) as flat ``"a.b"`` fields."""
+    for key, value in items.items():
+        name = fieldpath.join(key) if isinstance(key, tuple) else key
+        check_name("field name", name)
+        path = fieldpath.check_path(prefix + name)
+        plain_dict = isinstance(value, Mapping) and not isinstance(value, TensorDictBase)
+        if _is_nested(value) or (dicts and plain_dict):
+            sub = {k: value.get(k) for k in value.keys()} if _is_nested(value) else value
+            if not sub:
+                raise SchemaError(f"field {path!r} must hold at least one nested field, "
+                                  f"got an empty {type(value).__name__}")
+            _flatten(sub, out, path + fieldpath.SEP, dicts)
+        elif path in out:
+            raise SchemaError(f"field {path!r} is given twice (as nested keys and as a "
+                              f"dotted name)")
+        else:
+            out[path] = value
+    fieldpath.check_paths(out)
+    return out
+
+
 def to_columns(data: Any, n: int) -> dict[str, Column]:
-    """Normalize a TensorDict / dict of n rows into columns (field names checked)."""
+    """Normalize a TensorDict / dict of n rows into columns (field names checked;
+    nested TensorDicts and dicts become ``"a.b"`` fields, see ``fieldpath``)."""
     if isinstance(data, TensorDictBase):
         if data.batch_size and data.batch_size[0] != n:
             raise SchemaError(f"data must have batch size [{n}] (one row per key), got "
@@ -148,18 +181,12 @@ def to_columns(data: Any, n: int) -> dict[str, Column]:
                           f"{type(data).__name__}")
     if not items:
         raise ConfigError("data must contain at least one field, got none")
-    out = {}
-    for name, value in items.items():
-        check_name("field name", name)
-        plain = isinstance(value, NonTensorData | NonTensorStack)
-        if isinstance(value, TensorDictBase) and not plain:
-            raise SchemaError(f"field {name!r} must not be a nested TensorDict")
-        out[name] = to_column(name, value, n)
-    return out
+    return {name: to_column(name, value, n) for name, value in _flatten(items, {}).items()}
 
 
 def single_row(data: Any) -> dict[str, Column]:
-    """One row's values (no batch dim) as columns of one row."""
+    """One row's values (no batch dim) as columns of one row (a nested TensorDict is
+    nested fields; a dict is one plain value)."""
     if isinstance(data, TensorDictBase):
         data = {k: data.get(k) for k in data.keys()}
     if not isinstance(data, Mapping):
@@ -167,8 +194,7 @@ def single_row(data: Any) -> dict[str, Column]:
     if not data:
         raise ConfigError("data must contain at least one field, got none")
     out = {}
-    for name, value in data.items():
-        check_name("field name", name)
+    for name, value in _flatten(data, {}, dicts=False).items():
         if isinstance(value, np.ndarray) and value.dtype.kind not in "OUS":
             value = torch.from_numpy(np.ascontiguousarray(value))
         if isinstance(value, torch.Tensor) and value.is_nested:
@@ -200,6 +226,9 @@ def to_tensordict(columns: Mapping[str, Column], n: int, ragged: str = "nested")
     if ragged not in ("nested", "padded"):
         raise ConfigError(f"ragged must be 'nested' or 'padded', got {ragged!r}")
     td = TensorDict({}, batch_size=[n])
+    if any(fieldpath.SEP in name for name in columns):
+        fieldpath.check_paths(columns)
     for name, col in columns.items():
-        td.set(name, to_value(col, ragged=ragged))
+        key = tuple(name.split(fieldpath.SEP)) if fieldpath.SEP in name else name
+        td.set(key, to_value(col, ragged=ragged))
     return td

@@ -31,8 +31,10 @@ import torch
 from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
-from tq_stream.datasets.batch import batch_meta, loader_step, select_rows
+from tq_stream.datasets.batch import batch_meta, copy_meta, loader_step
+from tq_stream.datasets.minibatch import minibatches
 from tq_stream.datasets.streaming import StreamingDataset
+from tq_stream.datasets.workers import check_start_method
 from tq_stream.errors import ConfigError, LeaseError, check_positive
 
 
@@ -46,7 +48,11 @@ class StreamingDataLoader:
     Args:
         dataset: the StreamingDataset to read.
         num_workers: DataLoader worker processes (needs a local or Ray stream).
-        multiprocessing_context: "fork", "spawn" or "forkserver" for workers.
+        multiprocessing_context: "fork", "spawn" or "forkserver" (or a multiprocessing
+            context) for workers; default: the global start method. ``spawn`` works but
+            makes each worker import torch and the main module again before its first
+            batch (a SpawnStartWarning says so): prefer "fork" or "forkserver".
+        pin_memory: copy batches into pinned memory (with CUDA only).
         prefetch_factor: batches each worker fetches ahead.
     """
 
@@ -64,9 +70,12 @@ class StreamingDataLoader:
             raise ConfigError(f"num_workers must be 0 with an embedded stream (its controller "
                               f"lives in this process), got {num_workers}; use "
                               f"tq.init(mode='local') for worker processes")
+        # pinning happens here, not in torch's pin thread, whose copy would drop the meta
+        self._pin = bool(pin_memory) and torch.cuda.is_available()
         self._kwargs: dict[str, Any] = {"batch_size": None, "num_workers": num_workers,
-                                        "collate_fn": _identity, "pin_memory": pin_memory}
+                                        "collate_fn": _identity}
         if num_workers:
+            check_start_method(multiprocessing_context)
             self._kwargs["multiprocessing_context"] = multiprocessing_context
             self._kwargs["prefetch_factor"] = prefetch_factor or 2
         self._client = dataset.stream.client()
@@ -108,10 +117,19 @@ class StreamingDataLoader:
                 batch = next(batches)
             except StopIteration:
                 return
+            if self._pin:
+                batch = copy_meta(batch, batch.pin_memory())
             self._unacked.append(batch)
             self._next_step = loader_step(batch) + 1
             self._rows[batch_meta(batch).partition] += len(batch_meta(batch))
             yield batch
+
+    def __len__(self) -> int:
+        """Batches per epoch: see ``StreamingDataset.__len__``."""
+        return len(self.dataset)
+
+    def __bool__(self) -> bool:
+        return True
 
     def ack(self, batch: TensorDict | None = None) -> None:
         """Ack ``batch`` (default: every batch yielded and not yet acked)."""
@@ -132,17 +150,14 @@ class StreamingDataLoader:
         for p in ds.partitions:
             self._client.set_version(p, ds.task, version)
 
-    def minibatches(self, batch: TensorDict, minibatch_size: int, epochs: int = 1,
-                    shuffle: bool = False, seed: int | None = None) -> Iterator[TensorDict]:
-        """Re-iterate one batch in mini-batches for several (PPO) epochs."""
-        check_positive("minibatch_size", minibatch_size)
-        check_positive("epochs", epochs)
-        n = batch.batch_size[0]
-        gen = torch.Generator().manual_seed(seed if seed is not None else 0)
-        for _ in range(epochs):
-            order = torch.randperm(n, generator=gen) if shuffle else torch.arange(n)
-            for start in range(0, n, minibatch_size):
-                yield select_rows(batch, order[start : start + minibatch_size])
+    def minibatches(self, batch: TensorDict, minibatch_size: int | None = None,
+                    epochs: int = 1, shuffle: bool = False, seed: int | None = None, *,
+                    num_minibatches: int | None = None,
+                    drop_last: bool = False) -> Iterator[TensorDict]:
+        """Re-iterate one batch in minibatches for several (PPO) epochs, the same number
+        on every rank (see ``tq_stream.datasets.minibatch.minibatches``)."""
+        return minibatches(batch, minibatch_size, epochs, shuffle, seed,
+                           num_minibatches=num_minibatches, drop_last=drop_last)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands (no side effects: nothing is acked). A loader

@@ -6,7 +6,8 @@
     │   └── KeyConflictError   duplicate keys in one put, or keys that do not exist
     ├── StateError             an operation not allowed in the current state
     │   ├── ClosedError        use after close(), or a write to a closed partition
-    │   └── LeaseError         ack/release of rows this consumer does not hold
+    │   ├── LeaseError         ack/release of rows this consumer does not hold
+    │   └── LengthUnknownError len() of an open stream (also a TypeError)
     ├── WaitTimeout            a bounded wait expired (also a TimeoutError)
     ├── SerializationError     a malformed, truncated or unsupported message
     │   └── CheckpointError    a checkpoint file that is missing, damaged or inconsistent
@@ -48,6 +49,10 @@ class ClosedError(StateError):
 
 class LeaseError(StateError):
     """An ack/release/renew of rows the caller does not hold."""
+
+
+class LengthUnknownError(StateError, TypeError):
+    """len() of a loader whose number of steps is not known yet (an open partition)."""
 
 
 class WaitTimeout(TQError, TimeoutError):

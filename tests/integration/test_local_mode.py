@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -32,6 +33,7 @@ from tq_fixtures import (
 from tq_workers import produce, values
 
 import tq_stream as tq
+from tq_stream.datasets.workers import SpawnStartWarning
 from tq_stream.deploy.local_read import SameHostUnit
 from tq_stream.deploy.proxies import RemoteUnit
 from tq_stream.errors import StateError
@@ -218,7 +220,9 @@ def test_dataloader_workers_deliver_every_row_once(local_stream, context):
     put(local_stream, part, keys)
     local_stream.close_partition(part)
     ds = tq.StreamingDataset(local_stream, part, "train", ["x"], batch_size=4, timeout=60)
-    loader = tq.StreamingDataLoader(ds, num_workers=2, multiprocessing_context=context)
+    with warnings.catch_warnings():  # spawn is flagged (SpawnStartWarning), and works
+        warnings.simplefilter("ignore", SpawnStartWarning)
+        loader = tq.StreamingDataLoader(ds, num_workers=2, multiprocessing_context=context)
     seen: list[str] = []
     for batch in loader:
         meta = tq.batch_meta(batch)

@@ -117,3 +117,31 @@ def test_units_on_two_nodes_save_and_restore_their_own_files(ray_cluster, tmp_pa
     assert len([n for n in os.listdir(path) if n.startswith("unit-")]) == 2
     with tq.init(mode="ray", storage_units=2, config=CONFIG, restore=path) as stream:
         assert torch.equal(stream.kv.get_batch(keys, ["x"], partition="p")["x"], x)
+
+
+def test_batch_conventions_and_length_in_ray_mode(ray_cluster):
+    # nested fields, fields-only batch keys with their meta, len() over the controller RPC
+    from tensordict import TensorDict
+
+    stream = tq.init(mode="ray", storage_units=2, config=tq.StreamConfig(timeout=60))
+    try:
+        n = 12
+        td = TensorDict({"obs": TensorDict({"image": torch.arange(n * 2.0).reshape(n, 2),
+                                            "state": torch.arange(n)}, [n])}, [n])
+        stream.writer("nested").put([f"k{i}" for i in range(n)], td)
+        ds = tq.StreamingDataset(stream, "nested", "t", ["obs.image", "obs.state"], 4)
+        loader = tq.StreamingDataLoader(ds)
+        with pytest.raises(TypeError, match="must be closed"):
+            len(loader)
+        stream.close_partition("nested")
+        assert len(loader) == 3
+        seen = []
+        for batch in loader:
+            assert list(batch.keys()) == ["obs"]
+            idx = batch["obs", "state"].tolist()
+            assert list(tq.batch_meta(batch).keys) == [f"k{i}" for i in idx]
+            assert torch.equal(batch["obs", "image"], td["obs", "image"][idx])
+            seen += idx
+        assert sorted(seen) == list(range(n))
+    finally:
+        stream.close()

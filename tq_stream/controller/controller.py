@@ -25,6 +25,7 @@ from tq_stream.columns import FieldSchema
 from tq_stream.controller.access import AccessLogic
 from tq_stream.controller.admission import AdmissionLogic
 from tq_stream.controller.consuming import ConsumingLogic
+from tq_stream.controller.counts import CountLogic
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.spares import SpareLogic, check_spare
 from tq_stream.controller.steps import StepLogic
@@ -60,7 +61,8 @@ def _no_free(unit: int, partition: str, slots: np.ndarray) -> None:
     pass
 
 
-class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLogic):
+class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLogic,
+                 CountLogic):
     """The metadata service of one deployment.
 
     Args:
@@ -74,7 +76,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         "register_task", "get_meta", "ack", "release", "renew", "clear", "lookup",
         "list_rows", "set_tags", "set_version", "stats", "partitions",
         "admit", "set_admission", "admission", "commit_new", "release_spares",
-        "first_unfinished", "cancel",
+        "first_unfinished", "cancel", "task_rows",
     })
     # Methods that never wait, so a server may run them on its IO thread: they hold the
     # lock only for short CPU work; reserve and admit raise WouldBlock instead of waiting.
@@ -85,6 +87,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         "create_partition", "close_partition", "partitions", "reserve", "commit", "release",
         "renew", "lookup", "set_tags", "set_version", "stats", "admit", "set_admission",
         "admission", "commit_new", "release_spares", "first_unfinished", "cancel",
+        "task_rows",
     })
 
     def __init__(self, n_units: int = 1, free: FreeFn = _no_free) -> None:

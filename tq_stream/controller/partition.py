@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from tq_stream import fieldpath
 from tq_stream.columns import FieldSchema, coercible
 from tq_stream.controller.tags import TagTable
 from tq_stream.errors import SchemaError
@@ -117,6 +118,9 @@ class PartitionMeta:
     def check_schemas(self, schemas: dict[str, FieldSchema], coerce: bool = False) -> None:
         """Raise SchemaError if a field's data disagrees with its fixed schema
         (``coerce``: unless it can be converted to it, see ``columns.coerce``)."""
+        fresh = [name for name in schemas if name not in self.schemas]
+        if fresh and any(fieldpath.SEP in name for name in (*fresh, *self.schemas)):
+            fieldpath.check_paths(fresh, self.schemas)  # "obs" vs "obs.image"
         for name, schema in schemas.items():
             fixed = self.schemas.get(name)
             if fixed is not None and fixed != schema and not (coerce and

@@ -30,6 +30,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from tq_stream.client import Client
 from tq_stream.config import DEFAULT_PREFETCH
 from tq_stream.datasets.batch import attach_meta, batch_meta, loader_step
+from tq_stream.datasets.length import epoch_end, known_steps
 from tq_stream.errors import (
     ConfigError,
     StateError,
@@ -73,6 +74,9 @@ class StreamingDataset(IterableDataset):
             (counted as discarded, reason "tail") instead of handing it out.
         ragged: "nested" (jagged nested tensors) or "padded" for ragged fields.
         prefetch: batches fetched ahead in the background (>= 1).
+        rows_per_epoch: declare an epoch of this many rows (all ranks together): an
+            iteration ends after ``len(dataset)`` steps (see ``datasets.length``);
+            without it ``len()`` works once the partitions are closed.
 
     Example:
         >>> ds = tq.StreamingDataset(stream, "train", "actor", ["input_ids"], batch_size=16,
@@ -88,7 +92,8 @@ class StreamingDataset(IterableDataset):
                  dp_size: int = 1, replicas: int = 1, replica: int = 0,
                  timeout: float | None = None,
                  lease_timeout: float | None = None, drop_last: bool = False,
-                 ragged: str = "nested", prefetch: int = DEFAULT_PREFETCH) -> None:
+                 ragged: str = "nested", prefetch: int = DEFAULT_PREFETCH,
+                 rows_per_epoch: int | None = None) -> None:
         super().__init__()
         self.stream = stream
         self._router = sampler if isinstance(sampler, PartitionSampler) else None
@@ -132,11 +137,24 @@ class StreamingDataset(IterableDataset):
             raise ConfigError(f"ragged must be 'nested' or 'padded', got {ragged!r}")
         self.ragged = ragged
         self.prefetch = check_positive("prefetch", prefetch)
+        self.rows_per_epoch = None if rows_per_epoch is None else \
+            check_positive("rows_per_epoch", rows_per_epoch)
         self.start_step = 0  # a multi-partition loader's resume step (its own numbering)
         self.auto_ack = True
         self.session: str | None = None  # set by a loader for its iteration (and workers)
         self.plan: tuple[int, frozenset[int]] | None = None  # (first step, steps to skip)
         self._registered = False
+
+    def __len__(self) -> int:
+        """Steps of an epoch (``rows_per_epoch``), or in all of closed partitions.
+
+        Raises:
+            LengthUnknownError: (a TypeError) if neither is known.
+        """
+        return known_steps(self)
+
+    def __bool__(self) -> bool:  # not len(): a dataset of an open stream is still truthy
+        return True
 
     def register(self) -> None:
         """Declare the task on the controller (done on first iteration)."""
@@ -165,8 +183,9 @@ class StreamingDataset(IterableDataset):
                              "processes (num_workers > 0); use tq.init(mode='local')")
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         step, skip = plan
+        end = epoch_end(self, step)  # None unless rows_per_epoch declares an epoch
         position = 0
-        while True:
+        while end is None or step < end:
             if step not in skip:
                 if position % workers == worker:
                     yield step
@@ -221,6 +240,7 @@ class StreamingDataset(IterableDataset):
                     return
                 if item is None:
                     return
+            self._offer(out, stop, _END)  # the declared epoch is over
         except BaseException as exc:  # travels to the consumer as a value
             self._offer(out, stop, _Failure(exc))
 
@@ -255,6 +275,7 @@ class StreamingDataset(IterableDataset):
         thread.start()
         single = get_worker_info() is None
         last = None
+        finished = False  # the prefetch thread ended on its own: no wait to cancel
         try:
             while True:
                 if self.auto_ack and last is not None:  # before waiting: the end of a
@@ -268,6 +289,7 @@ class StreamingDataset(IterableDataset):
                         f"{self.timeout}s (+5 s) from the prefetch thread") from None
                 room.release()
                 if item is _END:
+                    finished = True
                     return
                 if isinstance(item, _Failure):
                     raise item.exc
@@ -277,18 +299,22 @@ class StreamingDataset(IterableDataset):
                 yield item
         finally:
             stop.set()
-            self._stop(client, out, thread, last)
+            self._stop(client, out, thread, last, cancel=not finished)
 
     def _stop(self, client: Any, out: queue.Queue, thread: threading.Thread,
-              last: TensorDict | None) -> None:
+              last: TensorDict | None, cancel: bool = True) -> None:
         """End an iteration: ack its last batch (when iterated directly), cancel the
         prefetch thread's wait, hand back what it fetched ahead. Runs when a generator
         is closed or collected, so it reports failures (a closed stream, a dead
-        controller) in the log instead of raising them there."""
+        controller) in the log instead of raising them there. ``cancel=False`` when the
+        thread already ended: the session is shared with the other DataLoader workers,
+        whose waits must go on (one worker reaching the end of an epoch first must not
+        cut another's last step short)."""
         try:
             if self.auto_ack and last is not None:
                 client.ack(batch_meta(last))
-            client.cancel()
+            if cancel:
+                client.cancel()
             self._drain(out, client)
             # the thread ends within one get_data once cancelled; joining it means no
             # stale prefetch can claim a step a new iterator reads

@@ -148,6 +148,9 @@ class RemoteController:
     def stats(self) -> dict[str, Any]:
         return self._call("stats")
 
+    def task_rows(self, partition: str, task: str) -> dict[str, Any]:
+        return self._call("task_rows", partition=partition, task=task)
+
     # --- deployment
     def units(self) -> list[dict[str, Any]]:
         return self._call("units")

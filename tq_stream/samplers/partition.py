@@ -5,14 +5,18 @@ the step number, the seed and which partitions have ended, so every rank (and
 every DataLoader worker) maps step n to the same ``(partition, local step)``
 without talking to the others:
 
-- ``weights={"math": 0.7, "code": 0.3}``: data mixing; step n draws its
-  partition with probability proportional to the weights (a generator seeded
-  by ``(seed, n)``);
+- ``weights={"math": 3, "code": 1}``: data mixing; a smooth deterministic
+  interleave (``SmoothInterleave``: smooth weighted round-robin, bounded by
+  windows, seeded tie-breaks) so that every window of 20 steps holds each
+  partition within +-5% of its share (math 15 of 20 steps, code 5) and the
+  whole run within one step of it;
 - ``order=["val", "train"]``: priority; every step reads the first partition in
   the order that has not ended (drain "val", then "train").
 
 A partition ends when it is closed and drained (its end step is the same for
-every rank); the steps it would have taken are then drawn again among the rest.
+every rank); from there the interleave starts again among the rest (windows that
+straddle an end hold the old mix on one side and the new one on the other).
+Resuming needs only the seed (``state_dict``): the route is recomputed from step 0.
 Each partition is read by its own task (same name) with its own inner sampler.
 
 Example:
@@ -31,6 +35,7 @@ import numpy as np
 
 from tq_stream.errors import ConfigError, check_name, check_positive
 from tq_stream.samplers.base import Sampler, check_state_keys
+from tq_stream.samplers.interleave import SmoothInterleave
 
 
 class PartitionSampler:
@@ -41,7 +46,7 @@ class PartitionSampler:
         order: partitions in priority order.
         samplers: partition -> the Sampler forming that partition's steps
             (default: SequentialSampler).
-        seed: seeds the weighted draw.
+        seed: orders ties of the interleave.
     """
 
     STATE_KEYS = ("seed",)
@@ -76,19 +81,26 @@ class PartitionSampler:
             if not isinstance(s, Sampler):
                 raise ConfigError(f"samplers[{p!r}] must be a Sampler, got {s!r}")
         self.seed = check_positive("seed", seed, allow_zero=True)
+        self._ends: dict[str, int] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forget the computed route (it is recomputed from step 0)."""
         self._route: list[tuple[int, int]] = []  # step -> (partition index, local step)
         self._counts = [0] * len(self.partitions)
-        self._ends: dict[str, int] = {}
+        self._mix: SmoothInterleave | None = None
+        self._mix_alive: list[int] = []
 
     def sampler_for(self, partition: str) -> Sampler | None:
         return self.samplers.get(partition)
 
-    def _choose(self, step: int, alive: list[int]) -> int:
+    def _choose(self, alive: list[int]) -> int:
         if self.weights is None:
             return alive[0]
-        w = self.weights[alive]
-        u = np.random.default_rng([self.seed, step]).random()
-        return alive[int(np.searchsorted(np.cumsum(w) / w.sum(), u, side="right"))]
+        if self._mix is None or self._mix_alive != alive:  # (re)start among the alive
+            self._mix = SmoothInterleave(self.weights[alive].tolist(), self.seed)
+            self._mix_alive = alive
+        return alive[self._mix.next()]
 
     def route(self, step: int, ends: Mapping[str, int]) -> tuple[str, int] | None:
         """``(partition, local step)`` of loader step ``step``; None once all ended.
@@ -98,14 +110,13 @@ class PartitionSampler:
         """
         if dict(ends) != self._ends:
             self._ends = dict(ends)
-            self._route, self._counts = [], [0] * len(self.partitions)
+            self._reset()
         limit = [self._ends.get(p) for p in self.partitions]
         while len(self._route) <= step:
-            n = len(self._route)
             alive = [i for i, lim in enumerate(limit) if lim is None or self._counts[i] < lim]
             if not alive:
                 return None
-            i = self._choose(n, alive)
+            i = self._choose(alive)
             self._route.append((i, self._counts[i]))
             self._counts[i] += 1
         i, local = self._route[step]
@@ -117,4 +128,5 @@ class PartitionSampler:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_state_keys(self, state, self.STATE_KEYS)
         self.seed = check_positive("seed", state["seed"], allow_zero=True)
-        self._ends, self._route, self._counts = {}, [], [0] * len(self.partitions)
+        self._ends = {}
+        self._reset()

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from tq_stream.errors import ConfigError, check_name
+from tq_stream.samplers.balance import METHODS, Partition, karmarkar_karp, lpt
 from tq_stream.samplers.base import (
     Candidates,
     Sampler,
@@ -16,67 +16,12 @@ from tq_stream.samplers.base import (
     check_state_keys,
     numeric_tag,
 )
-from tq_stream.samplers.group import factorize
+from tq_stream.samplers.group import GroupSampler, factorize
 from tq_stream.samplers.sequential import SequentialSampler
 
-Partition = Callable[[np.ndarray, int], list[np.ndarray]]
+__all__ = ["SeqlenBalancedSampler", "karmarkar_karp", "lpt"]
+
 AUTO = "auto"
-
-
-def karmarkar_karp(costs: np.ndarray, k: int) -> list[np.ndarray]:
-    """Multiway largest differencing: split items into ``k`` parts of near-equal total cost.
-
-    Every item starts as a k-tuple of parts (itself in one, the rest empty); the two
-    tuples with the largest spread are merged repeatedly, pairing the heaviest part of
-    one with the lightest of the other. The final spread (max - min part cost) is at
-    most the largest item cost. With ``len(costs) >= k`` every part is non-empty (ties
-    are broken by item count, so empty parts always meet non-empty ones).
-
-    Returns:
-        ``k`` int64 arrays of item positions, each sorted.
-    """
-    heap: list[tuple[float, int, list[float], list[list[int]]]] = []
-    for i, c in enumerate(np.asarray(costs, dtype=np.float64).tolist()):
-        heap.append((-c, i, [c] + [0.0] * (k - 1), [[i]] + [[] for _ in range(k - 1)]))
-    heapq.heapify(heap)
-    tiebreak = len(heap)
-    while len(heap) > 1:
-        _, _, sums_a, parts_a = heapq.heappop(heap)
-        _, _, sums_b, parts_b = heapq.heappop(heap)
-        # Both tuples are kept sorted heaviest first; pair heaviest with lightest.
-        sums = [sums_a[j] + sums_b[k - 1 - j] for j in range(k)]
-        parts = [parts_a[j] + parts_b[k - 1 - j] for j in range(k)]
-        order = sorted(range(k), key=lambda j: (sums[j], len(parts[j])), reverse=True)
-        sums = [sums[j] for j in order]
-        parts = [parts[j] for j in order]
-        heapq.heappush(heap, (sums[-1] - sums[0], tiebreak, sums, parts))
-        tiebreak += 1
-    if not heap:
-        return [np.empty(0, dtype=np.int64) for _ in range(k)]
-    return [np.sort(np.asarray(p, dtype=np.int64)) for p in heap[0][3]]
-
-
-def lpt(costs: np.ndarray, k: int) -> list[np.ndarray]:
-    """Longest processing time first: each item, heaviest first, onto the lightest part.
-
-    The final spread is at most the largest item cost; with ``len(costs) >= k`` every
-    part is non-empty (ties go to the part with fewer items).
-
-    Returns:
-        ``k`` int64 arrays of item positions, each sorted.
-    """
-    costs = np.asarray(costs, dtype=np.float64)
-    heap = [(0.0, 0, r) for r in range(k)]
-    owner = np.empty(costs.shape[0], dtype=np.int64)
-    values = costs.tolist()
-    for i in np.argsort(-costs, kind="stable").tolist():
-        load, count, r = heap[0]
-        heapq.heapreplace(heap, (load + values[i], count + 1, r))
-        owner[i] = r
-    return [np.flatnonzero(owner == r) for r in range(k)]
-
-
-METHODS: dict[str, Partition] = {"kk": karmarkar_karp, "lpt": lpt}
 
 
 class SeqlenBalancedSampler(Sampler):
@@ -90,15 +35,26 @@ class SeqlenBalancedSampler(Sampler):
     Balancing units are rows, or whole groups when ``group_tag`` names a tag (rows with
     the same value stay on one rank, costed as their sum). ``group_tag="auto"`` uses the
     ``group_tag`` of the first sampler in the ``inner`` chain that has one (GroupSampler,
-    DynamicFilterSampler), else rows. Units are split by ``method``: ``"kk"``
-    (Karmarkar-Karp largest differencing), ``"lpt"`` (greedy), or a function
-    ``(costs, k) -> k arrays of unit positions``. Both built-ins bound the spread of
-    rank costs by the largest unit cost.
+    DynamicFilterSampler), else rows. Units are split by ``method``: ``"best"`` (the
+    default: Karmarkar-Karp and LPT both run and the split with the lighter heaviest
+    rank is kept), ``"kk"`` (Karmarkar-Karp largest differencing), ``"lpt"`` (greedy), or
+    a function ``(costs, k) -> k arrays of unit positions``. The built-ins bound the
+    spread of rank costs by the largest unit cost (without ``equal_rows``).
 
-    Every rank gets a non-empty share, but shares may differ in row count (a rank with
-    long rows gets fewer, another may get more than ``batch_size``). If the step has
-    fewer units than ranks, ``inner``'s split is kept. The step's rows are exactly the
-    ones ``inner`` chose; only their split over ranks changes.
+    ``equal_rows=True`` (the default): every rank gets the same number of rows, so every
+    rank runs the same number of minibatches and collectives (FSDP/DDP would hang
+    otherwise); costs are balanced within that constraint (every rank gets the same
+    number of units). Groups must then all have one size: a step whose groups differ in
+    size is a ConfigError, and so is an ``inner`` chain with ``GroupSampler(size_tag=...)``
+    (sizes vary by design), at construction. When a step's units do not split evenly
+    over the ranks (the short last step of a closed partition), the newest units are
+    left out of it (at most ``dp_size - 1`` units; at the end of the stream they are
+    discarded with reason ``"tail"``); a step with fewer units than ranks waits.
+    ``equal_rows=False``: row counts may differ between ranks (a rank with long rows gets
+    fewer); the trainer must then agree on its step count itself (e.g. all-reduce it).
+
+    Every rank gets a non-empty share. The step's rows are the ones ``inner`` chose
+    (minus the units left out for equal rows); only their split over ranks changes.
 
     Example:
         >>> sampler = SeqlenBalancedSampler(GroupSampler(group_size=8), cost_tag="seqlen")
@@ -109,8 +65,9 @@ class SeqlenBalancedSampler(Sampler):
         inner: Sampler | None = None,
         cost_tag: str = "seqlen",
         cost: Callable[[Mapping[str, np.ndarray]], np.ndarray] | None = None,
-        method: str | Partition = "kk",
+        method: str | Partition = "best",
         group_tag: str | None = AUTO,
+        equal_rows: bool = True,
     ) -> None:
         self.inner = SequentialSampler() if inner is None else inner
         self.cost_tag = check_name("cost_tag", cost_tag)
@@ -121,10 +78,20 @@ class SeqlenBalancedSampler(Sampler):
             raise ConfigError(
                 f"method must be one of {sorted(METHODS)} or a callable, got {method!r}"
             )
-        self.partition_fn: Partition = method if callable(method) else METHODS[method]
+        self.method = method
         self.group_tag = _find_group_tag(self.inner) if group_tag == AUTO else group_tag
         if self.group_tag is not None:
             check_name("group_tag", self.group_tag)
+        if not isinstance(equal_rows, bool):
+            raise ConfigError(f"equal_rows must be a bool, got {equal_rows!r}")
+        self.equal_rows = equal_rows
+        sized = _find_sized_groups(self.inner)
+        if equal_rows and sized is not None and sized.group_tag == self.group_tag:
+            raise ConfigError(
+                f"equal_rows=True needs groups of one size, but GroupSampler(size_tag="
+                f"{sized.size_tag!r}) makes groups of varying sizes; pass equal_rows=False "
+                f"and make the ranks agree on their step count (e.g. all-reduce it)"
+            )
 
     def required_tags(self) -> tuple[str, ...]:
         own = () if self.cost is not None else (self.cost_tag,)
@@ -145,25 +112,65 @@ class SeqlenBalancedSampler(Sampler):
         if not chosen.ready or dp == 1:
             return chosen
         rows = chosen.rows
-        costs = self._costs(candidates, rows)
         if self.group_tag is None:
             codes = np.arange(rows.shape[0])
         else:
             codes, _ = factorize(candidates.tag(self.group_tag, rows), self.group_tag)
+        if self.equal_rows:
+            rows, codes = self._even_units(rows, codes, dp)
+            if rows is None:
+                return Selection.wait(chosen.discard)
+        costs = self._costs(candidates, rows)
         unit_cost = np.bincount(codes, weights=costs)
         if unit_cost.shape[0] < dp:
             return chosen
-        parts = self.partition_fn(unit_cost, dp)
-        owner = np.full(unit_cost.shape[0], -1, dtype=np.int64)
-        for r, units in enumerate(parts):
-            owner[np.asarray(units, dtype=np.int64)] = r
-        if len(parts) != dp or (owner < 0).any() or min(len(p) for p in parts) == 0:
-            raise ConfigError(
-                f"method must split {unit_cost.shape[0]} units into {dp} non-empty parts "
-                f"covering every unit, got part sizes {[len(p) for p in parts]}"
-            )
+        owner = self._split(unit_cost, dp)
         row_owner = owner[codes]  # rows keep the inner order within a rank
         return Selection(tuple(rows[row_owner == r] for r in range(dp)), chosen.discard)
+
+    def _even_units(self, rows: np.ndarray, codes: np.ndarray,
+                    dp: int) -> tuple[np.ndarray | None, np.ndarray]:
+        """The step's first ``n_units // dp * dp`` units (codes number units by first
+        appearance, so the newest are left out); None if fewer units than ranks.
+
+        Raises:
+            ConfigError: if the units (groups) differ in row count.
+        """
+        sizes = np.bincount(codes)
+        if (sizes != sizes[0]).any():
+            raise ConfigError(
+                f"equal_rows=True needs groups (tag {self.group_tag!r}) of one size in a "
+                f"step, got sizes {sorted(set(sizes.tolist()))[:8]}; pass equal_rows=False "
+                f"and make the ranks agree on their step count (e.g. all-reduce it)"
+            )
+        keep = sizes.shape[0] // dp * dp
+        if keep == 0:
+            return None, codes
+        if keep == sizes.shape[0]:
+            return rows, codes
+        mask = codes < keep
+        return rows[mask], codes[mask]
+
+    def _split(self, unit_cost: np.ndarray, dp: int) -> np.ndarray:
+        """The rank of every unit."""
+        if callable(self.method):
+            parts = self.method(unit_cost, dp)
+        else:
+            parts = METHODS[self.method](unit_cost, dp, self.equal_rows)
+        n = unit_cost.shape[0]
+        owner = np.full(n, -1, dtype=np.int64)
+        for r, units in enumerate(parts):
+            owner[np.asarray(units, dtype=np.int64)] = r
+        sizes = [len(p) for p in parts]
+        even = not self.equal_rows or len(set(sizes)) == 1
+        if len(parts) != dp or (owner < 0).any() or min(sizes) == 0 or not even \
+                or sum(sizes) != n:
+            rule = "equal-sized " if self.equal_rows else ""
+            raise ConfigError(
+                f"method must split {n} units into {dp} non-empty {rule}parts covering "
+                f"every unit once, got part sizes {sizes}"
+            )
+        return owner
 
     def _costs(self, candidates: Candidates, rows: np.ndarray) -> np.ndarray:
         if self.cost is None:
@@ -215,6 +222,15 @@ class _LazyTags(Mapping[str, np.ndarray]):
 
     def __len__(self) -> int:
         return len(self._cache)
+
+
+def _find_sized_groups(sampler: Sampler) -> GroupSampler | None:
+    """The first GroupSampler with per-group sizes (``size_tag``) in the ``inner`` chain."""
+    while sampler is not None:
+        if isinstance(sampler, GroupSampler) and sampler.size_tag is not None:
+            return sampler
+        sampler = getattr(sampler, "inner", None)
+    return None
 
 
 def _find_group_tag(sampler: Sampler) -> str | None:
