@@ -10,6 +10,7 @@ Importing this package loads neither ray nor zmq.
 """
 
 from tq_stream import errors, samplers
+from tq_stream._version import __version__
 from tq_stream.client import Client
 from tq_stream.columns import FieldSchema, Ragged
 from tq_stream.config import StreamConfig
@@ -20,8 +21,6 @@ from tq_stream.kv import KV
 from tq_stream.meta import BatchMeta
 from tq_stream.stream import Stream
 from tq_stream.writer import Writer
-
-__version__ = "0.1.0"
 
 __all__ = [
     "KV",
