@@ -1,4 +1,4 @@
-"""The ``tq-stream`` command: ``demo`` and ``bench``."""
+"""The ``tq-stream`` command: ``demo``, ``status`` and ``bench``."""
 
 from __future__ import annotations
 
@@ -18,6 +18,13 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the embedded streaming demo")
     demo.add_argument("--prompts", type=int, default=512)
     demo.add_argument("--group-size", type=int, default=8)
+    status = sub.add_parser("status", help="show what a running deployment is doing")
+    status.add_argument("address", help="the controller's address (stream.address)")
+    status.add_argument("--watch", action="store_true", help="redraw in place until Ctrl-C")
+    status.add_argument("--once", action="store_true",
+                        help="print the tables once and exit (the default)")
+    status.add_argument("--interval", type=float, default=2.0,
+                        help="seconds between redraws with --watch")
     bench = sub.add_parser("bench", help="run the benchmarks side by side (from a checkout)")
     bench.add_argument("--quick", action="store_true", help="small shapes, seconds, no peers")
     bench.add_argument("--systems", default="", help="comma-separated subset of systems")
@@ -57,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         summary = run(DemoConfig(prompts=args.prompts, group_size=args.group_size))
         ok = summary["duplicates"] == 0 and summary["missing"] == 0
         return 0 if ok else 1
+    if args.command == "status":
+        from tq_stream.status import main as status_main
+
+        return status_main(args.address, watch=args.watch and not args.once,
+                           interval=args.interval)
     try:
         harness = bench_harness()
     except ImportError as exc:

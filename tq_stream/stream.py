@@ -16,6 +16,7 @@ from tq_stream.client import Client
 from tq_stream.config import StreamConfig
 from tq_stream.errors import ClosedError, StateError
 from tq_stream.kv import KV
+from tq_stream.stats import DeploymentStats, PartitionStats, ProcessInfo
 from tq_stream.writer import Writer
 
 
@@ -34,6 +35,7 @@ class Stream:
         self.mode = mode
         self._owner = owner
         self._closed = False
+        self._metrics: Any = None  # the MetricsServer of tq.init(metrics_port=...)
         self.kv = KV(self)
 
     # -- wiring used by the client layers
@@ -100,9 +102,37 @@ class Stream:
         self._controller().set_admission(partition=partition, task=task,
                                          steps_per_version=steps_per_version)
 
-    def stats(self) -> dict[str, Any]:
-        """Rows, fields, and per-task counters (handed out, acked, discarded by reason)."""
+    def stats(self) -> dict[str, PartitionStats]:
+        """Per partition: rows, fields, writer waits, and per task its counters (handed
+        out, acked, discarded by reason), rates, the oldest ready row's age and timing
+        histograms. Every key is documented in ``tq_stream.stats``."""
         return self._controller().stats()
+
+    def deployment_stats(self, timeout: float = 2.0) -> DeploymentStats:
+        """The servers of the deployment: the controller's process and RPC counts, and
+        per storage unit whether it answered (within ``timeout`` seconds), the bytes it
+        holds per partition and field, and its RPC counts. Read-only."""
+        from tq_stream.deploy.observe import deployment_stats
+
+        return deployment_stats(self, timeout)
+
+    def processes(self) -> list[ProcessInfo]:
+        """The processes of the deployment (controller first, then the units in order):
+        pid, host, address and socket folder of each. Read-only.
+
+        Example:
+            >>> [(p.role, p.index) for p in stream.processes()]
+            [('controller', 0), ('unit', 0), ('unit', 1)]
+        """
+        from tq_stream.deploy.observe import processes
+
+        return processes(self)
+
+    @property
+    def metrics_endpoint(self) -> str | None:
+        """``"host:port"`` of the Prometheus endpoint this handle serves
+        (``tq.init(..., metrics_port=N)``), or None."""
+        return None if self._metrics is None else self._metrics.endpoint
 
     def save(self, path: str) -> None:
         """Checkpoint metadata and stored rows to ``path`` (atomic; no pickle)."""
@@ -115,6 +145,8 @@ class Stream:
         if self._closed:
             return
         self._closed = True
+        if self._metrics is not None:
+            self._metrics.close()
         if self._owner is not None:
             self._owner.close()
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -70,6 +71,11 @@ class StorageUnit(ABC):
     @abstractmethod
     def nbytes(self) -> int:
         """Bytes currently held for row data (allocated capacity)."""
+
+    def stats(self) -> dict[str, Any]:
+        """What this unit holds: ``{"nbytes": int, "partitions": {partition: {"rows": int,
+        "fields": {field: bytes}}}}`` (a backend without a breakdown reports none)."""
+        return {"nbytes": self.nbytes(), "partitions": {}}
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release every resource; idempotent."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -158,6 +159,14 @@ class MemoryUnit(StorageUnit):
     def nbytes(self) -> int:
         with self._lock:
             return sum(s.nbytes() for p in self._parts.values() for s in p.fields.values())
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            parts = {name: {"rows": int(p.live.sum()),
+                            "fields": {f: s.nbytes() for f, s in p.fields.items()}}
+                     for name, p in self._parts.items()}
+        nbytes = sum(sum(p["fields"].values()) for p in parts.values())
+        return {"nbytes": nbytes, "partitions": parts}
 
     def close(self) -> None:
         with self._lock:

@@ -27,6 +27,7 @@ from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.spares import SpareLogic, check_spare
 from tq_stream.controller.steps import StepLogic
 from tq_stream.controller.task import TaskConfig, TaskState
+from tq_stream.controller.timings import Timings
 from tq_stream.errors import (
     ClosedError,
     ConfigError,
@@ -82,6 +83,7 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic):
         self._tasks: dict[str, dict[str, TaskState]] = {}
         self._rr = 0
         self._closed = False
+        self._timings = Timings()  # metrics: waits, hand-out latency, rates
 
     # ------------------------------------------------------------ partitions
     def _part(self, partition: str, create: bool = False) -> PartitionMeta:
@@ -180,7 +182,7 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic):
                         f"partition {partition!r} stayed full ({part.live}/{cap} rows) for "
                         f"timeout={timeout}s; consumers must ack rows to free capacity"
                     )
-                self._cond.wait(left)
+                self._timings.wait(self._cond, left, deadline - timeout, "capacity", partition, f"{part.live}/{cap} rows held")  # noqa: E501
                 self._check_open()
             if n_new:
                 new_keys = [k for k, m in zip(keys, new.tolist(), strict=True) if m]
@@ -379,6 +381,7 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic):
             while True:
                 meta = self._try_step(part, state, step, dp_rank)
                 if meta is not None:
+                    self._timings.waited(partition, task, deadline - timeout)
                     return meta
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -387,7 +390,7 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic):
                         f"on partition {partition!r}: {state.queue.count} rows ready, "
                         f"{state.config.batch_size * state.config.dp_size} needed per step"
                     )
-                self._cond.wait(min(left, self._next_expiry(state)))
+                self._timings.wait(self._cond, min(left, self._next_expiry(state)), deadline - timeout, "get_meta", partition, f"task {task!r} step {step}: {state.queue.count} rows ready, {state.config.batch_size * state.config.dp_size} needed")  # noqa: E501
                 self._check_open()
 
     def ack(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tq_stream.controller import events
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task import ACKED, LEASED, NEW, StepRecord, TaskState
 from tq_stream.errors import LeaseError, StateError
@@ -54,6 +55,7 @@ class StepLogic:
         freed: list = []
         for reason, rows in sel.discard.items():
             done = state.discard(str(reason), np.asarray(rows, dtype=np.int64))
+            events.discarded(part.name, state.name, str(reason), len(done))
             n += len(done)
             freed += self._finish_rows(part, done)
         self._free_slots(part.name, freed)  # type: ignore[attr-defined]
@@ -99,6 +101,7 @@ class StepLogic:
                 self._apply_discards(part, state, sel)
                 state.lease(step, [np.asarray(s, dtype=np.int64) for s in sel.shares],
                             time.time())
+                self._timings.handed_out(part.name, state.name, part.write_time[sel.rows], time.time())  # type: ignore[attr-defined]  # noqa: E501
                 state.next_step += 1
                 return True
             if not self._apply_discards(part, state, sel):
@@ -112,6 +115,7 @@ class StepLogic:
                 self._check_selection(state, sel, cfg.dp_size)
                 self._apply_discards(part, state, sel)
                 state.lease(step, list(sel.shares), time.time())
+                self._timings.handed_out(part.name, state.name, part.write_time[sel.rows], time.time())  # type: ignore[attr-defined]  # noqa: E501
                 state.next_step += 1
                 return True
             self._apply_discards(part, state, sel)
@@ -139,6 +143,7 @@ class StepLogic:
         state.queue.remove(share)
         state.state[share] = LEASED
         state.handed_out += len(share)
+        self._timings.handed_out(part.name, state.name, part.write_time[share], time.time())  # type: ignore[attr-defined]  # noqa: E501
         rec.shares[dp_rank] = share
         rec.expiry = time.time() + state.config.lease_timeout
         self._cond.notify_all()  # type: ignore[attr-defined]  # a hole closed: steps may form
@@ -147,7 +152,7 @@ class StepLogic:
     def _try_step(self, part: PartitionMeta, state: TaskState, step: int,
                   dp_rank: int) -> dict[str, Any] | None:
         now = time.time()
-        state.expire(now)
+        events.expired(part.name, state.name, state.expire(now))
         while step >= state.next_step and not state.ended:
             if not self._select(part, state):
                 return None

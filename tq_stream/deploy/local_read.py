@@ -280,5 +280,8 @@ class SameHostUnit(StorageUnit):
     def ping(self) -> dict[str, Any]:
         return self._remote.ping()
 
+    def stats(self, timeout: float | None = None) -> dict[str, Any]:
+        return self._remote.stats(timeout)
+
     def close(self) -> None:
         self._remote.close()

@@ -159,6 +159,9 @@ class RemoteController:
     def ping(self) -> dict[str, Any]:
         return self._call("ping")
 
+    def server_stats(self, timeout: float | None = None) -> dict[str, Any]:
+        return self._call("server_stats", timeout)
+
     def state_dict(self) -> dict[str, Any]:
         return self._call("state_dict")
 
@@ -206,6 +209,9 @@ class RemoteUnit(StorageUnit):
 
     def ping(self) -> dict[str, Any]:
         return self._rpc.call("ping", {}, timeout=self._timeout)
+
+    def stats(self, timeout: float | None = None) -> dict[str, Any]:
+        return self._rpc.call("stats", {}, timeout=timeout or self._timeout)
 
     def close(self) -> None:
         self._rpc.close()

@@ -22,7 +22,7 @@ from tq_stream.controller import Controller
 from tq_stream.controller.task import LEASED, NEW
 from tq_stream.errors import ConfigError, StateError, check_positive
 from tq_stream.samplers.spec import from_spec
-from tq_stream.transport.dispatch import WouldBlock, may_block
+from tq_stream.transport.dispatch import WouldBlock, may_block, rpc_stats
 
 
 def host_id() -> str:
@@ -74,7 +74,7 @@ class UnitService:
     are checked to be 1-D int arrays (slots in ``[0, MAX_SLOT)``) before they reach it."""
 
     RPC_METHODS = frozenset({"put", "get", "free", "drop", "nbytes", "ping", "layout",
-                             "prepare_write", "finish_write"})
+                             "prepare_write", "finish_write", "stats"})
     # The unit's lock guards only copies, so every method may run on the server's IO
     # thread; large transfers go to worker threads (``INLINE_BYTES``/``INLINE_ROWS``), so
     # a bulk copy never delays small requests and several copies run in parallel.
@@ -117,6 +117,10 @@ class UnitService:
     def ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": host_id(), "nbytes": self.unit.nbytes()}
 
+    def stats(self) -> dict[str, Any]:
+        """The unit's ``stats()`` plus its process id and the RPC calls it served."""
+        return {**self.unit.stats(), "pid": os.getpid(), "rpc": rpc_stats()}
+
     def prepare_write(self, partition: str, slots: Any, generations: Any,
                       fields: dict[str, Any]) -> dict[str, Any]:
         """Start a same-host direct write (see ``tq_stream.backends.direct``)."""
@@ -148,8 +152,9 @@ class ControllerService(Controller):
     """
 
     RPC_METHODS = Controller.RPC_METHODS | frozenset({
-        "attach_units", "units", "ping", "state_dict", "load_state_dict", "drop_unit"})
-    RPC_INLINE = Controller.RPC_INLINE | frozenset({"ping"})
+        "attach_units", "units", "ping", "state_dict", "load_state_dict", "drop_unit",
+        "server_stats"})
+    RPC_INLINE = Controller.RPC_INLINE | frozenset({"ping", "server_stats"})
 
     def __init__(self, n_units: int, sampler_modules: Sequence[str] = (),
                  unit_client: Any = None) -> None:
@@ -224,6 +229,10 @@ class ControllerService(Controller):
     def ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": host_id(), "units": len(self._unit_addresses),
                 "local": self.local_address}
+
+    def server_stats(self) -> dict[str, Any]:
+        """The controller process: its pid and the RPC calls it served."""
+        return {"pid": os.getpid(), "rpc": rpc_stats()}
 
     def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
                       dp_size: int = 1, replicas: int = 1, lease_timeout: float = 300.0,
