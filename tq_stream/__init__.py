@@ -9,6 +9,8 @@
 Importing this package loads neither ray nor zmq.
 """
 
+import logging as _logging
+
 from tq_stream import errors, samplers
 from tq_stream._version import __version__
 from tq_stream.client import Client
@@ -41,3 +43,7 @@ __all__ = [
     "samplers",
     "select_rows",
 ]
+
+# A library adds no handler of its own: its records go wherever the application's
+# logging sends them (nowhere, and no "no handler" notice, until it configures some).
+_logging.getLogger(__name__).addHandler(_logging.NullHandler())

@@ -10,6 +10,8 @@ handle is not, since its controller lives only in this process.
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from tq_stream.client import Client
@@ -18,6 +20,8 @@ from tq_stream.errors import ClosedError, StateError
 from tq_stream.kv import KV
 from tq_stream.stats import DeploymentStats, PartitionStats, ProcessInfo
 from tq_stream.writer import Writer
+
+logger = logging.getLogger(__name__)
 
 
 class Stream:
@@ -148,7 +152,12 @@ class Stream:
         if self._metrics is not None:
             self._metrics.close()
         if self._owner is not None:
+            started = time.monotonic()
             self._owner.close()
+            if self.mode != "remote":  # the owner's handle: the deployment stopped
+                logger.info("stopped the deployment (%s mode%s) in %.2f s", self.mode,
+                            f" at {self.address}" if self.address else "",
+                            time.monotonic() - started)
 
     def __enter__(self) -> Stream:
         return self

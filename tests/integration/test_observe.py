@@ -152,3 +152,25 @@ def test_status_once_shows_a_live_local_deployment(local_stream: tq.Stream) -> N
     assert len(units) == 2 and all("up" in line for line in units)
     assert before == {**after, "at": before["at"], "oldest_ready_age": before[
         "oldest_ready_age"], "rates": before["rates"]}, "status must not change the stream"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_remote_consumer_waiting_long_warns_what_it_waits_for(
+        local_stream: tq.Stream, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """In local mode a wait is many short server-side calls: the client warns."""
+    import logging
+
+    from tq_stream.deploy import proxies
+    from tq_stream.errors import WaitTimeout
+
+    monkeypatch.setattr(proxies, "SLOW_WAIT", 0.5)
+    local_stream.writer("slow").put(["a"], {"x": torch.ones(1, 2)})
+    client = local_stream.client()
+    client.register_task("slow", "t", ["x"], batch_size=3)
+    with caplog.at_level(logging.WARNING, logger="tq_stream"), pytest.raises(WaitTimeout):
+        client.get_meta("slow", "t", step=0, timeout=3.0)
+    (msg,) = [r.getMessage() for r in caplog.records if r.name.startswith("tq_stream")]
+    assert msg.startswith("get_meta on partition 'slow' has waited")
+    assert "1 rows ready, 3 needed per step" in msg

@@ -85,7 +85,7 @@ class Timings:
         if reason != "get_meta":
             self.blocked[partition][reason] += after - before
         if before < warn_at <= after:
-            logger.warning("%s on partition %r has waited %.0f s (%s)", _WHO[reason],
+            logger.warning("%s on partition %r has waited %.1f s (%s)", _WHO[reason],
                            partition, after - since, what or reason)
 
     # -- reading

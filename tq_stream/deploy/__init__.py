@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from tq_stream.config import StreamConfig, check_units
@@ -9,6 +11,7 @@ from tq_stream.errors import ConfigError
 from tq_stream.stream import Stream
 
 MODES = ("embedded", "local", "ray")
+logger = logging.getLogger(__name__)
 
 
 def init(mode: str = "embedded", storage_units: int = 1, restore: str | None = None,
@@ -32,7 +35,11 @@ def init(mode: str = "embedded", storage_units: int = 1, restore: str | None = N
 
         require_prometheus()  # fail before starting anything
         check_port(metrics_port)
+    started = time.monotonic()
     stream = _start(mode, storage_units, restore, config or StreamConfig(), options)
+    logger.info("started a deployment (%s mode, %d storage units%s) in %.2f s", mode,
+                storage_units, f" at {stream.address}" if stream.address else "",
+                time.monotonic() - started)
     if metrics_port is not None:
         from tq_stream.metrics import serve
 

@@ -8,6 +8,7 @@ long and a dead controller is noticed within one slice.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -16,9 +17,11 @@ import numpy as np
 
 from tq_stream.backends.base import StorageUnit
 from tq_stream.columns import Column
+from tq_stream.controller.timings import SLOW_WAIT
 from tq_stream.errors import WaitTimeout
 from tq_stream.samplers.spec import to_spec
 
+logger = logging.getLogger(__name__)
 POLL_SLICE = 2.0  # seconds one server-side wait may take
 MARGIN = 5.0  # extra seconds a reply may take beyond the server-side wait (at most
 # the configured call timeout)
@@ -35,8 +38,10 @@ class RemoteController:
         return self._rpc.call(method, args, timeout=timeout or self._timeout)
 
     def _long_poll(self, method: str, timeout: float, **args: Any) -> Any:
-        deadline = time.monotonic() + timeout
+        begun = time.monotonic()
+        deadline = begun + timeout
         margin = min(MARGIN, max(1.0, self._timeout))  # a short timeout: notice death soon
+        warned = False
         while True:
             wait = max(0.05, min(POLL_SLICE, deadline - time.monotonic()))
             started = time.monotonic()
@@ -45,6 +50,10 @@ class RemoteController:
             except WaitTimeout as exc:
                 if time.monotonic() - started >= wait + margin / 2:
                     raise  # the transport timed out: the peer is gone (names the address)
+                if not warned and time.monotonic() - begun >= SLOW_WAIT:
+                    warned = True  # once per call: what it waits for is in the slice's error
+                    logger.warning("%s on partition %r has waited %.0f s: %s", method,
+                                   args.get("partition"), time.monotonic() - begun, exc)
                 if time.monotonic() >= deadline:
                     raise WaitTimeout(str(exc).replace(f"timeout={wait}s",
                                                        f"timeout={timeout}s")) from None

@@ -7,6 +7,7 @@ all carried by ``tq_stream.serialization`` without pickle.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -35,6 +36,7 @@ def host_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
+logger = logging.getLogger(__name__)
 UNIT_LOST = "unit_lost"  # discard reason of rows whose storage unit died
 MAX_SLOT = 2**31  # slots are dense from 0 per unit; a larger one is a malformed request
 
@@ -219,6 +221,8 @@ class ControllerService(Controller):
                     part.give_slots(u, slots)
                 dropped[name] = len(rows)
             self._cond.notify_all()
+        logger.warning("storage unit %d went down and was replaced by an empty one; rows "
+                       "lost per partition (discarded as %r): %s", unit, UNIT_LOST, dropped)
         return dropped
 
     def units(self) -> list[dict[str, Any]]:
