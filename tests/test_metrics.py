@@ -101,3 +101,27 @@ def test_metrics_without_the_extra_name_it(monkeypatch: pytest.MonkeyPatch) -> N
 def test_importing_tq_stream_imports_no_prometheus_client() -> None:
     code = "import sys, tq_stream; sys.exit('prometheus_client' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_the_grafana_dashboard_plots_only_exported_metrics() -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    dash = json.loads((Path(__file__).parent.parent / "docs/grafana/tq_stream.json")
+                      .read_text())
+    used = {m for p in dash["panels"] for t in p["targets"]
+            for m in re.findall(r"tq_stream_\w+", t["expr"])}
+    stream = tq.init(metrics_port=0)
+    try:
+        stream.writer("p").put(["a"], {"x": torch.ones(1, 2)})
+        stream.client().register_task("p", "t", ["x"], batch_size=1)
+        text = urllib.request.urlopen(f"http://{stream.metrics_endpoint}/metrics",
+                                      timeout=10).read().decode()
+    finally:
+        stream.close()
+    exported = set()
+    for fam in text_string_to_metric_families(text):
+        suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
+        exported |= {fam.name + s for s in suffixes.get(fam.type, [""])}
+    assert used and used <= exported, sorted(used - exported)
