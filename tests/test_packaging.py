@@ -52,3 +52,12 @@ def test_wheel_installs_no_top_level_benchmarks(tmp_path: Path) -> None:
     assert f"tq_stream-{__version__}.dist-info/licenses/LICENSE" in names
     meta = zipfile.ZipFile(wheel).read(f"tq_stream-{__version__}.dist-info/METADATA").decode()
     assert "License-Expression: Apache-2.0" in meta
+
+
+def test_both_controllers_provide_what_the_client_layers_call() -> None:
+    from tq_stream.controller import Controller
+    from tq_stream.deploy.proxies import RemoteController
+    from tq_stream.protocols import ControllerAPI
+
+    assert isinstance(Controller(), ControllerAPI)
+    assert isinstance(RemoteController(rpc=None, timeout=1.0), ControllerAPI)

@@ -74,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(exc, file=sys.stderr)
         return 2
-    return harness.main(quick=args.quick, systems=args.systems, out=args.out,
-                        workloads=args.workloads)
+    code: int = harness.main(quick=args.quick, systems=args.systems, out=args.out,
+                             workloads=args.workloads)
+    return code
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from tq_stream.backends.base import occupancy
 from tq_stream.convert import to_columns, to_tensordict
 from tq_stream.errors import ConfigError, check_name
 from tq_stream.meta import BatchMeta
+from tq_stream.protocols import ControllerAPI
 from tq_stream.samplers.base import Sampler
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ class Client:
         self._stream = stream
 
     @property
-    def _controller(self) -> Any:
+    def _controller(self) -> ControllerAPI:
         return self._stream._controller()
 
     def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
@@ -99,8 +100,8 @@ class Client:
             return self._controller.clear(partition=target.partition, keys=list(target.keys))
         if isinstance(target, str):
             target = [target]
-        check_name("partition", partition)
-        return self._controller.clear(partition=partition, keys=list(target))
+        return self._controller.clear(partition=check_name("partition", partition),
+                                      keys=list(target))
 
     def set_version(self, partition: str, task: str, version: int) -> None:
         self._controller.set_version(partition=partition, task=task, version=version)

@@ -47,7 +47,7 @@ def partition_table(stats: dict[str, PartitionStats]) -> Table:
     for col in ("partition", "rows", "capacity", "created", "state", "blocked s"):
         table.add_column(col, justify="left" if col in ("partition", "state") else "right")
     for name, p in sorted(stats.items()):
-        blocked = sum(p["blocked_seconds"].values())
+        blocked = p["blocked_seconds"]["capacity"] + p["blocked_seconds"]["admission"]
         table.add_row(name, str(p["rows"]), "-" if p["capacity"] is None else str(p["capacity"]),
                       str(p["rows_created"]), "closed" if p["closed"] else "open",
                       f"{blocked:.1f}")
@@ -75,7 +75,7 @@ def render(stream: Any) -> Group:
     """The status of ``stream``'s deployment as rich renderables (read-only calls)."""
     stats = stream.stats()
     servers = stream.deployment_stats()
-    down = sum(not u["up"] for u in servers["units"])
+    down = len([u for u in servers["units"] if not u["up"]])
     head = Text.assemble(
         ("tq_stream ", "bold"), f"{stream.address or 'embedded'}  ",
         f"controller pid {servers['controller']['pid']}  ",

@@ -14,10 +14,12 @@ import logging
 import time
 from typing import Any
 
+from tq_stream.backends.base import StorageUnit
 from tq_stream.client import Client
 from tq_stream.config import StreamConfig
 from tq_stream.errors import ClosedError, StateError
 from tq_stream.kv import KV
+from tq_stream.protocols import ControllerAPI
 from tq_stream.stats import DeploymentStats, PartitionStats, ProcessInfo
 from tq_stream.writer import Writer
 
@@ -43,15 +45,17 @@ class Stream:
         self.kv = KV(self)
 
     # -- wiring used by the client layers
-    def _controller(self) -> Any:
+    def _controller(self) -> ControllerAPI:
         if self._closed:
             raise ClosedError("stream is closed")
-        return self._backend.controller()
+        ctrl: ControllerAPI = self._backend.controller()
+        return ctrl
 
-    def _units(self) -> list[Any]:
+    def _units(self) -> list[StorageUnit]:
         if self._closed:
             raise ClosedError("stream is closed")
-        return self._backend.units()
+        units: list[StorageUnit] = self._backend.units()
+        return units
 
     def _spares(self, partition: str, unit: int) -> Any:
         """This process's SparePool for puts to ``partition`` (None: puts use reserve)."""

@@ -8,6 +8,7 @@ a batch together with its meta (jagged fields included).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from tensordict import NonTensorStack, TensorDict
@@ -44,7 +45,7 @@ def batch_meta(batch: TensorDict) -> BatchMeta:
     return meta
 
 
-def _take(value: object, pos: torch.Tensor) -> object:
+def _take(value: Any, pos: torch.Tensor) -> Any:
     if isinstance(value, torch.Tensor):
         if value.is_nested:
             rows = value.unbind()

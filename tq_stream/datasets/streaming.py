@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tensordict import TensorDict
 from torch.utils.data import IterableDataset, get_worker_info
@@ -35,6 +35,9 @@ from tq_stream.meta import BatchMeta
 from tq_stream.samplers.base import Sampler
 from tq_stream.samplers.partition import PartitionSampler
 
+if TYPE_CHECKING:
+    from tq_stream.client import Client
+
 _END = object()
 
 
@@ -45,7 +48,7 @@ class _Failure:
         self.exc = exc
 
 
-class StreamingDataset(IterableDataset):
+class StreamingDataset(IterableDataset[TensorDict]):
     """Per-rank batches of ready rows (see module docstring).
 
     Args:
@@ -139,7 +142,7 @@ class StreamingDataset(IterableDataset):
             yield step
             step += workers
 
-    def _wait_meta(self, client: Any, partition: str, step: int,
+    def _wait_meta(self, client: Client, partition: str, step: int,
                    stop: threading.Event) -> BatchMeta | None:
         """get_meta for ``step``, waiting at most ``timeout`` in all, in slices of at most
         ``STOP_CHECK`` seconds so a stopped iterator's thread ends promptly (None then)."""
@@ -155,7 +158,7 @@ class StreamingDataset(IterableDataset):
                                       f"timeout={self.timeout}s in all)") from None
         return None
 
-    def _fetch(self, client: Any, step: int, stop: threading.Event) -> TensorDict | None:
+    def _fetch(self, client: Client, step: int, stop: threading.Event) -> TensorDict | None:
         if self._router is None:
             meta = self._wait_meta(client, self.partitions[0], step, stop)
         else:
@@ -165,7 +168,7 @@ class StreamingDataset(IterableDataset):
         td = client.get_data(meta, self.fields, ragged=self.ragged)
         return attach_meta(td, meta, step)
 
-    def _routed_meta(self, client: Any, step: int, stop: threading.Event) -> BatchMeta | None:
+    def _routed_meta(self, client: Client, step: int, stop: threading.Event) -> BatchMeta | None:
         """The meta of loader ``step`` of a multi-partition loader (None at its end)."""
         assert self._router is not None
         while True:
@@ -177,7 +180,7 @@ class StreamingDataset(IterableDataset):
                 return meta
             self._ends[route[0]] = meta.step  # ended there for every rank: route again
 
-    def _producer(self, out: queue.Queue, stop: threading.Event,
+    def _producer(self, out: queue.Queue[Any], stop: threading.Event,
                   room: threading.Semaphore) -> None:
         client = self.stream.client()
         try:
@@ -198,7 +201,7 @@ class StreamingDataset(IterableDataset):
             self._offer(out, stop, _Failure(exc))
 
     @staticmethod
-    def _offer(out: queue.Queue, stop: threading.Event, item: object) -> bool:
+    def _offer(out: queue.Queue[Any], stop: threading.Event, item: object) -> bool:
         while not stop.is_set():
             try:
                 out.put(item, timeout=0.1)
@@ -207,7 +210,7 @@ class StreamingDataset(IterableDataset):
                 continue
         return False
 
-    def _drain(self, out: queue.Queue, client: Any) -> None:
+    def _drain(self, out: queue.Queue[Any], client: Client) -> None:
         while True:
             try:
                 item = out.get_nowait()
@@ -218,7 +221,7 @@ class StreamingDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[TensorDict]:
         self.register()
-        out: queue.Queue = queue.Queue(maxsize=self.prefetch + 1)
+        out: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch + 1)
         stop = threading.Event()
         room = threading.Semaphore(self.prefetch)
         thread = threading.Thread(target=self._producer, args=(out, stop, room), daemon=True,

@@ -51,7 +51,8 @@ PT = ["partition", "task"]
 
 def _hist_buckets(h: HistogramStats) -> list[tuple[str, float]]:
     """Cumulative ``(le, count)`` pairs of a ``HistogramStats``, ending with +Inf."""
-    out, total = [], 0
+    out: list[tuple[str, float]] = []
+    total = 0
     for bound, n in zip([*h["buckets"], float("inf")], h["counts"], strict=True):
         total += n
         out.append(("+Inf" if bound == float("inf") else repr(float(bound)), float(total)))
@@ -96,8 +97,9 @@ def _partition_metrics(stats: dict[str, PartitionStats]) -> Iterator[Metric]:
         if p["capacity"] is not None:
             cap.add_metric([name], p["capacity"])
         created.add_metric([name], p["rows_created"])
-        for reason, seconds in p["blocked_seconds"].items():
-            blocked.add_metric([name, reason], seconds)  # type: ignore[arg-type]
+        waits = p["blocked_seconds"]
+        blocked.add_metric([name, "capacity"], waits["capacity"])
+        blocked.add_metric([name, "admission"], waits["admission"])
     yield from (rows, cap, created, blocked)
 
 
@@ -122,15 +124,16 @@ def _task_metrics(stats: dict[str, PartitionStats]) -> Iterator[Metric]:
     for pname, p in stats.items():
         for tname, t in p["tasks"].items():
             labels = [pname, tname]
-            for key, fam in gauges.items():
-                fam.add_metric(labels, float(t[key]))  # type: ignore[literal-required]
-            for key, fam in counters.items():
-                fam.add_metric(labels, float(t.get(key, 0)))  # type: ignore[misc]
+            row: dict[str, Any] = dict(t)
+            for key, gauge in gauges.items():
+                gauge.add_metric(labels, float(row[key]))
+            for key, counter in counters.items():
+                counter.add_metric(labels, float(row.get(key, 0)))
             for reason, n in t["discarded"].items():
                 discarded.add_metric([*labels, reason], n)
-            for key, fam in hists.items():
-                h: HistogramStats = t[key]  # type: ignore[literal-required]
-                fam.add_metric(labels, _hist_buckets(h), h["sum"])
+            for key, hist in hists.items():
+                h: HistogramStats = row[key]
+                hist.add_metric(labels, _hist_buckets(h), h["sum"])
     yield from gauges.values()
     yield from counters.values()
     yield discarded

@@ -26,7 +26,8 @@ class MetricsServer:
         check_port(port)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(StreamCollector(stream))
-        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        self._server: Any = server
         self.host = host
         self.port: int = self._server.server_port
 
