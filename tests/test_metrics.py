@@ -125,3 +125,12 @@ def test_the_grafana_dashboard_plots_only_exported_metrics() -> None:
         suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
         exported |= {fam.name + s for s in suffixes.get(fam.type, [""])}
     assert used and used <= exported, sorted(used - exported)
+
+
+def test_rates_count_from_the_first_hand_out(stream) -> None:
+    stream.writer("r").put([f"k{i}" for i in range(4)], {"x": torch.ones(4, 2)})
+    client = stream.client()
+    client.register_task("r", "t", ["x"], batch_size=2)
+    client.ack(client.get_meta("r", "t", step=0))
+    rates = stream.stats()["r"]["tasks"]["t"]["rates"]  # the first stats() call
+    assert rates["handed_out"] > 0 and rates["acked"] > 0

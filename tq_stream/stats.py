@@ -5,7 +5,7 @@
 TypedDicts document every key. Counters (``*_total`` in Prometheus terms) only grow
 for the life of the deployment; gauges are the value now.
 
-Example:
+Examples:
     >>> s = stream.stats()["train"]["tasks"]["actor"]
     >>> s["available"], s["oldest_ready_age"], s["rates"]["acked"]
     (12, 0.8, 250.0)

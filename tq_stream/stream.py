@@ -128,7 +128,7 @@ class Stream:
         """The processes of the deployment (controller first, then the units in order):
         pid, host, address and socket folder of each. Read-only.
 
-        Example:
+        Examples:
             >>> [(p.role, p.index) for p in stream.processes()]
             [('controller', 0), ('unit', 0), ('unit', 1)]
         """

@@ -70,6 +70,8 @@ class Timings:
                    now: float) -> None:
         """Rows last written at ``write_time`` (epoch seconds) are handed out at ``now``."""
         self.handouts[partition, task].observe(np.maximum(0.0, now - write_time))
+        if (partition, task) not in self._samples:  # rates count from the first hand-out
+            self._samples[partition, task].append((now, 0, 0))
 
     def wait(self, cond: Any, left: float, since: float, reason: str, partition: str,
              what: str = "") -> None:
@@ -91,7 +93,8 @@ class Timings:
     # -- reading
     def rates(self, partition: str, task: str, handed_out: int, acked: int,
               now: float) -> dict[str, float]:
-        """Rows per second handed out and acked over about the last ``RATE_WINDOW`` s."""
+        """Rows per second handed out and acked over about the last ``RATE_WINDOW`` s
+        (or since the task's first hand-out, when that is more recent)."""
         samples = self._samples[partition, task]
         if not samples or now - samples[-1][0] >= 1.0:
             samples.append((now, handed_out, acked))

@@ -53,11 +53,13 @@ class StreamingDataset(IterableDataset[TensorDict]):
 
     Args:
         stream: a Stream handle.
-        partition, task: where to read, and the consumer task's name.
+        partition: where to read.
+        task: the consumer task's name.
         fields: the fields every batch carries.
         batch_size: rows per rank per step.
         sampler: which rows form a step (default: SequentialSampler).
-        dp_rank, dp_size: this rank's data-parallel index and the DP world size.
+        dp_rank: this rank's data-parallel index.
+        dp_size: the DP world size.
         replicas: how many ranks share this ``dp_rank`` (TP/PP peers); a row is
             acked when all of them acked it.
         timeout: seconds to wait for one batch before WaitTimeout.
