@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_left
 from collections import defaultdict, deque
 from typing import Any
 
@@ -40,9 +41,14 @@ class Histogram:
         self.sum = 0.0
 
     def observe(self, seconds: np.ndarray | float) -> None:
-        values = np.atleast_1d(np.asarray(seconds, dtype=np.float64))
+        if isinstance(seconds, float):  # one value (a get_meta wait): no numpy call
+            self.counts[bisect_left(BUCKETS, seconds)] += 1
+            self.sum += seconds
+            return
+        values = np.asarray(seconds, dtype=np.float64)
         if len(values):
-            np.add.at(self.counts, np.searchsorted(_BOUNDS, values, side="left"), 1)
+            where = np.searchsorted(_BOUNDS, values, side="left")
+            self.counts += np.bincount(where, minlength=len(self.counts))
             self.sum += float(values.sum())
 
     def stats(self) -> dict[str, Any]:
