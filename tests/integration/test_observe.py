@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tq_fixtures import CONFIG, local_stream, ray_cluster, wait_gone
+from tq_fixtures import CONFIG, local_stream, wait_gone
 
 import tq_stream as tq
 
@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 GROUPS = 20  # groups of 2 rows; every odd group has equal rewards (discarded)
 ROOT = Path(__file__).resolve().parents[2]
-__all__ = ["local_stream", "ray_cluster"]  # fixtures, imported for pytest
+__all__ = ["local_stream"]  # the module-scoped fixture, imported for pytest
 
 
 def _scrape(stream: tq.Stream) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -175,25 +175,3 @@ def test_a_remote_consumer_waiting_long_warns_what_it_waits_for(
     assert msg.startswith("get_meta on partition 'slow' has waited")
     assert "1 rows ready, 3 needed per step" in msg
 
-
-@pytest.mark.integration
-@pytest.mark.ray
-@pytest.mark.timeout(180)
-def test_metrics_and_processes_in_ray_mode(ray_cluster: object) -> None:
-    stream = tq.init(mode="ray", storage_units=2, config=CONFIG, metrics_port=0,
-                     name="tq_observe")
-    try:
-        stream.writer("ray").put([f"k{i}" for i in range(6)], {"x": torch.ones(6, 4)})
-        procs = stream.processes()
-        samples = _scrape(stream)
-        units = stream.deployment_stats()["units"]
-    finally:
-        stream.close()
-    assert [(p.role, p.index) for p in procs] == [("controller", 0), ("unit", 0), ("unit", 1)]
-    assert os.getpid() not in {p.pid for p in procs}  # actors: processes of their own
-    assert [u["pid"] for u in units] == [p.pid for p in procs[1:]]
-    assert sum(u["partitions"]["ray"]["rows"] for u in units) == 6
-    assert _value(samples, "tq_stream_rows_created_total", partition="ray") == 6
-    for unit in ("0", "1"):
-        assert _value(samples, "tq_stream_unit_up", unit=unit) == 1
-    assert _value(samples, "tq_stream_info", version=tq.__version__, mode="ray") == 1
