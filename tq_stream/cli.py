@@ -25,6 +25,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="print the tables once and exit (the default)")
     status.add_argument("--interval", type=float, default=2.0,
                         help="seconds between redraws with --watch")
+    status.add_argument("--curve-key", default=None,
+                        help="the deployment's CURVE public key (stream.curve_server_key, "
+                             "z85 text) when it requires CURVE")
     bench = sub.add_parser("bench", help="run the benchmarks side by side (from a checkout)")
     bench.add_argument("--quick", action="store_true", help="small shapes, seconds, no peers")
     bench.add_argument("--systems", default="", help="comma-separated subset of systems")
@@ -67,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "status":
         from tq_stream.status import main as status_main
 
+        key = None if args.curve_key is None else args.curve_key.encode()
         return status_main(args.address, watch=args.watch and not args.once,
-                           interval=args.interval)
+                           interval=args.interval, curve_server_key=key)
     try:
         harness = bench_harness()
     except ImportError as exc:

@@ -85,13 +85,17 @@ def render(stream: Any) -> Group:
 
 
 def main(address: str, watch: bool = False, interval: float = 2.0,
-         console: Console | None = None) -> int:
+         console: Console | None = None, curve_server_key: bytes | None = None) -> int:
     """Print the status of the deployment at ``address`` once, or redraw it in place
-    every ``interval`` seconds with ``watch`` (until Ctrl-C). Returns the exit code."""
+    every ``interval`` seconds with ``watch`` (until Ctrl-C). Returns the exit code.
+
+    Args:
+        curve_server_key: the deployment's CURVE public key, when it requires CURVE.
+    """
     import tq_stream as tq
 
     console = console or Console()
-    stream = tq.connect(address)
+    stream = tq.connect(address, curve_server_key=curve_server_key)
     try:
         if not watch:
             console.print(render(stream))

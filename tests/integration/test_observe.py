@@ -175,3 +175,24 @@ def test_a_remote_consumer_waiting_long_warns_what_it_waits_for(
     assert msg.startswith("get_meta on partition 'slow' has waited")
     assert "1 rows ready, 3 needed per step" in msg
 
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_status_reaches_a_curve_deployment_with_its_key() -> None:
+    import io
+
+    from rich.console import Console
+
+    from tq_stream import status
+
+    stream = tq.init(mode="local", storage_units=1, config=CONFIG, curve=True)
+    try:
+        stream.writer("cv").put(["a"], {"x": torch.ones(1, 2)})
+        console = Console(file=io.StringIO(), width=120, color_system=None)
+        code = status.main(stream.address, console=console,
+                           curve_server_key=stream.curve_server_key)
+    finally:
+        stream.close()
+    out = console.file.getvalue()  # type: ignore[attr-defined]
+    assert code == 0 and "cv" in out and "up" in out
