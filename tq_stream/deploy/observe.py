@@ -11,12 +11,16 @@ import logging
 import os
 from typing import Any
 
-from tq_stream.stats import DeploymentStats, ProcessInfo, UnitStats
+from tq_stream.stats import DeploymentStats, ProcessInfo, RpcStats, UnitStats
 
 logger = logging.getLogger(__name__)
 
 UNIT_TIMEOUT = 2.0  # seconds a unit's stats call may take before it counts as down
-_EMPTY_RPC: dict[str, Any] = {"calls": {}, "errors": {}}
+
+
+def _no_rpc() -> RpcStats:
+    """The RPC counts of a server that served none (embedded mode, a unit down)."""
+    return {"calls": {}, "errors": {}}
 
 
 def _folder(address: str | None) -> str | None:
@@ -49,10 +53,10 @@ def processes(stream: Any) -> list[ProcessInfo]:
 def _unit_stats(i: int, unit: Any, timeout: float) -> UnitStats:
     try:
         raw = unit.stats(timeout) if _remote(unit) else {**unit.stats(), "pid": os.getpid(),
-                                                          "rpc": _EMPTY_RPC}
+                                                          "rpc": _no_rpc()}
     except Exception as exc:  # down or unreachable: reported, never raised
         return {"unit": i, "up": False, "error": f"{type(exc).__name__}: {exc}", "pid": 0,
-                "nbytes": 0, "partitions": {}, "rpc": _EMPTY_RPC}  # type: ignore[typeddict-item]
+                "nbytes": 0, "partitions": {}, "rpc": _no_rpc()}
     return {"unit": i, "up": True, "error": "", "pid": int(raw["pid"]),
             "nbytes": int(raw["nbytes"]), "partitions": raw["partitions"], "rpc": raw["rpc"]}
 
@@ -89,7 +93,7 @@ def deployment_stats(stream: Any, timeout: float = UNIT_TIMEOUT) -> DeploymentSt
     """The controller process and every unit (``tq_stream.stats.DeploymentStats``)."""
     ctrl = stream._controller()
     if stream.mode == "embedded":
-        server: dict[str, Any] = {"pid": os.getpid(), "rpc": _EMPTY_RPC}
+        server: dict[str, Any] = {"pid": os.getpid(), "rpc": _no_rpc()}
     else:
         server = ctrl.server_stats(timeout)
     units = [_unit_stats(i, u, timeout) for i, u in enumerate(stream._units())]
