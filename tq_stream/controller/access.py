@@ -6,15 +6,14 @@ each method takes.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from tq_stream.controller.partition import PartitionMeta
+from tq_stream.controller.report import add_measurements
 from tq_stream.errors import KeyConflictError, StateError
-from tq_stream.stats import PartitionStats
 
 
 class AccessLogic:
@@ -90,12 +89,16 @@ class AccessLogic:
             part.tags.set(idx, tags_ or [])
             self._cond.notify_all()
 
-    def stats(self) -> dict[str, PartitionStats]:
+    def stats(self) -> dict[str, Any]:
         """Per partition: rows, fields, writer waits and per-task counters, rates and
         timings (the keys are documented by ``tq_stream.stats.PartitionStats``)."""
-        from tq_stream.controller.report import partition_stats
-
         with self._cond:
-            now = time.time()
-            return {name: partition_stats(part, self._tasks[name], self._timings, now)
-                    for name, part in self._parts.items()}
+            out: dict[str, Any] = {}
+            for name, part in self._parts.items():
+                out[name] = {
+                    "rows": part.live, "capacity": part.capacity, "closed": part.closed,
+                    "fields": {f: s.describe() for f, s in part.schemas.items()},
+                    "tasks": {t: s.stats() for t, s in self._tasks[name].items()},
+                }
+                add_measurements(out[name], part, self._tasks[name], self._timings)  # type: ignore[attr-defined]  # noqa: E501
+            return out

@@ -1,14 +1,14 @@
-"""The figures ``Controller.stats()`` returns, built from the controller's state
-(lock held). Their shapes are documented in ``tq_stream.stats``."""
+"""What ``Controller.stats()`` adds to its counters: measurements and derived figures
+(lock held). The full shapes are documented in ``tq_stream.stats``."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task import TaskState
 from tq_stream.controller.timings import Timings
-from tq_stream.stats import PartitionStats, TaskStats
 
 
 def oldest_ready_age(part: PartitionMeta, state: TaskState, now: float) -> float:
@@ -18,24 +18,19 @@ def oldest_ready_age(part: PartitionMeta, state: TaskState, now: float) -> float
     return max(0.0, now - float(times.min())) if len(times) else 0.0
 
 
-def task_stats(part: PartitionMeta, state: TaskState, timings: Timings,
-               now: float) -> TaskStats:
-    out: dict[str, Any] = dict(state.stats())
-    for key in ("renewed", "expired", "redelivered"):
-        out.setdefault(key, 0)
-    out["at"] = now
-    out["oldest_ready_age"] = oldest_ready_age(part, state, now)
-    out["rates"] = timings.rates(part.name, state.name, state.handed_out, state.acked, now)
-    out.update(timings.task_stats(part.name, state.name))
-    return out  # type: ignore[return-value]
-
-
-def partition_stats(part: PartitionMeta, tasks: dict[str, TaskState], timings: Timings,
-                    now: float) -> PartitionStats:
-    return {
-        "rows": part.live, "capacity": part.capacity, "closed": part.closed,
-        "rows_created": int(part.next_created),
-        "fields": {f: s.describe() for f, s in part.schemas.items()},
-        "blocked_seconds": timings.blocked_seconds(part.name),  # type: ignore[typeddict-item]
-        "tasks": {t: task_stats(part, s, timings, now) for t, s in tasks.items()},
-    }
+def add_measurements(out: dict[str, Any], part: PartitionMeta, tasks: dict[str, TaskState],
+                     timings: Timings) -> None:
+    """Add to one partition's ``stats()`` entry (``out``, its counters already in):
+    rows created, writers' blocked seconds, and per task the lease counters (0 when the
+    task keeps none), rates, the oldest ready row's age and the timing histograms."""
+    now = time.time()
+    out["rows_created"] = int(part.next_created)
+    out["blocked_seconds"] = timings.blocked_seconds(part.name)
+    for name, task in out["tasks"].items():
+        state = tasks[name]
+        for key in ("renewed", "expired", "redelivered"):
+            task.setdefault(key, 0)
+        task["at"] = now
+        task["oldest_ready_age"] = oldest_ready_age(part, state, now)
+        task["rates"] = timings.rates(part.name, name, state.handed_out, state.acked, now)
+        task.update(timings.task_stats(part.name, name))
