@@ -49,9 +49,11 @@ def _probe_controller(ctrl: Controller) -> list:
             out.append((task, rank, m["keys"], m["tags"]))
     out.append(ctrl.list_rows("train"))
     st = ctrl.stats()
-    for part in st.values():
+    for part in st.values():  # measurements of this process, not checkpointed state
+        part.pop("blocked_seconds")
         for t in part["tasks"].values():
-            t.pop("at")
+            for key in ("at", "oldest_ready_age", "rates", "get_meta_wait", "write_to_handout"):
+                t.pop(key)
     out.append(st)
     return out
 

@@ -9,7 +9,10 @@
 Importing this package loads neither ray nor zmq.
 """
 
+import logging as _logging
+
 from tq_stream import errors, samplers
+from tq_stream._version import __version__
 from tq_stream.client import Client
 from tq_stream.columns import FieldSchema, Ragged
 from tq_stream.config import StreamConfig
@@ -20,8 +23,6 @@ from tq_stream.kv import KV
 from tq_stream.meta import BatchMeta
 from tq_stream.stream import Stream
 from tq_stream.writer import Writer
-
-__version__ = "0.1.0"
 
 __all__ = [
     "KV",
@@ -43,3 +44,7 @@ __all__ = [
     "select_rows",
     "split_rows",
 ]
+
+# A library adds no handler of its own: its records go wherever the application's
+# logging sends them (nowhere, and no "no handler" notice, until it configures some).
+_logging.getLogger(__name__).addHandler(_logging.NullHandler())

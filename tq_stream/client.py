@@ -23,6 +23,7 @@ from tq_stream.convert import to_columns, to_tensordict
 from tq_stream.errors import ConfigError, check_name, check_timeout
 from tq_stream.leases import Hold
 from tq_stream.meta import BatchMeta
+from tq_stream.protocols import ControllerAPI
 from tq_stream.samplers.base import Sampler
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class Client:
         self._holds: dict[tuple[str, str], Hold] = {}
 
     @property
-    def _controller(self) -> Any:
+    def _controller(self) -> ControllerAPI:
         return self._stream._controller()
 
     def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
@@ -92,8 +93,9 @@ class Client:
     def first_unfinished(self, partition: str, task: str, dp_rank: int = 0) -> dict[str, Any]:
         """Where a reader of ``dp_rank`` resumes: ``{"step": the first step its rank has
         not fully acked, "skip": later steps already acked}``."""
-        return self._controller.first_unfinished(partition=partition, task=task,
-                                                 dp_rank=dp_rank)
+        where: dict[str, Any] = self._controller.first_unfinished(
+            partition=partition, task=task, dp_rank=dp_rank)
+        return where
 
     def cancel(self) -> None:
         """End this client's waiting get_meta calls now (they return None)."""
@@ -153,13 +155,14 @@ class Client:
             return self._controller.clear(partition=target.partition, keys=list(target.keys))
         if isinstance(target, str):
             target = [target]
-        check_name("partition", partition)
-        return self._controller.clear(partition=partition, keys=list(target))
+        return self._controller.clear(partition=check_name("partition", partition),
+                                      keys=list(target))
 
-    def task_rows(self, partition: str, task: str) -> dict:
+    def task_rows(self, partition: str, task: str) -> dict[str, Any]:
         """Rows ``task`` will still be handed and steps it formed (see
         ``Controller.task_rows``); read-only."""
-        return self._controller.task_rows(partition=partition, task=task)
+        rows: dict[str, Any] = self._controller.task_rows(partition=partition, task=task)
+        return rows
 
     def set_version(self, partition: str, task: str, version: int) -> None:
         self._controller.set_version(partition=partition, task=task, version=version)

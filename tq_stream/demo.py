@@ -8,7 +8,6 @@ arrived exactly once.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections import Counter
@@ -16,6 +15,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from tensordict import TensorDict
 
 import tq_stream as tq
@@ -63,13 +71,15 @@ def _consume(stream: tq.Stream, cfg: DemoConfig, rank: int, seen: list, lat: lis
         lat.extend((k, now) for k in keys)
 
 
-def _progress(done: int, total: int, start: float) -> None:
-    width = 30
-    fill = int(width * done / max(total, 1))
-    rate = done / max(time.perf_counter() - start, 1e-9)
-    sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} rows "
-                     f"{rate:,.0f} rows/s")
-    sys.stderr.flush()
+def _progress_bar(quiet: bool) -> Progress:
+    """A rich progress bar on stderr: rows delivered of all rows, and the rate."""
+    return Progress(TextColumn("rows"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[rate]:,.0f} rows/s"), TimeElapsedColumn(),
+                    console=Console(stderr=True), disable=quiet, transient=False)
+
+
+def _advance(bar: Progress, task: TaskID, done: int, start: float) -> None:
+    bar.update(task, completed=done, rate=done / max(time.perf_counter() - start, 1e-9))
 
 
 def run(cfg: DemoConfig | None = None, quiet: bool = False) -> dict:
@@ -79,7 +89,8 @@ def run(cfg: DemoConfig | None = None, quiet: bool = False) -> dict:
     written: dict[str, float] = {}
     seen: list[str] = []
     lat: list[tuple[str, float]] = []
-    with tq.init() as stream:
+    with tq.init() as stream, _progress_bar(quiet) as bar:
+        rows = bar.add_task("rows", total=total, rate=0.0)
         # rows are freed once the trainer acked them (undeclared partitions keep rows)
         stream.create_partition("train", consumers=["update_actor"])
         start = time.perf_counter()
@@ -93,16 +104,13 @@ def run(cfg: DemoConfig | None = None, quiet: bool = False) -> dict:
             t.join()
         stream.close_partition("train")
         while any(t.is_alive() for t in threads):
-            if not quiet:
-                _progress(len(seen), total, start)
+            _advance(bar, rows, len(seen), start)
             next(t for t in threads if t.is_alive()).join(timeout=0.2)
         for t in threads:
             t.join()
         elapsed = time.perf_counter() - start
+        _advance(bar, rows, len(seen), start)
         stats = stream.stats()["train"]
-    if not quiet:
-        _progress(len(seen), total, start)
-        sys.stderr.write("\n")
     counts = Counter(seen)
     ms = np.array([(t - written[k]) * 1e3 for k, t in lat if k in written])
     summary = {

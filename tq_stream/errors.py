@@ -89,7 +89,7 @@ def check_positive(name: str, value: Any, *, allow_zero: bool = False) -> int:
     return value
 
 
-def check_timeout(name: str, value: Any) -> float | None:
+def check_timeout(name: str, value: Any) -> float:
     """Return a timeout in seconds (None = wait forever is not allowed)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")

@@ -35,7 +35,7 @@ class KV:
     def __init__(self, stream: Stream) -> None:
         self._stream = stream
 
-    def put(self, key: str, fields: Any, tag: dict | None = None,
+    def put(self, key: str, fields: Any, tag: dict[str, Any] | None = None,
             partition: str = DEFAULT_PARTITION, timeout: float | None = None) -> None:
         """Set the fields (and merge the tags) of one row."""
         if not isinstance(key, str):

@@ -10,15 +10,22 @@ handle is not, since its controller lives only in this process.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from typing import Any
 
+from tq_stream.backends.base import StorageUnit
 from tq_stream.client import Client
 from tq_stream.config import StreamConfig
 from tq_stream.errors import ClosedError, StateError
 from tq_stream.kv import KV
 from tq_stream.leases import LeaseKeeper
+from tq_stream.protocols import ControllerAPI
+from tq_stream.stats import DeploymentStats, PartitionStats, ProcessInfo
 from tq_stream.writer import Writer
+
+logger = logging.getLogger(__name__)
 
 
 class Stream:
@@ -37,18 +44,21 @@ class Stream:
         self._owner = owner
         self._closed = False
         self._lease_keeper: LeaseKeeper | None = None
+        self._metrics: Any = None  # the MetricsServer of tq.init(metrics_port=...)
         self.kv = KV(self)
 
     # -- wiring used by the client layers
-    def _controller(self) -> Any:
+    def _controller(self) -> ControllerAPI:
         if self._closed:
             raise ClosedError("stream is closed")
-        return self._backend.controller()
+        ctrl: ControllerAPI = self._backend.controller()
+        return ctrl
 
-    def _units(self) -> list[Any]:
+    def _units(self) -> list[StorageUnit]:
         if self._closed:
             raise ClosedError("stream is closed")
-        return self._backend.units()
+        units: list[StorageUnit] = self._backend.units()
+        return units
 
     def _keeper(self) -> LeaseKeeper:
         """This process's heartbeat for the leases taken through this handle."""
@@ -122,9 +132,37 @@ class Stream:
         self._controller().set_admission(partition=partition, task=task,
                                          steps_per_version=steps_per_version)
 
-    def stats(self) -> dict[str, Any]:
-        """Rows, fields, and per-task counters (handed out, acked, discarded by reason)."""
+    def stats(self) -> dict[str, PartitionStats]:
+        """Per partition: rows, fields, writer waits, and per task its counters (handed
+        out, acked, discarded by reason), rates, the oldest ready row's age and timing
+        histograms. Every key is documented in ``tq_stream.stats``."""
         return self._controller().stats()
+
+    def deployment_stats(self, timeout: float = 2.0) -> DeploymentStats:
+        """The servers of the deployment: the controller's process and RPC counts, and
+        per storage unit whether it answered (within ``timeout`` seconds), the bytes it
+        holds per partition and field, and its RPC counts. Read-only."""
+        from tq_stream.deploy.observe import deployment_stats
+
+        return deployment_stats(self, timeout)
+
+    def processes(self) -> list[ProcessInfo]:
+        """The processes of the deployment (controller first, then the units in order):
+        pid, host, address and socket folder of each. Read-only.
+
+        Examples:
+            >>> [(p.role, p.index) for p in stream.processes()]
+            [('controller', 0), ('unit', 0), ('unit', 1)]
+        """
+        from tq_stream.deploy.observe import processes
+
+        return processes(self)
+
+    @property
+    def metrics_endpoint(self) -> str | None:
+        """``"host:port"`` of the Prometheus endpoint this handle serves
+        (``tq.init(..., metrics_port=N)``), or None."""
+        return None if self._metrics is None else self._metrics.endpoint
 
     def save(self, path: str) -> None:
         """Checkpoint metadata and stored rows into the folder ``path``.
@@ -145,8 +183,15 @@ class Stream:
         self._closed = True
         if self._lease_keeper is not None:
             self._lease_keeper.stop()
+        if self._metrics is not None:
+            self._metrics.close()
         if self._owner is not None:
+            started = time.monotonic()
             self._owner.close()
+            if self.mode != "remote":  # the owner's handle: the deployment stopped
+                logger.info("stopped the deployment (%s mode%s) in %.2f s", self.mode,
+                            f" at {self.address}" if self.address else "",
+                            time.monotonic() - started)
 
     def __enter__(self) -> Stream:
         return self

@@ -44,10 +44,11 @@ def check_keys(keys: Any) -> list[str]:
         raise ConfigError(f"keys must be non-empty str, got {bad[:5]!r}")
     if len(set(keys)) != len(keys):
         seen: set[str] = set()
-        dup = [k for k in keys if k in seen or seen.add(k)]
+        dup = [k for k in keys if k in seen or seen.add(k)]  # type: ignore[func-returns-value]
         raise KeyConflictError(f"keys must be distinct within one put, got duplicates "
                                f"{sorted(set(dup))[:5]}")
-    return keys
+    out: list[str] = keys
+    return out
 
 
 def _coerced(cols: dict[str, Column], fixed: dict[str, Any]) -> dict[str, Column]:
@@ -121,7 +122,7 @@ class Writer:
         """No more rows will come: drain-mode loaders end after the last batch."""
         self._stream._controller().close_partition(partition=self.partition)
 
-    def _write(self, keys: list[str], cols: dict[str, Column], tags: list | None,
+    def _write(self, keys: list[str], cols: dict[str, Column], tags: list[dict[str, Any]] | None,
                timeout: float | None, expect: Any = None) -> None:
         ctrl = self._stream._controller()
         spares = None if expect is not None else self._stream._spares(self.partition, self._unit)

@@ -84,7 +84,7 @@ def test_small_puts_after_a_unit_restart_reach_the_new_unit():
         for k in before:  # one row per put: straight into both units' shared memory
             w.put([k], {"x": values([k])})
         assert any(u._writes for u in stream._units())  # layouts cached for writes
-        dead = stream._owner.pids[1]
+        dead = stream.processes()[2].pid  # unit 1
         kill(dead)  # a crash: the unit cannot tell anyone its memory is gone
         assert wait_gone([dead], 20.0) == []
         stream._owner.restart_unit(1)
@@ -150,7 +150,7 @@ def test_a_dead_controller_gives_a_timeout_naming_its_address():
     quick = tq.StreamConfig(timeout=1.0)
     stream = start_local(storage_units=1, config=quick)
     try:
-        address, ctrl_pid = stream.address, stream._owner.pids[-1]
+        address, ctrl_pid = stream.address, stream.processes()[0].pid
         client = stream.client()
         client.register_task("p", "t", ["x"], batch_size=1)
         kill(ctrl_pid)
@@ -275,8 +275,8 @@ def test_servers_keep_serving_through_random_and_truncated_frames(transport):
         stream.writer("after").put(keys, {"x": values(keys)})
         assert torch.equal(stream.kv.get_batch(keys, partition="after")["x"], values(keys))
         with rpc_client(unit, timeout=10) as probe:
-            assert probe.call("ping")["pid"] == stream._owner.pids[0]
-        assert all(alive(p) for p in stream._owner.pids)
+            assert probe.call("ping")["pid"] == stream.processes()[1].pid  # unit 0
+        assert all(alive(p.pid) for p in stream.processes())
     finally:
         ctx.destroy(linger=0)
         stream.close()

@@ -336,7 +336,8 @@ import sys, torch
 import tq_stream as tq
 s = tq.init(mode="local", storage_units=2)
 s.writer("p").put(["a", "b"], {"x": torch.ones(2, 64)})
-print(" ".join(map(str, s._owner.pids)), s._owner._ipc_dir, flush=True)
+procs = s.processes()
+print(" ".join(str(p.pid) for p in procs), procs[0].folder, flush=True)
 sys.stdin.readline()  # then exit without closing the stream
 """
 
@@ -357,7 +358,7 @@ def test_no_orphans_when_the_owner_exits_or_is_killed():
             *pids, folder = line.split()
             servers[end] = [int(p) for p in pids]
             folders[end] = folder
-            assert all(alive(p) for p in servers[end]) and segments_of(servers[end][:2])
+            assert all(alive(p) for p in servers[end]) and segments_of(servers[end][1:])
         for end, proc in holders.items():
             if end == "exit":
                 proc.stdin.write("\n")
@@ -413,7 +414,7 @@ def test_a_reader_lets_go_of_cleared_segments(local_stream):
 @pytest.mark.timeout(120)
 def test_ipc_transport_works_and_removes_its_socket_folder():
     stream = tq.init(mode="local", storage_units=1, transport="ipc")
-    folder = stream._owner._ipc_dir
+    folder = stream.processes()[0].folder
     try:
         assert stream.address.startswith("ipc://")
         stream.writer("ipc").put(["a"], {"x": torch.ones(1, 2)})

@@ -4,6 +4,7 @@ pinned to one node, a consumer pinned to the other, every row delivered exactly 
 from __future__ import annotations
 
 import os
+import urllib.request
 
 import pytest
 import torch
@@ -145,3 +146,22 @@ def test_batch_conventions_and_length_in_ray_mode(ray_cluster):
         assert sorted(seen) == list(range(n))
     finally:
         stream.close()
+def test_metrics_and_processes_in_ray_mode(ray_cluster):
+    """The owner's metrics endpoint and processes() reach the actors."""
+    stream = tq.init(mode="ray", storage_units=2, config=tq.StreamConfig(timeout=60),
+                     metrics_port=0, name="tq_observe")
+    try:
+        stream.writer("ray").put([f"k{i}" for i in range(6)], {"x": torch.ones(6, 4)})
+        procs = stream.processes()
+        text = urllib.request.urlopen(f"http://{stream.metrics_endpoint}/metrics",
+                                      timeout=30).read().decode()
+        units = stream.deployment_stats()["units"]
+    finally:
+        stream.close()
+    assert [(p.role, p.index) for p in procs] == [("controller", 0), ("unit", 0), ("unit", 1)]
+    assert os.getpid() not in {p.pid for p in procs}  # actors: processes of their own
+    assert [u["pid"] for u in units] == [p.pid for p in procs[1:]]
+    assert sum(u["partitions"]["ray"]["rows"] for u in units) == 6
+    assert 'tq_stream_rows_created_total{partition="ray"} 6.0' in text
+    assert 'tq_stream_unit_up{unit="0"} 1.0' in text and 'tq_stream_unit_up{unit="1"} 1.0' in text
+    assert f'tq_stream_info{{mode="ray",version="{tq.__version__}"}} 1.0' in text

@@ -107,7 +107,7 @@ def test_sweep_removes_segments_of_a_killed_owner():
 def test_deployment_close_removes_segments_of_a_killed_unit():
     stream = start_local(storage_units=1)
     try:
-        unit_pid = stream._owner.pids[0]
+        unit_pid = stream.processes()[1].pid  # unit 0
         stream.writer("p").put(["a", "b"], {"x": torch.ones(2, 4)})
         assert segments_of([unit_pid])
         os.kill(unit_pid, signal.SIGKILL)

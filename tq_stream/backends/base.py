@@ -103,6 +103,10 @@ class StorageUnit(ABC):
         from tq_stream.backends import unit_files
 
         return unit_files.put_all(self, unit_files.read(path, save, unit))
+    def stats(self) -> dict[str, Any]:
+        """What this unit holds: ``{"nbytes": int, "partitions": {partition: {"rows": int,
+        "fields": {field: bytes}}}}`` (a backend without a breakdown reports none)."""
+        return {"nbytes": self.nbytes(), "partitions": {}}
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release every resource; idempotent."""

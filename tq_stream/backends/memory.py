@@ -198,6 +198,14 @@ class MemoryUnit(StorageUnit):
         with self._lock:
             return sum(s.nbytes() for p in self._parts.values() for s in p.fields.values())
 
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            parts = {name: {"rows": int(p.live.sum()),
+                            "fields": {f: s.nbytes() for f, s in p.fields.items()}}
+                     for name, p in self._parts.items()}
+        nbytes = sum(sum(p["fields"].values()) for p in parts.values())
+        return {"nbytes": nbytes, "partitions": parts}
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from tq_stream.controller.partition import PartitionMeta
+from tq_stream.controller.report import add_measurements
 from tq_stream.errors import KeyConflictError, StateError
 
 
@@ -91,6 +92,8 @@ class AccessLogic:
             self._cond.notify_all()
 
     def stats(self) -> dict[str, Any]:
+        """Per partition: rows, fields, writer waits and per-task counters, rates and
+        timings (the keys are documented by ``tq_stream.stats.PartitionStats``)."""
         with self._cond:
             out: dict[str, Any] = {}
             for name, part in self._parts.items():
@@ -101,6 +104,7 @@ class AccessLogic:
                     "fields": {f: s.describe() for f, s in part.schemas.items()},
                     "tasks": {t: s.stats() for t, s in self._tasks[name].items()},
                 }
+                add_measurements(out[name], part, self._tasks[name], self._timings)  # type: ignore[attr-defined]  # noqa: E501
             return out
 
     def _held(self, part: PartitionMeta) -> dict[str, int]:

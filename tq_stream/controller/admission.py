@@ -69,7 +69,7 @@ class AdmissionLogic:
                         f"timeout={timeout}s: the staleness window of task {who!r} has room "
                         f"for {room} rows; its consumer must ack rows or advance its version"
                     )
-                self._cond.wait(left)  # type: ignore[attr-defined]
+                self._timings.wait(self._cond, left, deadline - timeout, "admission", partition, f"task {who!r} has room for {room} rows")  # type: ignore[attr-defined]  # noqa: E501
 
     def set_admission(self, partition: str, task: str, steps_per_version: int) -> None:
         """How many steps the task's consumer takes per policy version (default 1)."""

@@ -76,12 +76,30 @@ class ConsumingLogic:
                     return None
                 meta = self._try_step(part, state, step, dp_rank, replica, session, consumer)
                 if meta is not None:
+                    self._timings.waited(partition, task, deadline - timeout)
                     return meta
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise self._wait_error(part, state, step, dp_rank, timeout)
-                self._cond.wait(min(left, self._next_wake(state)))
+                self._timings.wait(self._cond, min(left, self._next_wake(state)),
+                                   deadline - timeout, "get_meta", partition,
+                                   lambda: self._waiting_for(part, state, step, dp_rank))
                 self._check_open()
+
+    def _waiting_for(self, part: PartitionMeta, state: TaskState, step: int | None,
+                     dp_rank: int) -> str:
+        """What a waiting get_meta lacks, e.g. "task 't' step 0 (rank 0): 1 complete
+        group of 4 ready (4 rows), 2 needed per step"."""
+        cfg = state.config
+        cands = self._candidates(part, state, cfg.dp_size, state.next_step)
+        try:
+            progress = state.sampler.progress(cands, cfg.batch_size)
+        except Exception as exc:  # a message must not hide the wait
+            progress = f"{cands.count} rows ready ({type(exc).__name__} describing them)"
+        which = "the next step" if step is None else f"step {step}"
+        missing = [t for t in state.tags if t not in part.tags.present]
+        hint = f"; no row has tag(s) {missing} the sampler needs yet" if missing else ""
+        return f"task {state.name!r} {which} (rank {dp_rank}): {progress}{hint}"
 
     def _wait_error(self, part: PartitionMeta, state: TaskState, step: int | None,
                     dp_rank: int, timeout: float) -> Exception:
@@ -92,18 +110,9 @@ class ConsumingLogic:
                 f"{part.name!r}, but fields {unknown} were never written to any of its "
                 f"{part.live} rows (known fields: {sorted(part.schemas)}); check the name, "
                 f"or start the stage that writes them")
-        cfg = state.config
-        cands = self._candidates(part, state, cfg.dp_size, state.next_step)
-        try:
-            progress = state.sampler.progress(cands, cfg.batch_size)
-        except Exception as exc:  # a message must not hide the timeout
-            progress = f"{cands.count} rows ready ({type(exc).__name__} describing them)"
-        which = "the next step" if step is None else f"step {step}"
-        missing = [t for t in state.tags if t not in part.tags.present]
-        hint = f"; no row has tag(s) {missing} the sampler needs yet" if missing else ""
         return WaitTimeout(
-            f"get_meta waited timeout={timeout}s for {which} of task {state.name!r} "
-            f"on partition {part.name!r} (rank {dp_rank}): {progress}{hint}")
+            f"get_meta waited timeout={timeout}s on partition {part.name!r} for "
+            f"{self._waiting_for(part, state, step, dp_rank)}")
 
     def ack(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,
             generation: np.ndarray, replica: int = 0) -> int:

@@ -30,6 +30,7 @@ from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.spares import SpareLogic, check_spare
 from tq_stream.controller.steps import StepLogic
 from tq_stream.controller.task import MAX_REPLICAS, TaskConfig, TaskState
+from tq_stream.controller.timings import Timings
 from tq_stream.errors import (
     ClosedError,
     ConfigError,
@@ -100,6 +101,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         self._closed = False
         self._cancelled: dict[str, float] = {}  # consumer sessions told to stop waiting
         self._unfreed: list[tuple[int, str, np.ndarray]] = []  # frees to retry
+        self._timings = Timings()  # metrics: waits, hand-out latency, rates
 
     # ------------------------------------------------------------ partitions
     def _part(self, partition: str, create: bool = False, by_put: bool = False) -> PartitionMeta:
@@ -226,7 +228,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
                         f"partition {partition!r} stayed full ({part.live}/{cap} rows) for "
                         f"timeout={timeout}s; consumers must ack rows to free capacity"
                     )
-                self._cond.wait(left)
+                self._timings.wait(self._cond, left, deadline - timeout, "capacity", partition, f"{part.live}/{cap} rows held")  # noqa: E501
                 self._check_open()
             if n_new:
                 new_keys = [k for k, m in zip(keys, new.tolist(), strict=True) if m]

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from tq_stream.controller import events
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task import ACKED, LEASED, StepRecord, TaskState
 from tq_stream.errors import LeaseError, StateError
@@ -64,6 +65,7 @@ class StepLogic:
         freed: list = []
         for reason, rows in sel.discard.items():
             done = state.discard(str(reason), np.asarray(rows, dtype=np.int64))
+            events.discarded(part.name, state.name, str(reason), len(done))
             n += len(done)
             freed += self._finish_rows(part, done)
         self._free_slots(part.name, freed)  # type: ignore[attr-defined]
@@ -82,9 +84,11 @@ class StepLogic:
                 f"{[len(s) for s in sel.shares]}"
             )
 
-    def _form(self, state: TaskState, sel: Selection) -> None:
+    def _form(self, part: PartitionMeta, state: TaskState, sel: Selection) -> None:
         state.lease(state.next_step, [np.asarray(s, dtype=np.int64) for s in sel.shares])
         state.next_step += 1
+        self._timings.handed_out(  # type: ignore[attr-defined]
+            part.name, state.name, part.write_time[sel.rows], time.time())
 
     def _select(self, part: PartitionMeta, state: TaskState) -> bool:
         """Try to form step ``state.next_step``; True if it was formed."""
@@ -105,7 +109,7 @@ class StepLogic:
             if sel.ready:
                 self._check_selection(state, sel, cfg.dp_size)
                 self._apply_discards(part, state, sel)
-                self._form(state, sel)
+                self._form(part, state, sel)
                 return True
             if not self._apply_discards(part, state, sel):
                 break
@@ -117,7 +121,7 @@ class StepLogic:
             if sel.ready:
                 self._check_selection(state, sel, cfg.dp_size)
                 self._apply_discards(part, state, sel)
-                self._form(state, sel)
+                self._form(part, state, sel)
                 return True
             self._apply_discards(part, state, sel)
         leftover = state.queue.ordered()
@@ -132,7 +136,7 @@ class StepLogic:
                   dp_rank: int, replica: int, session: str,
                   consumer: str) -> dict[str, Any] | None:
         now = time.time()
-        state.expire(now)
+        events.expired(part.name, state.name, state.expire(now))
         if step is None:
             step = self._next_for(part, state, dp_rank, replica, session, consumer)
             if step is None:

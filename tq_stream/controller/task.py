@@ -146,12 +146,13 @@ class TaskState:
         return rows
 
     def expire(self, now: float) -> int:
-        """Drop every claim not renewed in time; returns how many expired."""
+        """Drop every claim not renewed in time; returns the rows of the expired claims
+        (counted in ``expired``)."""
         n = 0
         for rec in self.steps.values():
             for key in [k for k, c in rec.claims.items() if c.expiry < now]:
                 del rec.claims[key]
-                n += 1
+                n += len(rec.shares[key[0]])
         self.expired += n
         return n
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
@@ -84,7 +85,7 @@ def loader_step(batch: TensorDictBase) -> int:
     return _attached(batch).step
 
 
-def _take(value: object, pos: torch.Tensor) -> object:
+def _take(value: Any, pos: torch.Tensor) -> Any:
     if isinstance(value, torch.Tensor):
         if value.is_nested:
             rows = value.unbind()
@@ -145,7 +146,7 @@ def split_rows(batch: TensorDictBase, split_size: int | Sequence[int]) -> list[T
             raise ConfigError(f"split_size must be an int >= 1, got {split_size}")
         sizes = [min(split_size, n - s) for s in range(0, n, split_size)]
     else:
-        sizes = list(split_size)
+        sizes = list(split_size)  # type: ignore[arg-type]  # an int was handled above
         if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sizes) \
                 or sum(sizes) != n:
             raise ConfigError(f"split_size must be an int >= 1 or sizes >= 0 summing to "

@@ -28,9 +28,10 @@ def epoch_steps(dataset: Any) -> int | None:
     """Steps of one declared epoch (None without ``rows_per_epoch``)."""
     if dataset.rows_per_epoch is None:
         return None
-    per = dataset.batch_size * dataset.dp_size
-    n = dataset.rows_per_epoch
-    return max(1, n // per if dataset.drop_last else -(-n // per))
+    per = int(dataset.batch_size) * int(dataset.dp_size)
+    n = int(dataset.rows_per_epoch)
+    steps: int = max(1, n // per if dataset.drop_last else -(-n // per))
+    return steps
 
 
 def epoch_end(dataset: Any, start_step: int) -> int | None:

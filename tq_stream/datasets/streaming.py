@@ -22,7 +22,7 @@ import logging
 import queue
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tensordict import TensorDict
 from torch.utils.data import IterableDataset, get_worker_info
@@ -43,6 +43,9 @@ from tq_stream.meta import BatchMeta
 from tq_stream.samplers.base import Sampler
 from tq_stream.samplers.partition import PartitionSampler
 
+if TYPE_CHECKING:
+    from tq_stream.client import Client
+
 _END = object()
 logger = logging.getLogger(__name__)
 
@@ -54,16 +57,18 @@ class _Failure:
         self.exc = exc
 
 
-class StreamingDataset(IterableDataset):
+class StreamingDataset(IterableDataset[TensorDict]):
     """Per-rank batches of ready rows (see module docstring).
 
     Args:
         stream: a Stream handle.
-        partition, task: where to read, and the consumer task's name.
+        partition: where to read.
+        task: the consumer task's name.
         fields: the fields every batch carries.
         batch_size: rows per rank per step.
         sampler: which rows form a step (default: SequentialSampler).
-        dp_rank, dp_size: this rank's data-parallel index and the DP world size.
+        dp_rank: this rank's data-parallel index.
+        dp_size: the DP world size.
         replicas: how many ranks share this ``dp_rank`` (TP/PP peers); a row is
             acked when all of them acked it.
         replica: which of those peers this is (``0 <= replica < replicas``); each
@@ -192,7 +197,7 @@ class StreamingDataset(IterableDataset):
                 position += 1
             step += 1
 
-    def _wait_meta(self, client: Any, partition: str, step: int,
+    def _wait_meta(self, client: Client, partition: str, step: int,
                    stop: threading.Event) -> BatchMeta | None:
         """get_meta for ``step``: one wait of up to ``timeout`` seconds, ended early
         (None) when the iterator stops and cancels its session."""
@@ -201,7 +206,7 @@ class StreamingDataset(IterableDataset):
         return client.get_meta(partition, self.task, step, self.dp_rank, self.timeout,
                                replica=self.replica)
 
-    def _fetch(self, client: Any, step: int, stop: threading.Event) -> TensorDict | None:
+    def _fetch(self, client: Client, step: int, stop: threading.Event) -> TensorDict | None:
         if self._router is None:
             meta = self._wait_meta(client, self.partitions[0], step, stop)
         else:
@@ -211,7 +216,7 @@ class StreamingDataset(IterableDataset):
         td = client.get_data(meta, self.fields, ragged=self.ragged)
         return attach_meta(td, meta, step)
 
-    def _routed_meta(self, client: Any, step: int, stop: threading.Event) -> BatchMeta | None:
+    def _routed_meta(self, client: Client, step: int, stop: threading.Event) -> BatchMeta | None:
         """The meta of loader ``step`` of a multi-partition loader (None at its end)."""
         assert self._router is not None
         while True:
@@ -223,7 +228,7 @@ class StreamingDataset(IterableDataset):
                 return meta
             self._ends[route[0]] = meta.step  # ended there for every rank: route again
 
-    def _producer(self, out: queue.Queue, stop: threading.Event,
+    def _producer(self, out: queue.Queue[Any], stop: threading.Event,
                   room: threading.Semaphore, client: Any,
                   plan: tuple[int, frozenset[int]]) -> None:
         try:
@@ -245,7 +250,7 @@ class StreamingDataset(IterableDataset):
             self._offer(out, stop, _Failure(exc))
 
     @staticmethod
-    def _offer(out: queue.Queue, stop: threading.Event, item: object) -> bool:
+    def _offer(out: queue.Queue[Any], stop: threading.Event, item: object) -> bool:
         while not stop.is_set():
             try:
                 out.put(item, timeout=0.1)
@@ -254,7 +259,7 @@ class StreamingDataset(IterableDataset):
                 continue
         return False
 
-    def _drain(self, out: queue.Queue, client: Any) -> None:
+    def _drain(self, out: queue.Queue[Any], client: Client) -> None:
         while True:
             try:
                 item = out.get_nowait()
@@ -265,7 +270,7 @@ class StreamingDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[TensorDict]:
         self.register()
-        out: queue.Queue = queue.Queue(maxsize=self.prefetch + 1)
+        out: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch + 1)
         stop = threading.Event()
         room = threading.Semaphore(self.prefetch)
         client = Client(self.stream, session=self.session)  # one session per iteration
@@ -301,7 +306,7 @@ class StreamingDataset(IterableDataset):
             stop.set()
             self._stop(client, out, thread, last, cancel=not finished)
 
-    def _stop(self, client: Any, out: queue.Queue, thread: threading.Thread,
+    def _stop(self, client: Any, out: queue.Queue[Any], thread: threading.Thread,
               last: TensorDict | None, cancel: bool = True) -> None:
         """End an iteration: ack its last batch (when iterated directly), cancel the
         prefetch thread's wait, hand back what it fetched ahead. Runs when a generator

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import time
+from typing import Any
+
 from tq_stream.config import StreamConfig, check_units
 from tq_stream.errors import ConfigError
 from tq_stream.stream import Stream
 
 MODES = ("embedded", "local", "ray")
+logger = logging.getLogger(__name__)
 
 
 def init(mode: str = "embedded", storage_units: int = 1, restore: str | None = None,
-         config: StreamConfig | None = None, **options: object) -> Stream:
+         config: StreamConfig | None = None, metrics_port: int | None = None,
+         metrics_host: str = "127.0.0.1", **options: Any) -> Stream:
     """Start a deployment and return a Stream handle that owns it.
 
     Args:
@@ -19,9 +25,35 @@ def init(mode: str = "embedded", storage_units: int = 1, restore: str | None = N
         restore: a checkpoint folder written by ``stream.save`` to start from (every
             file is checked first: a damaged one raises ``CheckpointError``).
         config: timeouts and lease defaults (``StreamConfig``).
+        metrics_port: serve Prometheus metrics of the deployment from this process on
+            this port (0: a free one; ``stream.metrics_endpoint`` tells which). Needs
+            the ``metrics`` extra.
+        metrics_host: the address the metrics endpoint binds (loopback by default).
         options: mode-specific settings (see the mode's module).
     """
-    config = config or StreamConfig()
+    if metrics_port is not None:
+        from tq_stream.metrics import check_port, require_prometheus
+
+        require_prometheus()  # fail before starting anything
+        check_port(metrics_port)
+    started = time.monotonic()
+    stream = _start(mode, storage_units, restore, config or StreamConfig(), options)
+    logger.info("started a deployment (%s mode, %d storage units%s) in %.2f s", mode,
+                storage_units, f" at {stream.address}" if stream.address else "",
+                time.monotonic() - started)
+    if metrics_port is not None:
+        from tq_stream.metrics import serve
+
+        try:
+            stream._metrics = serve(stream, metrics_port, metrics_host)
+        except BaseException:
+            stream.close()
+            raise
+    return stream
+
+
+def _start(mode: str, storage_units: int, restore: str | None, config: StreamConfig,
+           options: dict[str, Any]) -> Stream:
     n = check_units(storage_units)
     if mode == "embedded":
         from tq_stream.deploy.embedded import EmbeddedBackend

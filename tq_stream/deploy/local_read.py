@@ -285,6 +285,8 @@ class SameHostUnit(StorageUnit):
 
     def load_rows(self, path: str, save: str, unit: int) -> dict[str, Any]:
         return self._remote.load_rows(path, save, unit)
+    def stats(self, timeout: float | None = None) -> dict[str, Any]:
+        return self._remote.stats(timeout)
 
     def close(self) -> None:
         self._remote.close()

@@ -164,6 +164,9 @@ class RemoteController:
     def ping(self) -> dict[str, Any]:
         return self._call("ping")
 
+    def server_stats(self, timeout: float | None = None) -> dict[str, Any]:
+        return self._call("server_stats", timeout)
+
     def state_dict(self) -> dict[str, Any]:
         return self._call("state_dict")
 
@@ -219,6 +222,8 @@ class RemoteUnit(StorageUnit):
     def load_rows(self, path: str, save: str, unit: int) -> dict[str, Any]:
         return self._rpc.call("load_rows", {"path": path, "save": save, "unit": unit},
                               timeout=max(self._timeout, UNIT_FILE_TIMEOUT))
+    def stats(self, timeout: float | None = None) -> dict[str, Any]:
+        return self._rpc.call("stats", {}, timeout=timeout or self._timeout)
 
     def close(self) -> None:
         self._rpc.close()

@@ -85,7 +85,7 @@ class RayDeployment:
             raise ConfigError("mode must be 'embedded' or 'local' when ray is not installed "
                               "(pip install 'tq_stream[ray]'), got 'ray'") from None
         if not ray.is_initialized():
-            ray.init(namespace=namespace, log_to_driver=False)
+            ray.init(namespace=namespace)  # the servers' WARNINGs reach the driver
         self.curve_server_key: bytes | None = None
         secret = ""
         if curve:

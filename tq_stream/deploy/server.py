@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import ctypes
 import json
+import logging
 import os
 import select
 import signal
@@ -62,6 +63,20 @@ def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = 
     return service, service.close
 
 
+def log_warnings_to_stderr() -> None:
+    """A server process whose logging nobody configured (a spawned child, a Ray actor)
+    writes the package's WARNINGs to stderr, which the owner or Ray shows; a forked
+    child keeps the handlers it inherited from the owner."""
+    root, pkg = logging.getLogger(), logging.getLogger("tq_stream")
+    if root.handlers or any(not isinstance(h, logging.NullHandler) for h in pkg.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(
+        f"%(asctime)s tq_stream[{os.getpid()}] %(levelname)s %(name)s: %(message)s"))
+    handler.setLevel(logging.WARNING)
+    pkg.addHandler(handler)
+
+
 def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, ...] = (),
           shm: bool = True, curve_secret_key: bytes | None = None,
           curve_server_key: bytes | None = None,
@@ -74,6 +89,7 @@ def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, .
     """
     from tq_stream.transport.rpc import rpc_server
 
+    log_warnings_to_stderr()
     service, cleanup = build_service(role, units, sampler_modules, shm,
                                      curve_server_key=curve_server_key)
     workers = 64 if role == "controller" else 16

@@ -7,6 +7,7 @@ all carried by ``tq_stream.serialization`` without pickle.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -22,7 +23,7 @@ from tq_stream.controller import Controller
 from tq_stream.controller.task import LEASED, NEW
 from tq_stream.errors import ConfigError, StateError, check_positive
 from tq_stream.samplers.spec import from_spec
-from tq_stream.transport.dispatch import WouldBlock, may_block
+from tq_stream.transport.dispatch import WouldBlock, may_block, rpc_stats
 
 
 def host_id() -> str:
@@ -35,6 +36,7 @@ def host_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
+logger = logging.getLogger(__name__)
 UNIT_LOST = "unit_lost"  # discard reason of rows whose storage unit died
 
 
@@ -68,7 +70,7 @@ class UnitService:
     are checked to be 1-D int arrays (slots in ``[0, MAX_SLOT)``) before they reach it."""
 
     RPC_METHODS = frozenset({"put", "get", "free", "drop", "nbytes", "ping", "layout",
-                             "prepare_write", "finish_write", "save_rows", "load_rows"})
+                             "prepare_write", "finish_write", "save_rows", "load_rows", "stats"})
     # The unit's lock guards only copies, so every method may run on the server's IO
     # thread; large transfers go to worker threads (``INLINE_BYTES``/``INLINE_ROWS``), so
     # a bulk copy never delays small requests and several copies run in parallel.
@@ -124,6 +126,9 @@ class UnitService:
 
         check_file(path, save, unit)
         return self.unit.load_rows(path, save, unit)
+    def stats(self) -> dict[str, Any]:
+        """The unit's ``stats()`` plus its process id and the RPC calls it served."""
+        return {**self.unit.stats(), "pid": os.getpid(), "rpc": rpc_stats()}
 
     def prepare_write(self, partition: str, slots: Any, generations: Any,
                       fields: dict[str, Any]) -> dict[str, Any]:
@@ -156,8 +161,9 @@ class ControllerService(Controller):
     """
 
     RPC_METHODS = Controller.RPC_METHODS | frozenset({
-        "attach_units", "units", "ping", "state_dict", "load_state_dict", "drop_unit"})
-    RPC_INLINE = Controller.RPC_INLINE | frozenset({"ping"})
+        "attach_units", "units", "ping", "state_dict", "load_state_dict", "drop_unit",
+        "server_stats"})
+    RPC_INLINE = Controller.RPC_INLINE | frozenset({"ping", "server_stats"})
 
     def __init__(self, n_units: int, sampler_modules: Sequence[str] = (),
                  unit_client: Any = None) -> None:
@@ -222,6 +228,8 @@ class ControllerService(Controller):
                     part.give_slots(u, slots)
                 dropped[name] = len(rows)
             self._cond.notify_all()
+        logger.warning("storage unit %d went down and was replaced by an empty one; rows "
+                       "lost per partition (discarded as %r): %s", unit, UNIT_LOST, dropped)
         return dropped
 
     def units(self) -> list[dict[str, Any]]:
@@ -232,6 +240,10 @@ class ControllerService(Controller):
     def ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": host_id(), "units": len(self._unit_addresses),
                 "local": self.local_address}
+
+    def server_stats(self) -> dict[str, Any]:
+        """The controller process: its pid and the RPC calls it served."""
+        return {"pid": os.getpid(), "rpc": rpc_stats()}
 
     def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
                       dp_size: int = 1, replicas: int = 1, lease_timeout: float = 300.0,

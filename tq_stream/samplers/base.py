@@ -170,6 +170,8 @@ class Sampler:
     short final step or discard what is left.
     """
 
+    _spec_args: tuple[tuple[Any, ...], dict[str, Any]]  # set by __new__, read by spec
+
     STATE_KEYS: tuple[str, ...] = ()
 
     @property
@@ -263,7 +265,8 @@ def numeric_tag(values: np.ndarray, name: str) -> np.ndarray:
 def missing_mask(values: np.ndarray) -> np.ndarray:
     """True where a tag value is missing: NaN in a float column, None/NaN in an object column."""
     if values.dtype.kind == "f":
-        return np.isnan(values)
+        nan: np.ndarray = np.isnan(values)
+        return nan
     if values.dtype.kind == "O":
         return np.fromiter((v is None or v != v for v in values), bool, len(values))
     return np.zeros(values.shape[0], dtype=bool)

@@ -6,6 +6,9 @@ CPU work): a server runs those on its IO thread, skipping two thread hops. An
 inline method that finds it would have to wait raises ``WouldBlock`` before
 changing anything, and the server runs it again on a worker thread, where it
 may block. ``may_block()`` tells a method which case it is in.
+
+Every dispatcher counts the calls it ran and the errors they raised, per method, in
+this process (``rpc_stats()``: what a server reports to metrics).
 """
 
 from __future__ import annotations
@@ -19,6 +22,27 @@ from tq_stream.errors import ConfigError
 
 MAX_BOUND = 1024  # argument-name tuples remembered as valid
 _INLINE = threading.local()  # .active is True while an inline call runs in this thread
+_CALLS: dict[str, int] = {}  # "Handler.method" -> calls run in this process
+_ERRORS: dict[tuple[str, str], int] = {}  # ("Handler.method", exception name) -> count
+_COUNT_LOCK = threading.Lock()
+
+
+def rpc_stats() -> dict[str, Any]:
+    """Calls run by every dispatcher of this process, per ``"Handler.method"``, and the
+    errors they raised per exception name: ``{"calls": {...}, "errors": {m: {e: n}}}``."""
+    with _COUNT_LOCK:
+        errors: dict[str, dict[str, int]] = {}
+        for (method, kind), n in _ERRORS.items():
+            errors.setdefault(method, {})[kind] = n
+        return {"calls": dict(_CALLS), "errors": errors}
+
+
+def _count(name: str, error: BaseException | None) -> None:
+    with _COUNT_LOCK:
+        _CALLS[name] = _CALLS.get(name, 0) + 1
+        if error is not None:
+            key = (name, type(error).__name__)
+            _ERRORS[key] = _ERRORS.get(key, 0) + 1
 
 
 class WouldBlock(Exception):  # noqa: N818 - a control-flow signal, not an error
@@ -68,6 +92,7 @@ class Dispatcher:
                     f"{self.handler_name}.RPC_METHODS must name public methods, got {name!r}"
                 )
             self._table[name] = (method, inspect.signature(method))
+        self._counted = {name: f"{self.handler_name}.{name}" for name in self._table}
         inline = getattr(handler, "RPC_INLINE", frozenset())
         if not isinstance(inline, frozenset) or not inline <= methods:
             raise ConfigError(
@@ -101,15 +126,23 @@ class Dispatcher:
             raise ConfigError(f"args of {method!r} must be a dict with str keys, got {args!r}")
         fn, signature = entry
         names = (method, *args)
-        if names not in self._bound:  # binding depends on the argument names only
-            try:
-                signature.bind(**args)
-            except TypeError as exc:
-                raise ConfigError(f"bad arguments for {self.handler_name}.{method}: {exc}") \
-                    from None
-            if len(self._bound) < MAX_BOUND:
-                self._bound.add(names)
-        return fn(**args)
+        try:
+            if names not in self._bound:  # binding depends on the argument names only
+                try:
+                    signature.bind(**args)
+                except TypeError as exc:
+                    raise ConfigError(f"bad arguments for {self.handler_name}.{method}: "
+                                      f"{exc}") from None
+                if len(self._bound) < MAX_BOUND:
+                    self._bound.add(names)
+            result = fn(**args)
+        except WouldBlock:
+            raise  # not run: it runs again on a worker, and is counted there
+        except Exception as exc:
+            _count(self._counted[method], exc)
+            raise
+        _count(self._counted[method], None)
+        return result
 
     def call_inline(self, method: Any, args: Any) -> Any:
         """``self(method, args)`` with ``may_block()`` False (on a server's IO thread).

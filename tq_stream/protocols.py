@@ -1,0 +1,78 @@
+"""ControllerAPI: what the client layers (Stream, Writer, Client, KV) call on a controller.
+
+Both the in-process ``Controller`` (embedded mode) and ``RemoteController`` (its
+RPC stand-in in local and Ray mode) provide these methods with these keyword
+arguments; the client layers are typed against this protocol, not against either.
+Row indices and generations are int64 numpy arrays; metas and placements are plain
+dicts (see ``BatchMeta.from_dict``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from tq_stream.stats import PartitionStats
+
+
+@runtime_checkable
+class ControllerAPI(Protocol):
+    """The controller methods the client layers use (see module docstring)."""
+
+    def create_partition(self, partition: str, capacity: int | None = None,
+                         consumers: Sequence[str] | None = None) -> None: ...
+
+    def close_partition(self, partition: str) -> None: ...
+
+    def reserve(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
+                unit: int = -1, timeout: float = 60.0, expect: Any = None,
+                spare: int = 0) -> dict[str, Any]: ...
+
+    def commit(self, partition: str, index: np.ndarray, generation: np.ndarray,
+               schemas: Mapping[str, Any], tags: list[dict[str, Any]] | None = None) -> None: ...
+
+    def abort(self, partition: str, index: np.ndarray, generation: np.ndarray) -> None: ...
+
+    def admit(self, partition: str, n: int, timeout: float = 60.0) -> int: ...
+
+    def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
+                      dp_size: int = 1, replicas: int = 1, lease_timeout: float = 300.0,
+                      drop_last: bool = False, sampler: Any = None) -> None: ...
+
+    def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
+                 timeout: float = 60.0, replica: int = 0, session: str = "",
+                 consumer: str = "") -> dict[str, Any] | None: ...
+
+    def ack(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,
+            generation: np.ndarray, replica: int = 0) -> int: ...
+
+    def release(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,
+                generation: np.ndarray, replica: int = 0) -> None: ...
+
+    def renew(self, partition: str, task: str, step: int | None = None,
+              session: str = "") -> int: ...
+
+    def first_unfinished(self, partition: str, task: str,
+                         dp_rank: int = 0) -> dict[str, Any]: ...
+
+    def cancel(self, session: str) -> None: ...
+
+    def task_rows(self, partition: str, task: str) -> dict[str, Any]: ...
+
+    def clear(self, partition: str, keys: Sequence[str] | None = None) -> int: ...
+
+    def lookup(self, partition: str, keys: Sequence[str],
+               fields: Sequence[str] | None = ()) -> dict[str, Any]: ...
+
+    def list_rows(self, partition: str) -> list[dict[str, Any]]: ...
+
+    def set_tags(self, partition: str, keys: Sequence[str],
+                 tags: list[dict[str, Any]]) -> None: ...
+
+    def set_version(self, partition: str, task: str, version: int) -> None: ...
+
+    def set_admission(self, partition: str, task: str, steps_per_version: int) -> None: ...
+
+    def stats(self) -> dict[str, PartitionStats]: ...

@@ -1,0 +1,137 @@
+"""The shapes of what ``Stream.stats()``, ``Stream.deployment_stats()`` and
+``Stream.processes()`` return.
+
+``stats()`` keeps its plain-dict form (it travels over RPC unchanged); these
+TypedDicts document every key. Counters (``*_total`` in Prometheus terms) only grow
+for the life of the deployment; gauges are the value now.
+
+Examples:
+    >>> s = stream.stats()["train"]["tasks"]["actor"]
+    >>> s["available"], s["oldest_ready_age"], s["rates"]["acked"]
+    (12, 0.8, 250.0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypedDict
+
+
+class HistogramStats(TypedDict):
+    """Fixed-bucket histogram: ``counts[i]`` observations were <= ``buckets[i]`` seconds
+    (and > ``buckets[i-1]``); the last count is above the last bucket."""
+
+    buckets: list[float]
+    counts: list[int]
+    sum: float
+    count: int
+
+
+class Rates(TypedDict):
+    """Rows per second over about the last minute (between ``stats()`` calls)."""
+
+    handed_out: float
+    acked: float
+
+
+class _LeaseCounters(TypedDict, total=False):
+    renewed: int  # lease renewals
+    expired: int  # leases that ran out (their rows went back to the queue)
+    redelivered: int  # rows handed out again after an expiry or a release
+
+
+class TaskStats(_LeaseCounters):
+    """One consumer task on one partition."""
+
+    fields: list[str]
+    available: int  # rows ready for this task and not handed out (gauge)
+    leased: int  # rows handed out and not acked yet (gauge)
+    handed_out: int  # rows handed out so far (counter; a redelivery counts again)
+    acked: int  # rows acked by every replica (counter)
+    discarded: dict[str, int]  # rows dropped without delivery, by reason (counters)
+    next_step: int
+    version: int | None
+    ended: bool
+    at: float  # epoch seconds when these figures were read
+    oldest_ready_age: float  # seconds the oldest available row has been ready (0: none)
+    rates: Rates
+    get_meta_wait: HistogramStats  # seconds a get_meta call waited for its rows
+    write_to_handout: HistogramStats  # seconds from a row's last write to its hand-out
+
+
+class BlockedSeconds(TypedDict):
+    """Seconds writers spent blocked, by reason (counters)."""
+
+    capacity: float  # reserve waiting for a bounded partition to free rows
+    admission: float  # Writer.reserve waiting for the staleness window
+
+
+class PartitionStats(TypedDict):
+    """One partition: ``Stream.stats()[partition]``."""
+
+    rows: int  # live rows (gauge)
+    capacity: int | None
+    closed: bool
+    rows_created: int  # rows ever created (counter)
+    fields: dict[str, str]  # field -> schema description
+    blocked_seconds: BlockedSeconds
+    tasks: dict[str, TaskStats]
+
+
+class RpcStats(TypedDict):
+    """Calls a server ran, per method, and the errors they raised by exception name."""
+
+    calls: dict[str, int]
+    errors: dict[str, dict[str, int]]
+
+
+class UnitPartitionStats(TypedDict):
+    rows: int  # slots holding a row
+    fields: dict[str, int]  # field -> bytes allocated
+
+
+class UnitStats(TypedDict):
+    """One storage unit, as ``deployment_stats()["units"][i]``."""
+
+    unit: int
+    up: bool  # it answered; when False only ``unit`` and ``error`` are meaningful
+    error: str
+    pid: int
+    nbytes: int  # bytes allocated for row data
+    partitions: dict[str, UnitPartitionStats]
+    rpc: RpcStats
+
+
+class ControllerServerStats(TypedDict):
+    pid: int
+    rpc: RpcStats
+
+
+class DeploymentStats(TypedDict):
+    """``Stream.deployment_stats()``: the servers of the deployment."""
+
+    mode: str
+    controller: ControllerServerStats
+    units: list[UnitStats]
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One process of a deployment (``Stream.processes()``).
+
+    Attributes:
+        role: "controller" or "unit".
+        index: the unit's index (0 for the controller).
+        pid: its process id (on ``host``).
+        host: the machine it runs on (hostname/boot id).
+        address: where clients reach it (None in embedded mode).
+        folder: the folder of its unix sockets, removed when the deployment stops
+            (None when it serves on tcp only).
+    """
+
+    role: str
+    index: int
+    pid: int
+    host: str
+    address: str | None
+    folder: str | None

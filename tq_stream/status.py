@@ -1,0 +1,111 @@
+"""``tq-stream status ADDRESS``: what a running deployment is doing, as tables.
+
+Connects with ``tq.connect(address)`` and makes read-only calls only
+(``stats``, ``deployment_stats``, ``processes``): it never registers a task, writes,
+leases or acks, so watching does not disturb the stream. ``--watch`` redraws in
+place every ``--interval`` seconds until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from tq_stream.stats import DeploymentStats, PartitionStats
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def task_table(stats: dict[str, PartitionStats]) -> Table:
+    table = Table(title="Tasks", title_justify="left")
+    for col in ("partition", "task", "ready", "leased", "acked", "discarded",
+                "out/s", "acked/s", "lag s", "step"):
+        table.add_column(col, justify="left" if col in ("partition", "task") else "right")
+    for pname, p in sorted(stats.items()):
+        for tname, t in sorted(p["tasks"].items()):
+            discarded = sum(t["discarded"].values())
+            table.add_row(pname, tname, str(t["available"]), str(t["leased"]), str(t["acked"]),
+                          str(discarded), f"{t['rates']['handed_out']:.1f}",
+                          f"{t['rates']['acked']:.1f}", f"{t['oldest_ready_age']:.1f}",
+                          "end" if t["ended"] else str(t["next_step"]))
+    return table
+
+
+def partition_table(stats: dict[str, PartitionStats]) -> Table:
+    table = Table(title="Partitions", title_justify="left")
+    for col in ("partition", "rows", "capacity", "created", "state", "blocked s"):
+        table.add_column(col, justify="left" if col in ("partition", "state") else "right")
+    for name, p in sorted(stats.items()):
+        blocked = p["blocked_seconds"]["capacity"] + p["blocked_seconds"]["admission"]
+        table.add_row(name, str(p["rows"]), "-" if p["capacity"] is None else str(p["capacity"]),
+                      str(p["rows_created"]), "closed" if p["closed"] else "open",
+                      f"{blocked:.1f}")
+    return table
+
+
+def unit_table(servers: DeploymentStats) -> Table:
+    table = Table(title="Storage units", title_justify="left")
+    for col in ("unit", "health", "pid", "bytes", "rows", "rpc calls", "rpc errors"):
+        table.add_column(col, justify="left" if col in ("unit", "health") else "right")
+    for u in servers["units"]:
+        if not u["up"]:
+            table.add_row(str(u["unit"]), Text("down", style="bold red"), "-", "-", "-", "-",
+                          "-")
+            continue
+        rows = sum(p["rows"] for p in u["partitions"].values())
+        calls = sum(u["rpc"]["calls"].values())
+        errors = sum(n for kinds in u["rpc"]["errors"].values() for n in kinds.values())
+        table.add_row(str(u["unit"]), Text("up", style="green"), str(u["pid"]),
+                      _bytes(u["nbytes"]), str(rows), str(calls), str(errors))
+    return table
+
+
+def render(stream: Any) -> Group:
+    """The status of ``stream``'s deployment as rich renderables (read-only calls)."""
+    stats = stream.stats()
+    servers = stream.deployment_stats()
+    down = len([u for u in servers["units"] if not u["up"]])
+    head = Text.assemble(
+        ("tq_stream ", "bold"), f"{stream.address or 'embedded'}  ",
+        f"controller pid {servers['controller']['pid']}  ",
+        f"{len(servers['units'])} units", (f" ({down} down)" if down else "", "bold red"),
+        f"  {time.strftime('%H:%M:%S')}")
+    return Group(head, partition_table(stats), task_table(stats), unit_table(servers))
+
+
+def main(address: str, watch: bool = False, interval: float = 2.0,
+         console: Console | None = None, curve_server_key: bytes | None = None) -> int:
+    """Print the status of the deployment at ``address`` once, or redraw it in place
+    every ``interval`` seconds with ``watch`` (until Ctrl-C). Returns the exit code.
+
+    Args:
+        curve_server_key: the deployment's CURVE public key, when it requires CURVE.
+    """
+    import tq_stream as tq
+
+    console = console or Console()
+    stream = tq.connect(address, curve_server_key=curve_server_key)
+    try:
+        if not watch:
+            console.print(render(stream))
+            return 0
+        with Live(render(stream), console=console, auto_refresh=False) as live:
+            try:
+                while True:
+                    time.sleep(max(0.1, interval))
+                    live.update(render(stream), refresh=True)
+            except KeyboardInterrupt:
+                return 0
+    finally:
+        stream.close()
