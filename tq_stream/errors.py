@@ -9,6 +9,7 @@
     │   └── LeaseError         ack/release of rows this consumer does not hold
     ├── WaitTimeout            a bounded wait expired (also a TimeoutError)
     ├── SerializationError     a malformed, truncated or unsupported message
+    ├── AuthError              an admin call without the deployment owner's token
     └── RemoteError            an error raised on the other side of a transport
 
 Every message names the argument, the rule and the offending value, e.g.
@@ -55,6 +56,11 @@ class WaitTimeout(TQError, TimeoutError):
 
 class SerializationError(TQError):
     """A malformed, truncated or unsupported message."""
+
+
+class AuthError(TQError, PermissionError):
+    """An admin call (attach or drop units, load or read the controller state, clear a
+    whole partition, ...) from a client that lacks the deployment owner's token."""
 
 
 class RemoteError(TQError):

@@ -31,6 +31,8 @@ from tq_stream.serialization import decode, encode
 from tq_stream.transport.zmq_security import Key, make_curve_client, make_curve_server
 from tq_stream.transport.zmq_sockets import SocketGroup
 
+MAX_EVENT_BYTES = 1 << 20  # a frame above this drops the publisher's connection
+
 
 def _topic_frame(topic: str) -> bytes:
     # zmq subscriptions match prefixes; the NUL terminator makes them exact.
@@ -197,6 +199,7 @@ class Subscriber:
         sock = self._group.socket(zmq.SUB)
         try:
             sock.rcvhwm = self._hwm
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_EVENT_BYTES)  # events are small
             server_key, public, secret = self._curve
             if server_key is not None:
                 make_curve_client(sock, server_key, public, secret)
