@@ -57,7 +57,8 @@ def test_producer_and_consumer_on_different_nodes(ray_cluster):
 
     node_a, node_b = ray_cluster
     produce, consume = _tasks()
-    stream = tq.init(mode="ray", storage_units=2, config=tq.StreamConfig(timeout=60))
+    stream = tq.init(mode="ray", storage_units=2, config=tq.StreamConfig(timeout=60),
+                     allow_insecure_tcp=True)  # two nodes, no CURVE: an explicit opt-in
     names = [f"tq_stream_unit{i}" for i in range(2)] + ["tq_stream_controller"]
     try:
         assert sorted(stream._owner.unit_nodes) == sorted(ray_cluster), "one unit per node"
