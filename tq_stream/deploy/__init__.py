@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tq_stream.config import StreamConfig, check_units
 from tq_stream.errors import ConfigError
-from tq_stream.stream import Stream
+
+if TYPE_CHECKING:  # imported when used: a server process never needs it (nor tensordict)
+    from tq_stream.stream import Stream
 
 MODES = ("embedded", "local", "ray")
 
@@ -24,6 +28,7 @@ def init(mode: str = "embedded", storage_units: int = 1, restore: str | None = N
     n = check_units(storage_units)
     if mode == "embedded":
         from tq_stream.deploy.embedded import EmbeddedBackend
+        from tq_stream.stream import Stream
 
         if options:
             raise ConfigError(f"embedded mode takes no options, got {sorted(options)}")
