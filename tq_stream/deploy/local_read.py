@@ -202,9 +202,7 @@ class SameHostUnit(StorageUnit):
             try:
                 layout = self._layout(partition, fields, fresh=attempt > 0)
             except StateError:  # a segment went between the layout call and mapping it
-                if attempt == 2:
-                    raise
-                continue
+                continue  # after the last attempt: the unit answers (below), under its lock
             out = layout.gather(slots, into)
             if generations is not None and out and not layout.current(slots, generations):
                 out = {}  # a put or clear touched the slots: the unit decides (locked)
