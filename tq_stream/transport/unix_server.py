@@ -54,7 +54,8 @@ MAX_CONNECTIONS = 4096  # connections open at once (each costs a file descriptor
 MAX_MESSAGE = MAX_BYTES  # bytes one request may announce, unless the server sets less
 READ_TIMEOUT = 60.0  # seconds the rest of a request may take once it started arriving
 SEND_TIMEOUT = 60.0  # seconds a reply may wait for a caller that does not read it
-STICKY = 0.002  # seconds a worker waits for the next request on its connection
+STICKY = 0.05  # seconds a worker waits for the next request on its connection, while
+# other workers are idle (a caller's next call then skips the hop through the IO thread)
 _SWEEP = 1.0  # seconds between looks for idle connections to close
 LISTEN_BACKLOG = 1024  # connections the kernel queues before the IO thread accepts them
 _ACCEPTS = 256  # connections accepted per wake-up (then the other events get a turn)
@@ -183,6 +184,7 @@ class UnixRpcServer:
         # Unbounded in type, bounded in fact: a connection is queued at most once.
         self._work: queue.SimpleQueue[_Conn | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._idle_workers = 0  # a hint for stickiness (races only skew it)
         self._started = False
         self._closed = False
 
@@ -340,14 +342,16 @@ class UnixRpcServer:
 
     def _work_loop(self) -> None:
         while True:
+            self._idle_workers += 1
             conn = self._work.get()  # close() puts one None per worker
+            self._idle_workers -= 1
             if conn is None or self._closed:
                 return
             try:
                 self._serve_one(conn)
-                # The same caller's next request, if it comes at once and no one else
-                # waits, is served here: no hop through the IO thread.
-                while not self._closed and self._work.empty() and \
+                # The same caller's next request, if it comes soon and other workers are
+                # free for everyone else, is served here: no hop through the IO thread.
+                while not self._closed and self._idle_workers > 0 and \
                         _readable(conn.sock, STICKY):
                     self._serve_one(conn)
             except (FrameError, OSError) as exc:
