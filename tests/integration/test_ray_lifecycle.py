@@ -16,7 +16,7 @@ import torch
 from tq_fixtures import ray_cluster, wait_until
 
 import tq_stream as tq
-from tq_stream.errors import ConfigError, WaitTimeout
+from tq_stream.errors import AuthError, ConfigError, WaitTimeout
 
 __all__ = ["ray_cluster"]  # the session-scoped fixture, imported for pytest
 
@@ -60,6 +60,13 @@ def test_a_start_that_times_out_raises_it_kills_its_actors_and_a_retry_works(ray
                      allow_insecure_tcp=True)
     try:
         assert _round_trip(stream)
+        joined = tq.connect(stream.address, config=CONFIG)  # not the owner
+        try:
+            with pytest.raises(AuthError, match="admin call"):
+                joined.kv.clear(partition="p")
+        finally:
+            joined.close()
+        assert stream.kv.clear(partition="p") == 2  # the owner may
     finally:
         stream.close()
     assert wait_until(lambda: all(_gone(n) for n in names), 60)

@@ -35,7 +35,8 @@ EXIT_GRACE = 10.0  # seconds the whole stop may take before the process exits an
 # Bytes one request may carry (``max_message``): the controller receives metadata only;
 # a unit receives the rows of one put (a larger put is split by the caller or refused).
 MAX_MESSAGE = {"controller": 64 << 20, "unit": 4 << 30}
-WORKERS = {"controller": 64, "unit": 16}  # threads running one server's requests
+WORKERS = {"controller": 128, "unit": 16}  # threads running one server's requests (long-polls
+# of waiting consumers hold controller workers, up to 2 s each: see proxies.POLL_SLICE)
 
 # Segments of emptied partitions a served unit keeps for their next rows (ShmUnit):
 # streaming consumers that keep up empty a partition after nearly every row.

@@ -100,12 +100,13 @@ def _bind(sock: socket.socket, path: str) -> None:
 class _Conn:
     """One accepted connection: its socket, its reader, when it was last active."""
 
-    __slots__ = ("last", "reader", "sock")
+    __slots__ = ("last", "queued", "reader", "sock")
 
     def __init__(self, sock: socket.socket, max_bytes: int, pool: BufferPool) -> None:
         self.sock = sock
         self.reader = Reader(sock, max_bytes, pool)
         self.last = time.monotonic()
+        self.queued = self.last  # when it was last handed to the workers
 
     def close(self) -> None:
         self.reader.close()
@@ -278,6 +279,7 @@ class UnixRpcServer:
                     elif key.data in idle:  # a request (or the peer's hang-up) arrived
                         sel.unregister(key.fileobj)
                         del idle[key.data]
+                        key.data.queued = time.monotonic()
                         self._work.put(key.data)
                 if self._closed:
                     return
@@ -348,12 +350,12 @@ class UnixRpcServer:
             if conn is None or self._closed:
                 return
             try:
-                self._serve_one(conn)
+                self._serve_one(conn, conn.queued)
                 # The same caller's next request, if it comes soon and other workers are
                 # free for everyone else, is served here: no hop through the IO thread.
                 while not self._closed and self._idle_workers > 0 and \
                         _readable(conn.sock, STICKY):
-                    self._serve_one(conn)
+                    self._serve_one(conn, None)
             except (FrameError, OSError) as exc:
                 logger.debug("connection to %s ended: %s", self.address, exc)
                 self._forget(conn)
@@ -364,8 +366,9 @@ class UnixRpcServer:
             self._returned.append(conn)
             self._wake()
 
-    def _serve_one(self, conn: _Conn) -> None:
-        """Read one request from ``conn``, run it, reply.
+    def _serve_one(self, conn: _Conn, queued: float | None) -> None:
+        """Read one request from ``conn``, run it, reply. A request that waited for a
+        worker (since ``queued``) longer than its caller's timeout is not run.
 
         Raises:
             FrameError, OSError: the connection broke or stalled: drop it.
@@ -374,7 +377,7 @@ class UnixRpcServer:
             frames = conn.reader.read(time.monotonic() + READ_TIMEOUT)
         except TimedOut as exc:
             raise FrameError(f"request stalled for {READ_TIMEOUT} s") from exc
-        received = time.monotonic()
+        received = time.monotonic() if queued is None else queued
         request, reply = read_request(frames, self.address)
         if request is not None:
             reply = run_request(self._dispatch, request, received, False, self.address)
