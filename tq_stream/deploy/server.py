@@ -90,8 +90,12 @@ def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, .
                                      owner_token=owner_token)
     bounds = {"workers": WORKERS[role], "backlog": 1024, "owner_token": owner_token,
               "max_message": max_message or MAX_MESSAGE[role]}
-    servers = [rpc_server(service, address, curve_secret_key=curve_secret_key,
-                          allow_insecure=allow_insecure, **bounds)]
+    try:
+        servers = [rpc_server(service, address, curve_secret_key=curve_secret_key,
+                              allow_insecure=allow_insecure, **bounds)]
+    except BaseException:
+        cleanup()  # e.g. an address that cannot be bound: the unit's memory goes too
+        raise
     local = None
     if local_dir is not None and curve_secret_key is None:
         try:
