@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -25,10 +26,14 @@ BATCH = 4
 
 
 def _hog() -> int:
+    """A busy-loop child; it ends when killed, when this process dies, or after 120 s."""
+    parent = os.getpid()
     pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child spins until it is killed
-        while True:
+    if pid == 0:  # pragma: no cover - the child spins
+        deadline = time.monotonic() + 120
+        while os.getppid() == parent and time.monotonic() < deadline:
             pass
+        os._exit(0)
     return pid
 
 
