@@ -16,6 +16,8 @@ def isort_key(name: str) -> tuple[int, str]:
 
 def test_all_is_sorted_and_matches_public_names():
     assert tq_stream.__all__ == sorted(tq_stream.__all__, key=isort_key)
+    for name in tq_stream.__all__:  # public names load on first use
+        getattr(tq_stream, name)
     public = {name for name, value in vars(tq_stream).items()
               if not name.startswith("_") and not isinstance(value, types.ModuleType)}
     public |= {"__version__", "errors", "samplers"}

@@ -11,6 +11,7 @@
     ├── WaitTimeout            a bounded wait expired (also a TimeoutError)
     ├── SerializationError     a malformed, truncated or unsupported message
     │   └── CheckpointError    a checkpoint file that is missing, damaged or inconsistent
+    ├── AuthError              an admin call without the deployment owner's token
     └── RemoteError            an error raised on the other side of a transport
 
 Every message names the argument, the rule and the offending value, e.g.
@@ -65,6 +66,11 @@ class SerializationError(TQError):
 
 class CheckpointError(SerializationError):
     """A checkpoint file that is missing, truncated, corrupted or from another save."""
+
+
+class AuthError(TQError, PermissionError):
+    """An admin call (attach or drop units, load or read the controller state, clear a
+    whole partition, ...) from a client that lacks the deployment owner's token."""
 
 
 class RemoteError(TQError):

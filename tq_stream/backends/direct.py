@@ -29,6 +29,7 @@ import numpy as np
 from tq_stream.backends.slabs import DenseSlab
 from tq_stream.columns import dtype_from_name
 from tq_stream.errors import ConfigError, StateError, WaitTimeout
+from tq_stream.transport.dispatch import WouldBlock, may_block
 
 TICKET_TTL = 60.0  # seconds an open ticket blocks growth before it is dropped
 GROWTH_WAIT = 30.0  # seconds a growth waits for open tickets
@@ -57,9 +58,16 @@ class DirectWrites:
                    for f, s in part.fields.items() if f in fields)
 
     def _wait_growth(self, partition: str, slots: np.ndarray, fields: Any) -> None:
-        """Called with the lock held: wait until growing these slabs moves no open write."""
+        """Called with the lock held: wait until growing these slabs moves no open write.
+
+        Raises:
+            WouldBlock: it would wait, on a server's IO thread (``may_block()`` False):
+                that thread must stay free to run the ``finish_write`` that ends the wait.
+        """
         deadline = time.monotonic() + GROWTH_WAIT
         while self._must_grow(partition, slots, fields) and self._open_on(partition):
+            if not may_block():
+                raise WouldBlock
             left = deadline - time.monotonic()
             if left <= 0:
                 raise WaitTimeout(f"a slab of partition {partition!r} must grow, but direct "

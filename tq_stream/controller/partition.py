@@ -98,6 +98,10 @@ class PartitionMeta:
     def size(self) -> int:
         return self.used.shape[0]
 
+    def slot_end(self, unit: int) -> int:
+        """Every slot of ``unit`` that rows of this partition use is below this."""
+        return self._pools[unit].next
+
     def _grow_to(self, need: int) -> None:
         n = self.size
         while n < need:

@@ -3,8 +3,7 @@
 Fixed-bucket histograms (numpy counters, one per partition and task) of
 
 - ``get_meta_wait``: seconds a ``get_meta`` call waited before its rows were ready
-  (in local and Ray mode one call waits at most one long-poll slice, see
-  ``tq_stream.deploy.proxies.POLL_SLICE``; a longer wait is several calls);
+  (one call per wait in every mode: a long-poll across processes);
 - ``write_to_handout``: seconds from a row's last field write to its hand-out;
 
 counters of the seconds writers spent blocked (per partition and reason:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tq_stream.config import StreamConfig, check_units
 from tq_stream.errors import ConfigError
-from tq_stream.stream import Stream
+
+if TYPE_CHECKING:  # imported when used: a server process never needs it (nor tensordict)
+    from tq_stream.stream import Stream
 
 MODES = ("embedded", "local", "ray")
 logger = logging.getLogger(__name__)
@@ -57,6 +59,7 @@ def _start(mode: str, storage_units: int, restore: str | None, config: StreamCon
     n = check_units(storage_units)
     if mode == "embedded":
         from tq_stream.deploy.embedded import EmbeddedBackend
+        from tq_stream.stream import Stream
 
         if options:
             raise ConfigError(f"embedded mode takes no options, got {sorted(options)}")

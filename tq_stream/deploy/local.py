@@ -12,7 +12,9 @@ controller drops the rows that lived there (counted as discarded, "unit_lost").
 from __future__ import annotations
 
 import json
+import logging
 import os
+import secrets
 import select
 import selectors
 import shutil
@@ -25,7 +27,13 @@ from typing import Any
 
 from tq_stream.errors import ConfigError, StateError, WaitTimeout, check_positive
 
+logger = logging.getLogger(__name__)
+
 START_TIMEOUT = 60.0
+INSECURE_TCP = ("transport='tcp' without curve: any process on this host can connect to "
+                "the controller and the storage units (127.0.0.1) and read or write rows; "
+                "admin calls still need the owner's token. Use transport='unix' (a private "
+                "folder) or curve=True")
 _SCHEME = {"unix": "unix://", "ipc": "ipc://", "tcp": "tcp://"}
 
 
@@ -160,11 +168,17 @@ class LocalDeployment:
             "ipc" (zmq on unix sockets). ``curve=True`` needs "tcp" or "ipc".
         curve: require CURVE encryption and the deployment's key on every socket.
         start_method: "fork" (fast; the default) or "spawn" (a fresh interpreter).
+        max_message: bytes one request to a server may carry (default: 64 MiB for the
+            controller, 4 GiB for a unit; see ``tq_stream.deploy.server.MAX_MESSAGE``).
+
+    The owner token (``owner_token``, random per deployment) goes to the children
+    only; admin calls need it (``ControllerService.RPC_ADMIN``).
     """
 
     def __init__(self, n_units: int, sampler_modules: Sequence[str] = (), shm: bool = True,
                  transport: str | None = None, curve: bool = False,
-                 start_method: str = "fork", start_timeout: float = START_TIMEOUT) -> None:
+                 start_method: str = "fork", start_timeout: float = START_TIMEOUT,
+                 max_message: int | None = None) -> None:
         check_positive("storage_units", n_units)
         if start_method not in ("fork", "spawn"):
             raise ConfigError(f"start_method must be 'fork' or 'spawn', got {start_method!r}")
@@ -175,6 +189,11 @@ class LocalDeployment:
         if curve and transport == "unix":
             raise ConfigError("curve=True needs transport 'tcp' or 'ipc' (zmq); unix sockets "
                               "are protected by their folder, not encrypted; got 'unix'")
+        if max_message is not None:
+            check_positive("max_message", max_message)
+        if transport == "tcp" and not curve:
+            logger.warning(INSECURE_TCP)
+        self.owner_token = secrets.token_hex(16)
         self.curve_server_key: bytes | None = None
         secret = ""
         if curve:
@@ -189,7 +208,8 @@ class LocalDeployment:
 
             self._ipc_dir = tempfile.mkdtemp(prefix="tq_ipc_")
         base = {"shm": shm, "curve_secret": secret,
-                "curve_server": (self.curve_server_key or b"").decode()}
+                "curve_server": (self.curve_server_key or b"").decode(),
+                "owner_token": self.owner_token, "max_message": max_message}
         self._children: list[_Child] = []
         self._start_method = start_method
         self._closed = False

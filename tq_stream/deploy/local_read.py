@@ -163,33 +163,39 @@ class SameHostUnit(StorageUnit):
             try:
                 # Dense fields straight into shared memory; ragged and object fields
                 # (if any) still travel over the socket, after them.
-                self._put_direct(partition, slots, tensors, generations)
-                rest = {f: c for f, c in columns.items() if f not in tensors}
-                if rest:
-                    self._remote.put(partition, slots, rest, generations)
-                return
+                if self._put_direct(partition, slots, tensors, generations):
+                    rest = {f: c for f, c in columns.items() if f not in tensors}
+                    if rest:
+                        self._remote.put(partition, slots, rest, generations)
+                    return
             except ConfigError:
                 self._direct = False  # this unit takes no direct writes: use the socket
         self._remote.put(partition, slots, columns, generations)
 
     def _put_direct(self, partition: str, slots: np.ndarray,
-                    columns: dict[str, torch.Tensor], generations: np.ndarray | None) -> None:
+                    columns: dict[str, torch.Tensor], generations: np.ndarray | None) -> bool:
         """Copy rows straight into the unit's shared memory between ``prepare_write`` and
-        ``finish_write`` (see ``tq_stream.backends.direct``)."""
+        ``finish_write`` (see ``tq_stream.backends.direct``); False if a segment was gone
+        before it could be mapped (the write is abandoned: put through the unit)."""
         rpc = self._remote._rpc
         fields = {f: [dtype_name(c.dtype), list(c.shape[1:])] for f, c in columns.items()}
         plan = rpc.call("prepare_write", {"partition": partition, "slots": slots,
                                           "generations": generations, "fields": fields})
         ok = False
         try:
-            for f, lay in plan["fields"].items():
-                view = _READER.view(lay["shm"], dtype_from_name(lay["dtype"]),
-                                    tuple(lay["shape"]))
+            try:
+                views = {f: _READER.view(lay["shm"], dtype_from_name(lay["dtype"]),
+                                         tuple(lay["shape"]))
+                         for f, lay in plan["fields"].items()}
+            except StateError:
+                return False
+            for f, view in views.items():
                 scatter_rows(view, slots, columns[f])
             ok = True
         finally:
             rpc.call("finish_write", {"partition": partition, "ticket": plan["ticket"],
                                       "ok": ok})
+        return True
 
     gets_into = True  # placement may pass ``into``: destinations for dense fields
 
@@ -202,9 +208,7 @@ class SameHostUnit(StorageUnit):
             try:
                 layout = self._layout(partition, fields, fresh=attempt > 0)
             except StateError:  # a segment went between the layout call and mapping it
-                if attempt == 2:
-                    raise
-                continue
+                continue  # after the last attempt: the unit answers (below), under its lock
             out = layout.gather(slots, into)
             if generations is not None and out and not layout.current(slots, generations):
                 out = {}  # a put or clear touched the slots: the unit decides (locked)
@@ -261,7 +265,10 @@ class SameHostUnit(StorageUnit):
             return layout
         if layout is not None or len(self._writes) >= MAX_LAYOUTS:
             _forget(self._writes)
-        layout = self._ask_layout(partition, fields, writable=True)
+        try:
+            layout = self._ask_layout(partition, fields, writable=True)
+        except StateError:  # a segment went between the layout call and mapping it
+            return None  # the put goes through the unit
         if layout is None or set(layout.fields) != set(fields) or \
                 set(layout.flags) != set(fields) or layout.live is None or layout.tokens is None:
             return None

@@ -17,8 +17,9 @@ import numpy as np
 
 from tq_stream.backends.base import StorageUnit
 from tq_stream.columns import Column
-from tq_stream.errors import check_timeout
+from tq_stream.errors import AuthError, check_timeout
 from tq_stream.samplers.spec import to_spec
+from tq_stream.transport.dispatch import OWNER_ARG
 
 UNIT_FILE_TIMEOUT = 600.0  # seconds a unit may take to write or read its checkpoint file
 MARGIN = 5.0  # extra seconds a reply may take beyond the server-side wait (at most
@@ -26,14 +27,25 @@ MARGIN = 5.0  # extra seconds a reply may take beyond the server-side wait (at m
 
 
 class RemoteController:
-    """Calls a ControllerService through an RpcClient."""
+    """Calls a ControllerService through an RpcClient.
 
-    def __init__(self, rpc: Any, timeout: float) -> None:
+    ``owner_token``: the deployment owner's token, sent with admin calls only (a
+    handle without it gets AuthError from them; see ``ControllerService.RPC_ADMIN``).
+    """
+
+    def __init__(self, rpc: Any, timeout: float, owner_token: str | None = None) -> None:
         self._rpc = rpc
         self._timeout = timeout
+        self._owner_token = owner_token
 
     def _call(self, method: str, timeout: float | None = None, **args: Any) -> Any:
         return self._rpc.call(method, args, timeout=timeout or self._timeout)
+
+    def _admin(self, method: str, **args: Any) -> Any:
+        if self._owner_token is None:
+            raise AuthError(f"{method} is an admin call: only the process that started the "
+                            "deployment (its owner) may make it, and this handle is not it")
+        return self._call(method, **args, **{OWNER_ARG: self._owner_token})
 
     def _long_poll(self, method: str, timeout: float, **args: Any) -> Any:
         timeout = check_timeout("timeout", timeout)
@@ -131,8 +143,9 @@ class RemoteController:
 
     # --- access
     def clear(self, partition: str, keys: Sequence[str] | None = None) -> int:
-        return self._call("clear", partition=partition,
-                          keys=None if keys is None else list(keys))
+        if keys is None:
+            return self._admin("clear_partition", partition=partition)
+        return self._call("clear", partition=partition, keys=list(keys))
 
     def lookup(self, partition: str, keys: Sequence[str],
                fields: Sequence[str] | None = ()) -> dict[str, Any]:
@@ -156,10 +169,10 @@ class RemoteController:
         return self._call("units")
 
     def attach_units(self, units: list[dict[str, Any]]) -> None:
-        self._call("attach_units", units=units)
+        self._admin("attach_units", units=units)
 
     def drop_unit(self, unit: int, info: dict[str, Any] | None = None) -> dict[str, int]:
-        return self._call("drop_unit", unit=unit, info=info)
+        return self._admin("drop_unit", unit=unit, info=info)
 
     def ping(self) -> dict[str, Any]:
         return self._call("ping")
@@ -168,10 +181,10 @@ class RemoteController:
         return self._call("server_stats", timeout)
 
     def state_dict(self) -> dict[str, Any]:
-        return self._call("state_dict")
+        return self._admin("state_dict")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._call("load_state_dict", state=state)
+        self._admin("load_state_dict", state=state)
 
     def close(self) -> None:
         """Close this process's sockets to the controller (not the controller)."""

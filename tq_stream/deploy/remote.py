@@ -24,13 +24,14 @@ class RemoteBackend:
     """Connections of one process to a running deployment."""
 
     def __init__(self, address: str, config: StreamConfig,
-                 curve_server_key: bytes | None = None) -> None:
+                 curve_server_key: bytes | None = None, owner_token: str | None = None) -> None:
         if not isinstance(address, str) or "://" not in address:
             raise ConfigError(f"address must be a zmq endpoint like 'tcp://127.0.0.1:5555', "
                               f"got {address!r}")
         self.address = address
         self._config = config
         self._curve = curve_server_key
+        self._owner_token = owner_token  # never pickled: other processes are not the owner
         self._lock = threading.Lock()
         self._ctrl: Any = None
         self._units: list[Any] | None = None
@@ -50,7 +51,7 @@ class RemoteBackend:
             with self._lock:
                 if self._ctrl is None:
                     self._ctrl = RemoteController(self._nearest_controller(),
-                                                  self._config.timeout)
+                                                  self._config.timeout, self._owner_token)
         return self._ctrl
 
     def _nearest_controller(self) -> Any:
@@ -175,7 +176,8 @@ def start(mode: str, n_units: int, restore: str | None, config: StreamConfig,
 
         owner = RayDeployment(n_units, **options)
     try:
-        backend = RemoteBackend(owner.address, config, owner.curve_server_key)
+        backend = RemoteBackend(owner.address, config, owner.curve_server_key,
+                                owner.owner_token)
         owner.attach(backend)
         if restore is not None:
             from tq_stream.deploy import snapshot

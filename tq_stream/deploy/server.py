@@ -33,6 +33,12 @@ from tq_stream.config import DEFAULT_TIMEOUT
 STOP_GRACE = 1.0  # seconds a stopping server waits for handlers still running
 EXIT_GRACE = 10.0  # seconds the whole stop may take before the process exits anyway
 
+# Bytes one request may carry (``max_message``): the controller receives metadata only;
+# a unit receives the rows of one put (a larger put is split by the caller or refused).
+MAX_MESSAGE = {"controller": 64 << 20, "unit": 4 << 30}
+WORKERS = {"controller": 128, "unit": 16}  # threads running one server's requests (a waiting
+# consumer's get_meta is one long-poll that holds a controller worker for its whole wait)
+
 # Segments of emptied partitions a served unit keeps for their next rows (ShmUnit):
 # streaming consumers that keep up empty a partition after nearly every row.
 SHM_KEEP_BYTES = 16 << 20
@@ -40,7 +46,8 @@ SHM_KEEP_BYTES = 16 << 20
 
 def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = (),
                   shm: bool = True, timeout: float = DEFAULT_TIMEOUT,
-                  curve_server_key: bytes | None = None) -> tuple[Any, Any]:
+                  curve_server_key: bytes | None = None,
+                  owner_token: str | None = None) -> tuple[Any, Any]:
     """The handler for ``role`` and a cleanup callable."""
     from tq_stream.deploy.services import ControllerService, UnitService
 
@@ -59,7 +66,8 @@ def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = 
     def client(address: str) -> Any:
         return rpc_client(address, timeout=timeout, curve_server_key=curve_server_key)
 
-    service = ControllerService(units, sampler_modules, unit_client=client)
+    service = ControllerService(units, sampler_modules, unit_client=client,
+                                owner_token=owner_token)
     return service, service.close
 
 
@@ -79,27 +87,35 @@ def log_warnings_to_stderr() -> None:
 
 def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, ...] = (),
           shm: bool = True, curve_secret_key: bytes | None = None,
-          curve_server_key: bytes | None = None,
-          local_dir: str | None = None) -> tuple[Any, Any, str | None]:
+          curve_server_key: bytes | None = None, local_dir: str | None = None,
+          owner_token: str | None = None, max_message: int | None = None,
+          allow_insecure: bool = False) -> tuple[Any, Any, str | None]:
     """Start serving ``role`` at ``address``; returns (server, cleanup, local address).
 
     With ``local_dir`` (and no CURVE key) the same service is also served on a unix
     socket in that folder, for clients on this host (Ray mode: the tcp address is for
-    other nodes); its address is returned, else None.
+    other nodes); its address is returned, else None. ``owner_token`` authorizes admin
+    calls (``tq_stream.transport.dispatch``); ``max_message`` bounds one request's
+    bytes (default ``MAX_MESSAGE[role]``).
     """
     from tq_stream.transport.rpc import rpc_server
 
     log_warnings_to_stderr()
     service, cleanup = build_service(role, units, sampler_modules, shm,
-                                     curve_server_key=curve_server_key)
-    workers = 64 if role == "controller" else 16
-    servers = [rpc_server(service, address, workers=workers, backlog=1024,
-                          curve_secret_key=curve_secret_key)]
+                                     curve_server_key=curve_server_key,
+                                     owner_token=owner_token)
+    bounds = {"workers": WORKERS[role], "backlog": 1024, "owner_token": owner_token,
+              "max_message": max_message or MAX_MESSAGE[role]}
+    try:
+        servers = [rpc_server(service, address, curve_secret_key=curve_secret_key,
+                              allow_insecure=allow_insecure, **bounds)]
+    except BaseException:
+        cleanup()  # e.g. an address that cannot be bound: the unit's memory goes too
+        raise
     local = None
     if local_dir is not None and curve_secret_key is None:
         try:
-            servers.append(rpc_server(service, f"unix://{local_dir}/{role}",
-                                      workers=workers, backlog=1024))
+            servers.append(rpc_server(service, f"unix://{local_dir}/{role}", **bounds))
         except BaseException:
             cleanup()
             servers[0].close(timeout=STOP_GRACE)
@@ -178,7 +194,8 @@ def run_child(cfg: dict[str, Any], out: Any) -> int:
         cfg["role"], cfg.get("address", "tcp://127.0.0.1:0"), cfg.get("units", 1),
         tuple(cfg.get("sampler_modules", ())), cfg.get("shm", True),
         (cfg.get("curve_secret") or "").encode() or None,
-        (cfg.get("curve_server") or "").encode() or None)
+        (cfg.get("curve_server") or "").encode() or None,
+        owner_token=cfg.get("owner_token"), max_message=cfg.get("max_message"))
     try:
         from tq_stream.deploy.services import host_id
 

@@ -1,8 +1,12 @@
-"""The handlers served over zmq: a storage unit and the controller.
+"""The handlers served over sockets: a storage unit and the controller.
 
 Each exposes an explicit ``RPC_METHODS`` allowlist; arguments and results are
 plain data, numpy arrays and normalized columns (see ``tq_stream.columns``),
-all carried by ``tq_stream.serialization`` without pickle.
+all carried by ``tq_stream.serialization`` without pickle. ``RPC_ADMIN`` names
+the methods only the deployment's owner (and the processes it started) may
+call (``tq_stream.transport.dispatch``); the rest is the data plane of
+producers and consumers. A served unit stores rows only in slots the
+controller granted it (``tq_stream.deploy.grants``).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,9 +25,10 @@ from tq_stream.backends.base import StorageUnit, check_slots
 from tq_stream.columns import Ragged
 from tq_stream.controller import Controller
 from tq_stream.controller.task import LEASED, NEW
-from tq_stream.errors import ConfigError, StateError, check_positive
+from tq_stream.deploy.grants import SlotGrants, SlotLimits
+from tq_stream.errors import AuthError, ConfigError, StateError, check_positive
 from tq_stream.samplers.spec import from_spec
-from tq_stream.transport.dispatch import WouldBlock, may_block, rpc_stats
+from tq_stream.transport.dispatch import OWNER_ARG, WouldBlock, may_block, rpc_stats
 
 
 def host_id() -> str:
@@ -67,10 +72,13 @@ def _payload(columns: Any) -> int:
 
 class UnitService:
     """Serves one StorageUnit (plus a liveness probe); slots and generations received
-    are checked to be 1-D int arrays (slots in ``[0, MAX_SLOT)``) before they reach it."""
+    are checked to be 1-D int arrays (slots in ``[0, MAX_SLOT)``) before they reach it,
+    and a write may name only slots the controller granted (``grant``, admin)."""
 
     RPC_METHODS = frozenset({"put", "get", "free", "drop", "nbytes", "ping", "layout",
-                             "prepare_write", "finish_write", "save_rows", "load_rows", "stats"})
+                             "prepare_write", "finish_write", "save_rows", "load_rows", "stats",
+                             "grant"})
+    RPC_ADMIN = frozenset({"drop", "grant"})
     # The unit's lock guards only copies, so every method may run on the server's IO
     # thread; large transfers go to worker threads (``INLINE_BYTES``/``INLINE_ROWS``), so
     # a bulk copy never delays small requests and several copies run in parallel.
@@ -81,10 +89,16 @@ class UnitService:
 
     def __init__(self, unit: StorageUnit) -> None:
         self.unit = unit
+        self.limits = SlotLimits()
+
+    def grant(self, partition: str, slots: int) -> None:
+        """Let writes use slots ``[0, slots)`` of ``partition`` (the controller placed them)."""
+        self.limits.grant(partition, slots)
 
     def put(self, partition: str, slots: Any, columns: dict[str, Any],
             generations: Any = None) -> None:
         slots = _slots(slots)
+        self.limits.check(partition, slots)
         if not may_block() and _payload(columns) > self.INLINE_BYTES:
             raise WouldBlock
         self.unit.put(partition, slots, columns, _tokens(generations, slots))
@@ -137,6 +151,7 @@ class UnitService:
         if fn is None:
             raise ConfigError("this storage unit keeps no shared memory: write through put")
         slots = _slots(slots)
+        self.limits.check(partition, slots)
         return fn(partition, slots, _tokens(generations, slots), fields)
 
     def finish_write(self, partition: str, ticket: int, ok: bool = True) -> None:
@@ -144,6 +159,14 @@ class UnitService:
         if fn is None:
             raise ConfigError("this storage unit keeps no shared memory: write through put")
         fn(partition, ticket, ok)
+
+
+def _count(value: Any) -> int:
+    """Rows a received argument asks for (a key list's length, or an int); 0 if it is
+    malformed (the controller's own checks then reject it)."""
+    if isinstance(value, list | tuple):
+        return len(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def nearest(info: dict[str, Any]) -> str:
@@ -157,28 +180,40 @@ class ControllerService(Controller):
     """The Controller, plus what a remote deployment needs around it.
 
     ``units`` are RPC clients of the storage units, attached once they are up;
-    samplers arrive as specs (``tq_stream.samplers.spec``).
+    samplers arrive as specs (``tq_stream.samplers.spec``). Every slot a reply names
+    is granted to its unit before the reply is sent (``tq_stream.deploy.grants``);
+    ``owner_token`` authorizes this controller's admin calls to the units.
     """
 
     RPC_METHODS = Controller.RPC_METHODS | frozenset({
         "attach_units", "units", "ping", "state_dict", "load_state_dict", "drop_unit",
-        "server_stats"})
+        "server_stats", "clear_partition"})
     RPC_INLINE = Controller.RPC_INLINE | frozenset({"ping", "server_stats"})
+    RPC_ADMIN = frozenset({"attach_units", "drop_unit", "state_dict", "load_state_dict",
+                           "clear_partition"})
 
     def __init__(self, n_units: int, sampler_modules: Sequence[str] = (),
-                 unit_client: Any = None) -> None:
+                 unit_client: Any = None, owner_token: str | None = None) -> None:
         super().__init__(n_units, free=self._free_remote)
         self._unit_addresses: list[dict[str, Any]] = []
         self._unit_clients: list[Any] = []
         self._make_client = unit_client
+        self._owner_token = owner_token
         self._sampler_modules = tuple(sampler_modules)
         self._attached = threading.Event()
+        self._grants = SlotGrants(self._send_grant)
         # A unix address this controller is also served at, for clients on its host
         # (set by ``deploy.server.serve``; None when there is none).
         self.local_address: str | None = None
 
     def _free_remote(self, unit: int, partition: str, slots: np.ndarray) -> None:
         self._unit_clients[unit].call("free", {"partition": partition, "slots": slots})
+
+    def _send_grant(self, unit: int, partition: str, slots: int) -> None:
+        if not self._attached.is_set():
+            raise StateError("storage units must be attached before rows are placed")
+        self._unit_clients[unit].call("grant", {"partition": partition, "slots": slots,
+                                                OWNER_ARG: self._owner_token})
 
     def attach_units(self, units: list[dict[str, Any]]) -> None:
         """Record the units' addresses (``[{"address", "host", "pid", "local"?}, ...]``;
@@ -187,7 +222,68 @@ class ControllerService(Controller):
             raise ConfigError(f"units must list {self.n_units} storage units, got {len(units)}")
         self._unit_addresses = list(units)
         self._unit_clients = [self._make_client(nearest(u)) for u in units]
+        self._grants.forget_all()
         self._attached.set()
+
+    # ------------------------------------------------------- placement grants
+    def _grants_cover(self, partition: str, n: int) -> bool:
+        """True if placing ``n`` more rows in ``partition`` needs no new grant (lock held)."""
+        part = self._parts.get(partition)
+        ends = [(u, (0 if part is None else part.slot_end(u)) + n)
+                for u in range(self.n_units)]
+        return self._grants.covers(partition, ends)
+
+    def _grant_placed(self, partition: str, *placed: dict[str, Any] | None) -> None:
+        for rows in placed:
+            if rows is not None:
+                self._grants.ensure(partition, rows["unit"], rows["slot"])
+
+    def reserve(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
+                unit: int = -1, timeout: float = 60.0,
+                expect: Sequence[int] | None = None, spare: int = 0) -> dict[str, Any]:
+        # On the IO thread, a reserve that could need a grant (a call to a unit) goes to
+        # a worker; the lock keeps a worker's placements from racing the check.
+        with self._cond:
+            if not may_block() and not self._grants_cover(partition, _count(keys) + _count(spare)):
+                raise WouldBlock
+            out = super().reserve(partition, keys, schemas, unit, timeout, expect, spare)
+        self._grant_placed(partition, out, out.get("spare"))
+        return out
+
+    def commit_new(self, partition: str, keys: Sequence[str], index: np.ndarray,
+                   generation: np.ndarray, schemas: Mapping[str, Any],
+                   tags: list[dict[str, Any]] | None = None, unit: int = -1,
+                   spare: int = 0) -> dict[str, Any]:
+        with self._cond:
+            if not may_block() and not self._grants_cover(partition, _count(spare)):
+                raise WouldBlock
+            out = super().commit_new(partition, keys, index, generation, schemas, tags,
+                                     unit, spare)
+        self._grant_placed(partition, out.get("spare"))
+        return out
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Load the controller's state, then grant the units the slots it places."""
+        super().load_state_dict(state)
+        with self._cond:
+            ends = [(name, u, part.slot_end(u)) for name, part in self._parts.items()
+                    for u in range(self.n_units)]
+        for name, u, end in ends:
+            if end:
+                self._grants.ensure_end(name, u, end)
+
+    # ---------------------------------------------------------------- access
+    def clear(self, partition: str, keys: Sequence[str] | None = None) -> int:
+        """Clear ``keys``; clearing a whole partition is an admin call (``clear_partition``)."""
+        if keys is None:
+            raise AuthError(f"clearing every row of partition {partition!r} is an admin call "
+                            "(clear_partition): only the deployment owner may make it; "
+                            "name the keys to clear instead")
+        return super().clear(partition, keys)
+
+    def clear_partition(self, partition: str) -> int:
+        """Free every row of ``partition`` (admin); returns how many were freed."""
+        return super().clear(partition, None)
 
     def drop_unit(self, unit: int, info: dict[str, Any] | None = None) -> dict[str, int]:
         """Forget every row stored in storage unit ``unit``: its process died and a new,
@@ -209,6 +305,7 @@ class ControllerService(Controller):
             raise ConfigError(f"info must keep unit {unit}'s address "
                               f"{self._unit_addresses[unit]['address']!r}, got {info!r}")
         dropped: dict[str, int] = {}
+        self._grants.forget_unit(unit)  # the new unit starts empty, with no grants
         with self._cond:
             if info is not None and self._unit_addresses:
                 self._unit_addresses[unit] = dict(info)

@@ -9,18 +9,26 @@ may block. ``may_block()`` tells a method which case it is in.
 
 Every dispatcher counts the calls it ran and the errors they raised, per method, in
 this process (``rpc_stats()``: what a server reports to metrics).
+Authorization: a handler may name, in ``RPC_ADMIN`` (a subset of
+``RPC_METHODS``), the methods only the deployment's owner may call (attach or
+drop storage units, load or read the whole state, ...). A call of one of them
+must carry the owner's token as the keyword argument ``owner_token``; the
+token is compared in constant time and removed before the method is called. A
+server started without a token serves no admin method at all.
 """
 
 from __future__ import annotations
 
+import hmac
 import inspect
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tq_stream.errors import ConfigError
+from tq_stream.errors import AuthError, ConfigError
 
 MAX_BOUND = 1024  # argument-name tuples remembered as valid
+OWNER_ARG = "owner_token"  # the argument of an admin call that carries the owner's token
 _INLINE = threading.local()  # .active is True while an inline call runs in this thread
 _CALLS: dict[str, int] = {}  # "Handler.method" -> calls run in this process
 _ERRORS: dict[tuple[str, str], int] = {}  # ("Handler.method", exception name) -> count
@@ -61,7 +69,8 @@ class Dispatcher:
     The handler declares ``RPC_METHODS: frozenset[str]``; only those public
     methods can be called, each with keyword arguments that must bind to its
     signature. An optional ``RPC_INLINE: frozenset[str]`` (a subset) names the
-    methods that never wait (see the module docstring). The table is built
+    methods that never wait, and ``RPC_ADMIN: frozenset[str]`` (a subset) the
+    methods only the owner may call (see the module docstring). The table is built
     once, so a typo in the allowlist fails at construction and no attribute
     lookup ever depends on received data. Safe to share between threads: the
     table is immutable, and the only other state is a cache of argument names
@@ -76,7 +85,7 @@ class Dispatcher:
         3
     """
 
-    def __init__(self, handler: Any) -> None:
+    def __init__(self, handler: Any, owner_token: str | None = None) -> None:
         methods = getattr(handler, "RPC_METHODS", None)
         if not isinstance(methods, frozenset) or not all(isinstance(m, str) for m in methods):
             raise ConfigError(
@@ -100,6 +109,19 @@ class Dispatcher:
                 f"got {inline!r}"
             )
         self.inline: frozenset[str] = inline
+        admin = getattr(handler, "RPC_ADMIN", frozenset())
+        if not isinstance(admin, frozenset) or not admin <= methods:
+            raise ConfigError(
+                f"{self.handler_name}.RPC_ADMIN must be a frozenset of names in RPC_METHODS, "
+                f"got {admin!r}"
+            )
+        if owner_token is not None and (not isinstance(owner_token, str) or
+                                        len(owner_token) < 16):
+            raise ConfigError("owner_token must be a str of at least 16 characters, got "
+                              f"{type(owner_token).__name__} of length "
+                              f"{len(owner_token) if isinstance(owner_token, str) else '-'}")
+        self.admin: frozenset[str] = admin
+        self._owner = owner_token
         # (method, *argument names) that bound to the signature before; sets are safe to
         # share between threads under the GIL (an add racing a lookup only repeats a bind).
         self._bound: set[tuple[str, ...]] = set()
@@ -124,6 +146,8 @@ class Dispatcher:
             args = {}
         if not isinstance(args, Mapping) or not all(isinstance(k, str) for k in args):
             raise ConfigError(f"args of {method!r} must be a dict with str keys, got {args!r}")
+        if method in self.admin:
+            args = self._owner_only(method, args)
         fn, signature = entry
         names = (method, *args)
         try:
@@ -143,6 +167,21 @@ class Dispatcher:
             raise
         _count(self._counted[method], None)
         return result
+
+    def _owner_only(self, method: str, args: Mapping[str, Any]) -> dict[str, Any]:
+        """``args`` without the owner's token, or AuthError if it is not there."""
+        args = dict(args)
+        token = args.pop(OWNER_ARG, None)
+        if self._owner is None:
+            raise AuthError(f"method {method!r} of {self.handler_name} is an admin call and "
+                            "this server was started without an owner token: no client may "
+                            "call it")
+        if not isinstance(token, str) or not hmac.compare_digest(token.encode(),
+                                                                 self._owner.encode()):
+            raise AuthError(f"method {method!r} of {self.handler_name} is an admin call: "
+                            f"{OWNER_ARG} must be the deployment owner's token, got "
+                            f"{'none' if token is None else 'a wrong one'}")
+        return args
 
     def call_inline(self, method: Any, args: Any) -> Any:
         """``self(method, args)`` with ``may_block()`` False (on a server's IO thread).

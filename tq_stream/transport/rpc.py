@@ -26,20 +26,27 @@ def rpc_client(address: str, *, timeout: float, curve_server_key: bytes | None =
 
 
 def rpc_server(handler: Any, address: str, *, workers: int, backlog: int,
-               curve_secret_key: bytes | None = None) -> Any:
+               curve_secret_key: bytes | None = None, owner_token: str | None = None,
+               max_message: int | None = None, allow_insecure: bool = False) -> Any:
     """A started server of ``handler`` at ``address`` (``.address``, ``.close(timeout)``).
 
-    ``workers`` bounds the calls a zmq server runs at once; a unix server runs each
-    connection's calls in its own thread, up to ``workers + backlog`` connections.
+    ``workers`` bounds the calls either server runs at once, ``backlog`` the calls
+    that may wait for a worker; ``owner_token`` authorizes admin calls
+    (``tq_stream.transport.dispatch``; None: no admin call is served);
+    ``max_message`` bounds the bytes of one request (None: the server's default);
+    ``allow_insecure`` lets a zmq server bind a non-loopback tcp address without CURVE.
     """
+    bound = {} if max_message is None else {"max_message": max_message}
     if isinstance(address, str) and address.startswith(UNIX):
         if curve_secret_key is not None:
             raise ConfigError(f"curve needs the zmq transport (tcp/ipc), got address "
                               f"{address!r}")
         from tq_stream.transport.unix_server import UnixRpcServer
 
-        return UnixRpcServer(handler, address, max_connections=workers + backlog).start()
+        return UnixRpcServer(handler, address, workers=workers, owner_token=owner_token,
+                             **bound).start()
     from tq_stream.transport.zeromq import RpcServer
 
     return RpcServer(handler, address, workers=workers, backlog=backlog,
-                     curve_secret_key=curve_secret_key).start()
+                     curve_secret_key=curve_secret_key, owner_token=owner_token,
+                     allow_insecure=allow_insecure, **bound).start()

@@ -7,9 +7,11 @@ buffers (no joining copy) and received through a per-socket buffer, so a small
 message costs one system call each way; a large frame is received straight into
 its own tensor-backed buffer (one kernel copy, no zero-fill).
 
-Bounds: at most ``MAX_FRAMES`` frames and ``MAX_BYTES`` bytes per message; a
-peer that announces more is cut off (``FrameError``) before anything is
-allocated for it.
+Bounds: at most ``MAX_FRAMES`` frames and ``max_bytes`` bytes per message (a
+server's configured maximum; ``MAX_BYTES`` at most); a peer that announces more
+is cut off (``FrameError``) before anything is allocated for it. A reader with
+a ``BufferPool`` holds a receive buffer only while a message is arriving, so
+idle connections of a server cost no buffer.
 """
 
 from __future__ import annotations
@@ -65,15 +67,60 @@ def send_message(sock: socket.socket, frames: list[Any]) -> None:
             views.pop(0)
 
 
-class Reader:
-    """Reads whole messages from one socket (one reader per socket, one thread at a time)."""
+class BufferPool:
+    """Receive buffers shared by the readers of one server (at most ``keep`` kept)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, keep: int) -> None:
+        self._free: list[bytearray] = []
+        self._keep = keep
+
+    def take(self) -> bytearray:
+        try:
+            return self._free.pop()  # atomic under the GIL
+        except IndexError:
+            return bytearray(BUFFER)
+
+    def give(self, buf: bytearray) -> None:
+        if len(self._free) < self._keep:
+            self._free.append(buf)
+
+
+class Reader:
+    """Reads whole messages from one socket (one reader per socket, one thread at a time).
+
+    Args:
+        sock: the socket.
+        max_bytes: a message announcing more bytes is refused (FrameError).
+        pool: lend the receive buffer from here, only while a message is arriving.
+    """
+
+    def __init__(self, sock: socket.socket, max_bytes: int = MAX_BYTES,
+                 pool: BufferPool | None = None) -> None:
         self.sock = sock
-        self._buf = bytearray(BUFFER)
+        self.max_bytes = min(max_bytes, MAX_BYTES)
+        self._pool = pool
+        self._buf = bytearray(BUFFER) if pool is None else bytearray()
         self._view = memoryview(self._buf)
         self._start = 0
         self._end = 0
+
+    def _lend(self) -> None:
+        if self._pool is not None and not self._buf:
+            self._buf = self._pool.take()
+            self._view = memoryview(self._buf)
+
+    def _return(self) -> None:
+        """Give the buffer back when nothing of a next message is in it."""
+        if self._pool is not None and self._buf and self._start == self._end:
+            self._view.release()
+            self._pool.give(self._buf)
+            self._buf, self._start, self._end = bytearray(), 0, 0
+            self._view = memoryview(self._buf)
+
+    def close(self) -> None:
+        """Let go of the receive buffer (the socket is being dropped)."""
+        self._start = self._end
+        self._return()
 
     def read(self, deadline: float, first: float | None = None) -> list[Any]:
         """The frames of the next message (each its own memory, safe to keep).
@@ -87,6 +134,13 @@ class Reader:
                 message was taken), the socket must be dropped.
             FrameError: the peer closed the socket or broke the format.
         """
+        self._lend()
+        try:
+            return self._read(deadline, first)
+        finally:
+            self._return()
+
+    def _read(self, deadline: float, first: float | None) -> list[Any]:
         try:
             self._need(_COUNT.size, deadline if first is None else first)
             (count,) = _COUNT.unpack_from(self._buf, self._start)
@@ -98,8 +152,9 @@ class Reader:
         if count == 0 or count > MAX_FRAMES:
             raise FrameError(f"a message must have 1..{MAX_FRAMES} frames, got {count}")
         sizes = struct.unpack_from(f"<{count}Q", self._buf, self._start + _COUNT.size)
-        if sum(sizes) > MAX_BYTES:
-            raise FrameError(f"a message must be at most {MAX_BYTES} bytes, got {sum(sizes)}")
+        if sum(sizes) > self.max_bytes:
+            raise FrameError(f"a message must be at most {self.max_bytes} bytes (the "
+                             f"receiver's max_message), got one announcing {sum(sizes)}")
         self._start += _COUNT.size + 8 * count
         return [self._frame(n, deadline) for n in sizes]
 

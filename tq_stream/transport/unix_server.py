@@ -1,12 +1,18 @@
 """UnixRpcServer: serves a handler's RPC_METHODS on a unix stream socket, same host only.
 
 The low-latency transport of local mode. A zmq round trip crosses two IO
-threads on each side; here the caller's thread writes to the socket and the
-thread serving that connection reads it, runs the method and writes the reply,
-so a call costs two thread wake-ups instead of six (about 0.1 ms instead of
-0.3 ms on a 2-core machine). Each connection carries one call at a time
-(``UnixRpcClient`` keeps a pool), so a connection's thread may block in a
-long-poll without delaying any other caller.
+threads on each side; here one IO thread watches every idle connection
+(``selectors``) and hands a connection with a request to a worker, which reads
+it, runs the method and writes the reply straight to the socket. Each
+connection carries one call at a time (``UnixRpcClient`` keeps a pool).
+
+Bounds (a client cannot exhaust the server): the threads are the IO thread
+plus ``workers``, whatever the number of connections; at most
+``max_connections`` are open (a new one beyond that closes the longest idle
+connection, or is refused with ``ServerBusy`` if none is idle); a connection
+idle for ``idle_timeout`` is closed (clients reconnect by themselves); a request
+announcing more than ``max_message`` bytes is refused before anything is
+buffered; one that stalls mid-way for ``READ_TIMEOUT`` is dropped.
 
 Protection is the file system: the socket lives in a folder only its owner can
 enter (``tempfile.mkdtemp``); there is no encryption, and no other host can
@@ -15,10 +21,13 @@ connect. Use the zmq transport (tcp, CURVE) across hosts.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import logging
 import os
+import queue
+import select
 import selectors
 import socket
 import threading
@@ -28,14 +37,28 @@ from typing import Any
 from tq_stream.errors import ClosedError, ConfigError, check_positive, check_timeout
 from tq_stream.transport.dispatch import Dispatcher
 from tq_stream.transport.replies import busy_reply, read_request, run_request
-from tq_stream.transport.unix_frames import FrameError, Reader, TimedOut, send_message
+from tq_stream.transport.unix_frames import (
+    MAX_BYTES,
+    BufferPool,
+    FrameError,
+    Reader,
+    TimedOut,
+    send_message,
+)
 
 logger = logging.getLogger(__name__)
 
 SCHEME = "unix://"
-IDLE_POLL = 5.0  # seconds an idle connection thread sleeps between looks at ``closed``
+IDLE_TIMEOUT = 300.0  # seconds an idle connection stays open
+MAX_CONNECTIONS = 4096  # connections open at once (each costs a file descriptor only)
+MAX_MESSAGE = MAX_BYTES  # bytes one request may announce, unless the server sets less
 READ_TIMEOUT = 60.0  # seconds the rest of a request may take once it started arriving
 SEND_TIMEOUT = 60.0  # seconds a reply may wait for a caller that does not read it
+STICKY = 0.05  # seconds a worker waits for the next request on its connection, while
+# other workers are idle (a caller's next call then skips the hop through the IO thread)
+_SWEEP = 1.0  # seconds between looks for idle connections to close
+LISTEN_BACKLOG = 1024  # connections the kernel queues before the IO thread accepts them
+_ACCEPTS = 256  # connections accepted per wake-up (then the other events get a turn)
 
 
 def unix_path(address: Any) -> str:
@@ -74,21 +97,43 @@ def _bind(sock: socket.socket, path: str) -> None:
     sock.bind(path)
 
 
+class _Conn:
+    """One accepted connection: its socket, its reader, when it was last active."""
+
+    __slots__ = ("last", "queued", "reader", "sock")
+
+    def __init__(self, sock: socket.socket, max_bytes: int, pool: BufferPool) -> None:
+        self.sock = sock
+        self.reader = Reader(sock, max_bytes, pool)
+        self.last = time.monotonic()
+        self.queued = self.last  # when it was last handed to the workers
+
+    def close(self) -> None:
+        self.reader.close()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
 class UnixRpcServer:
     """Serves ``handler.<method>(**args)`` for the names in ``handler.RPC_METHODS``.
 
-    One accept thread, and one thread per open connection that reads a request,
-    runs it and writes the reply. Invariants:
+    One IO thread accepts connections and watches the idle ones; ``workers``
+    threads each take a connection with a request, run it and reply, then give
+    the connection back to the IO thread. Invariants:
 
-    - at most ``max_connections`` connections are served; one more is answered
-      with a RemoteError of kind ``"ServerBusy"`` (request id -1) and closed;
+    - threads: 1 + ``workers``, independent of the number of connections;
+    - a connection is either watched by the IO thread (idle), queued, or held by
+      exactly one worker; at most ``max_connections`` are open;
     - every request with a usable header gets exactly one reply unless the server
       closes first or the connection breaks;
-    - a connection that stalls mid-request for ``READ_TIMEOUT`` is closed;
+    - a request announcing more than ``max_message`` bytes, or stalling mid-way
+      for ``READ_TIMEOUT``, closes its connection; an idle connection is closed
+      after ``idle_timeout``;
     - received bytes are only ever decoded by ``tq_stream.serialization``.
 
     Results are sent after the handler returns (see ``RpcServer`` for the rule on
-    returned tensors). The socket file is removed by ``close()``.
+    returned tensors). The socket file is removed by ``close()``. A worker blocked
+    in a long-poll holds one worker: size ``workers`` for the waits you expect.
 
     Example:
         >>> class Echo:
@@ -105,44 +150,71 @@ class UnixRpcServer:
     Args:
         handler: the object whose allowlisted methods are served.
         address: ``unix:///path`` (the file must not exist; its folder must).
-        max_connections: connections served at once (each holds a thread).
+        workers: threads running requests.
+        max_connections: connections open at once.
+        idle_timeout: seconds an idle connection stays open.
+        max_message: bytes one request may announce.
+        owner_token: the token admin calls must carry (None: no admin call is served).
     """
 
-    def __init__(self, handler: Any, address: str, *, max_connections: int = 256) -> None:
+    def __init__(self, handler: Any, address: str, *, workers: int = 16,
+                 max_connections: int = MAX_CONNECTIONS, idle_timeout: float = IDLE_TIMEOUT,
+                 max_message: int = MAX_MESSAGE, owner_token: str | None = None) -> None:
         path = unix_path(address)
-        self._dispatch = Dispatcher(handler)
+        self._dispatch = Dispatcher(handler, owner_token)
+        self._workers_n = check_positive("workers", workers)
         self._max = check_positive("max_connections", max_connections)
+        self._idle_timeout = check_timeout("idle_timeout", idle_timeout)
+        self._max_message = check_positive("max_message", max_message)
         self.address = address
         self._path = path
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             _bind(self._listener, path)
-            self._listener.listen(128)
+            self._listener.listen(LISTEN_BACKLOG)
+            self._listener.setblocking(False)
         except OSError as exc:
             self._listener.close()
             raise ConfigError(f"address {address!r} cannot be bound: {exc}") from None
         self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._buffers = BufferPool(keep=self._workers_n)
         self._lock = threading.Lock()
-        self._conns: dict[socket.socket, threading.Thread] = {}
-        self._accept: threading.Thread | None = None
+        self._open: set[_Conn] = set()  # every open connection (guarded by _lock)
+        self._returned: collections.deque[_Conn] = collections.deque()  # back from workers
+        # Unbounded in type, bounded in fact: a connection is queued at most once.
+        self._work: queue.SimpleQueue[_Conn | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._idle_workers = 0  # a hint for stickiness (races only skew it)
         self._started = False
         self._closed = False
 
     @property
     def connections(self) -> int:
-        """Connections being served (a snapshot)."""
-        return len(self._conns)
+        """Connections open (a snapshot)."""
+        return len(self._open)
+
+    @property
+    def threads(self) -> int:
+        """Threads this server runs (the IO thread and the workers)."""
+        return len(self._threads)
 
     def start(self) -> UnixRpcServer:
         """Start accepting; idempotent. Raises ClosedError after ``close()``."""
         with self._lock:
             if self._closed:
                 raise ClosedError(f"server at {self.address} is closed; cannot start it")
-            if not self._started:
-                self._started = True
-                self._accept = threading.Thread(target=self._accept_loop, daemon=True,
-                                                name=f"tq-rpc {self.address} accept")
-                self._accept.start()
+            if self._started:
+                return self
+            self._started = True
+            name = f"tq-rpc {self.address}"
+            self._threads = [threading.Thread(target=self._io_loop, daemon=True,
+                                              name=f"{name} io")]
+            self._threads += [threading.Thread(target=self._work_loop, daemon=True,
+                                               name=f"{name} worker {i}")
+                              for i in range(self._workers_n)]
+        for thread in self._threads:
+            thread.start()
         return self
 
     def close(self, timeout: float = 5.0) -> None:
@@ -156,16 +228,21 @@ class UnixRpcServer:
             if self._closed:
                 return
             self._closed = True
-            conns = list(self._conns.items())
+            conns = list(self._open)
         deadline = time.monotonic() + timeout
-        os.write(self._wake_w, b"x")
-        if self._accept is not None:
-            self._accept.join(max(0.0, deadline - time.monotonic()))
-        for conn, _ in conns:
+        self._wake()
+        for _ in range(self._workers_n):
+            self._work.put(None)
+        for conn in conns:
             with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)  # wakes a thread waiting for a request
-        for _, thread in conns:
+                conn.sock.shutdown(socket.SHUT_RDWR)  # ends a read or send in progress
+        for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            conns = list(self._open)
+            self._open.clear()
+        for conn in conns:
+            conn.close()
         self._listener.close()
         with contextlib.suppress(OSError):
             os.unlink(self._path)
@@ -178,69 +255,139 @@ class UnixRpcServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _accept_loop(self) -> None:
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):  # full: a wake-up is pending
+            os.write(self._wake_w, b"x")
+
+    # --------------------------------------------------------------- IO thread
+
+    def _io_loop(self) -> None:
         with selectors.DefaultSelector() as sel:
             sel.register(self._listener, selectors.EVENT_READ)
             sel.register(self._wake_r, selectors.EVENT_READ)
+            idle: dict[_Conn, None] = {}  # watched connections, oldest activity first
+            next_sweep = time.monotonic() + _SWEEP
             while not self._closed:
-                # The wake pipe ends the wait at close(); the timeout is a safety net.
-                events = sel.select(timeout=IDLE_POLL)
+                for key, _ in sel.select(timeout=_SWEEP):
+                    if key.fileobj is self._listener:
+                        for _ in range(_ACCEPTS):
+                            if not self._accept(sel, idle):
+                                break
+                    elif key.fileobj is self._wake_r:
+                        with contextlib.suppress(OSError):
+                            os.read(self._wake_r, 4096)
+                    elif key.data in idle:  # a request (or the peer's hang-up) arrived
+                        sel.unregister(key.fileobj)
+                        del idle[key.data]
+                        key.data.queued = time.monotonic()
+                        self._work.put(key.data)
                 if self._closed:
                     return
-                if any(key.fileobj is self._listener for key, _ in events):
-                    self._accept_one()
+                while self._returned:
+                    conn = self._returned.popleft()
+                    conn.last = time.monotonic()
+                    idle[conn] = None
+                    sel.register(conn.sock, selectors.EVENT_READ, conn)
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + _SWEEP
+                    self._close_idle(sel, idle, time.monotonic() - self._idle_timeout)
 
-    def _accept_one(self) -> None:
+    def _accept(self, sel: selectors.BaseSelector, idle: dict[_Conn, None]) -> bool:
+        """Accept one connection; False when none is waiting."""
         try:
-            conn, _ = self._listener.accept()
-        except OSError:
-            return
+            sock, _ = self._listener.accept()
+        except OSError:  # BlockingIOError: none waiting
+            return False
+        sock.setblocking(True)
         with self._lock:
-            busy = self._closed or len(self._conns) >= self._max
-            if not busy:
-                thread = threading.Thread(target=self._serve, args=(conn,), daemon=True,
-                                          name=f"tq-rpc {self.address} conn")
-                self._conns[conn] = thread
-        if busy:
-            self._refuse(conn)
-            return
-        thread.start()
+            full = len(self._open) >= self._max
+        if full and idle:  # make room: the longest idle connection goes
+            self._drop(sel, idle, next(iter(idle)))
+            full = False
+        if full or self._closed:
+            self._refuse(sock)
+            return True
+        conn = _Conn(sock, self._max_message, self._buffers)
+        with self._lock:
+            self._open.add(conn)
+        idle[conn] = None
+        sel.register(sock, selectors.EVENT_READ, conn)
+        return True
 
-    def _refuse(self, conn: socket.socket) -> None:
-        message = (f"{self._max} connections are served already; retry later or raise "
-                   f"max_connections")
+    def _close_idle(self, sel: selectors.BaseSelector, idle: dict[_Conn, None],
+                    before: float) -> None:
+        for conn in [c for c in idle if c.last < before]:
+            self._drop(sel, idle, conn)
+
+    def _drop(self, sel: selectors.BaseSelector, idle: dict[_Conn, None], conn: _Conn) -> None:
+        sel.unregister(conn.sock)
+        del idle[conn]
+        self._forget(conn)
+
+    def _forget(self, conn: _Conn) -> None:
+        with self._lock:
+            self._open.discard(conn)
+        conn.close()
+
+    def _refuse(self, sock: socket.socket) -> None:
+        message = (f"{self._max} connections are open and none is idle; retry later or "
+                   f"raise max_connections")
         try:
-            conn.settimeout(1.0)
-            send_message(conn, busy_reply(-1, message, self.address))
+            sock.settimeout(1.0)
+            send_message(sock, busy_reply(-1, message, self.address))
         except OSError:
             pass
         finally:
-            conn.close()
+            sock.close()
 
-    def _serve(self, conn: socket.socket) -> None:
-        reader = Reader(conn)
+    # ------------------------------------------------------------ worker threads
+
+    def _work_loop(self) -> None:
+        while True:
+            self._idle_workers += 1
+            conn = self._work.get()  # close() puts one None per worker
+            self._idle_workers -= 1
+            if conn is None or self._closed:
+                return
+            try:
+                self._serve_one(conn, conn.queued)
+                # The same caller's next request, if it comes soon and other workers are
+                # free for everyone else, is served here: no hop through the IO thread.
+                while not self._closed and self._idle_workers > 0 and \
+                        _readable(conn.sock, STICKY):
+                    self._serve_one(conn, None)
+            except (FrameError, OSError) as exc:
+                logger.debug("connection to %s ended: %s", self.address, exc)
+                self._forget(conn)
+                continue
+            if self._closed:
+                self._forget(conn)
+                continue
+            self._returned.append(conn)
+            self._wake()
+
+    def _serve_one(self, conn: _Conn, queued: float | None) -> None:
+        """Read one request from ``conn``, run it, reply. A request that waited for a
+        worker (since ``queued``) longer than its caller's timeout is not run.
+
+        Raises:
+            FrameError, OSError: the connection broke or stalled: drop it.
+        """
         try:
-            while not self._closed:
-                try:
-                    now = time.monotonic()
-                    frames = reader.read(now + READ_TIMEOUT, first=now + IDLE_POLL)
-                except TimedOut as exc:
-                    if not exc.idle:
-                        return  # stalled mid-request: drop the connection
-                    continue
-                received = time.monotonic()
-                request, reply = read_request(frames, self.address)
-                if request is not None:
-                    reply = run_request(self._dispatch, request, received, False, self.address)
-                if reply is None:
-                    continue
-                if self._closed:
-                    return
-                conn.settimeout(SEND_TIMEOUT)
-                send_message(conn, reply)
-        except (FrameError, OSError) as exc:
-            logger.debug("connection to %s ended: %s", self.address, exc)
-        finally:
-            with self._lock:
-                self._conns.pop(conn, None)
-            conn.close()
+            frames = conn.reader.read(time.monotonic() + READ_TIMEOUT)
+        except TimedOut as exc:
+            raise FrameError(f"request stalled for {READ_TIMEOUT} s") from exc
+        received = time.monotonic() if queued is None else queued
+        request, reply = read_request(frames, self.address)
+        if request is not None:
+            reply = run_request(self._dispatch, request, received, False, self.address)
+        if reply is not None and not self._closed:
+            conn.sock.settimeout(SEND_TIMEOUT)
+            send_message(conn.sock, reply)
+
+
+def _readable(sock: socket.socket, timeout: float) -> bool:
+    try:
+        return bool(select.select([sock], [], [], timeout)[0])
+    except (OSError, ValueError):
+        return False

@@ -9,6 +9,7 @@ returns them.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable
 from typing import Any
 
@@ -100,3 +101,32 @@ def start_client_allowlist(context: zmq.Context, client_keys: Iterable[Key]) -> 
     auth.start()
     auth.configure_curve_callback(domain="*", credentials_provider=_Allowed(keys))
     return auth
+
+
+def is_loopback(address: str) -> bool:
+    """True for a ``tcp://`` endpoint on a loopback interface, and for non-tcp
+    endpoints (``ipc://``, ``inproc://``: this host only)."""
+    if not address.startswith("tcp://"):
+        return True
+    host = address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # "*", an interface or host name: may be reachable from elsewhere
+
+
+def check_bind(address: str, secure: bool, allow_insecure: bool) -> None:
+    """Refuse to serve unencrypted where other hosts can connect, unless asked to.
+
+    Raises:
+        ConfigError: ``address`` is not loopback, no CURVE key is set and
+            ``allow_insecure`` is False.
+    """
+    if secure or allow_insecure or is_loopback(address):
+        return
+    raise ConfigError(
+        f"address must be loopback (127.0.0.1) without CURVE encryption, got {address!r}: "
+        "anyone who can reach it could read and write every row. Pass curve=True, or "
+        "allow_insecure_tcp=True if the network is trusted")

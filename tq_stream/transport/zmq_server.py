@@ -20,12 +20,18 @@ from tq_stream.transport.replies import (
     read_request,
     run_request,
 )
-from tq_stream.transport.zmq_security import Key, make_curve_server, start_client_allowlist
+from tq_stream.transport.zmq_security import (
+    Key,
+    check_bind,
+    make_curve_server,
+    start_client_allowlist,
+)
 from tq_stream.transport.zmq_sockets import SocketGroup, send_frames
 
 logger = logging.getLogger(__name__)
 
 _STOP = None  # work-queue sentinel: one per worker thread at close
+MAX_MESSAGE = 1 << 40  # bytes one request frame may have, unless the server sets less
 
 
 class RpcServer:
@@ -72,6 +78,11 @@ class RpcServer:
         curve_secret_key: serve CURVE-encrypted; clients need the public key
             (``zmq_security.public_key(secret)``).
         curve_client_keys: with a secret key, admit only these client public keys.
+        owner_token: the token admin calls must carry (None: no admin call is served).
+        max_message: bytes one frame of a request may have (``ZMQ_MAXMSGSIZE``: zmq
+            drops the connection of a peer that sends more, before buffering it).
+        allow_insecure: serve a non-loopback tcp address without CURVE (refused
+            otherwise: anyone who reaches it could read and write every row).
     """
 
     def __init__(
@@ -83,15 +94,20 @@ class RpcServer:
         backlog: int = 64,
         curve_secret_key: Key | None = None,
         curve_client_keys: Iterable[Key] | None = None,
+        owner_token: str | None = None,
+        max_message: int = MAX_MESSAGE,
+        allow_insecure: bool = False,
     ) -> None:
         if not isinstance(address, str) or "://" not in address:
             raise ConfigError(
                 f"address must be a zmq endpoint like 'tcp://127.0.0.1:0' or 'ipc://path', "
                 f"got {address!r}"
             )
-        self._dispatch = Dispatcher(handler)
+        self._dispatch = Dispatcher(handler, owner_token)
         self._workers_n = check_positive("workers", workers)
         self._backlog = check_positive("backlog", backlog)
+        max_message = check_positive("max_message", max_message)
+        check_bind(address, curve_secret_key is not None, allow_insecure)
         if curve_client_keys is not None and curve_secret_key is None:
             raise ConfigError("curve_client_keys needs curve_secret_key, got no secret key")
         self._group = SocketGroup(f"RpcServer({address})")
@@ -101,6 +117,7 @@ class RpcServer:
             if curve_client_keys is not None:
                 self._auth = start_client_allowlist(self._group.context, curve_client_keys)
             self._router = self._group.socket(zmq.ROUTER)
+            self._router.setsockopt(zmq.MAXMSGSIZE, max_message)
             if curve_secret_key is not None:
                 make_curve_server(self._router, curve_secret_key)
             try:

@@ -1,0 +1,104 @@
+"""Slot grants: a served storage unit stores rows only in slots the controller placed.
+
+A unit's memory grows with the highest slot written to it (slabs are indexed by
+slot), so a unit that believed any client would grow by gigabytes on one small
+put naming slot 2**30. Instead the controller, which places every row, tells
+each unit how many slots of a partition it has handed out (``grant``, an admin
+call only the owner's processes can make), and the unit refuses a put or a
+direct write naming a slot at or above that bound. Grants only grow, by at
+least doubling, so a steady stream of puts costs no extra call; a unit replaced
+by an empty one starts with no grants (``SlotGrants.forget_unit``).
+
+- ``SlotLimits``: the unit's side (one per served unit).
+- ``SlotGrants``: the controller's side (what each unit was told).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from tq_stream.errors import ConfigError, check_name
+
+MAX_SLOT = 2**31  # slots are dense from 0 per unit; a larger one is a malformed request
+MIN_GRANT = 64  # the first grant of a partition covers at least this many slots
+
+
+class SlotLimits:
+    """Per partition, the slots a unit may store rows in: ``[0, limit)``.
+
+    Invariant: a limit only grows, and only through ``grant``. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._limits: dict[str, int] = {}
+
+    def grant(self, partition: str, slots: int) -> None:
+        """Allow slots ``[0, slots)`` of ``partition`` (a smaller grant changes nothing)."""
+        check_name("partition", partition)
+        if isinstance(slots, bool) or not isinstance(slots, int) or not 0 <= slots <= MAX_SLOT:
+            raise ConfigError(f"slots must be an int in [0, {MAX_SLOT}], got {slots!r}")
+        with self._lock:
+            if slots > self._limits.get(partition, 0):
+                self._limits[partition] = slots
+
+    def check(self, partition: str, slots: np.ndarray) -> None:
+        """Raise ConfigError unless every slot is below ``partition``'s limit."""
+        if not len(slots):
+            return
+        limit = self._limits.get(partition, 0)
+        top = int(slots.max())
+        if top >= limit:
+            raise ConfigError(
+                f"slots must be ones the controller placed in partition {partition!r} of "
+                f"this unit (below {limit}), got slot {top}")
+
+
+class SlotGrants:
+    """What the controller has granted each unit, per (partition, unit).
+
+    ``send(unit, partition, slots)`` makes the grant call; it runs outside any lock
+    and a grant is recorded only once it returned, so a reply to ``reserve`` is sent
+    only after every slot it names is granted. Thread-safe.
+    """
+
+    def __init__(self, send: Callable[[int, str, int], None]) -> None:
+        self._send = send
+        self._lock = threading.Lock()
+        self._granted: dict[tuple[str, int], int] = {}
+
+    def covers(self, partition: str, ends: Iterable[tuple[int, int]]) -> bool:
+        """True if every ``(unit, end)`` pair has slots ``[0, end)`` granted."""
+        return all(end <= self._granted.get((partition, u), 0) for u, end in ends)
+
+    def ensure(self, partition: str, units: np.ndarray, slots: np.ndarray) -> None:
+        """Grant each unit in ``units`` at least the slots listed for it."""
+        if not len(slots):
+            return
+        units = np.asarray(units)
+        slots = np.asarray(slots)
+        for u in np.unique(units).tolist():
+            self.ensure_end(partition, int(u), int(slots[units == u].max()) + 1)
+
+    def ensure_end(self, partition: str, unit: int, end: int) -> None:
+        """Grant ``unit`` at least slots ``[0, end)`` of ``partition``."""
+        have = self._granted.get((partition, unit), 0)
+        if end <= have:
+            return
+        slots = min(MAX_SLOT, max(end, 2 * have, MIN_GRANT))
+        self._send(unit, partition, slots)
+        with self._lock:
+            if slots > self._granted.get((partition, unit), 0):
+                self._granted[partition, unit] = slots
+
+    def forget_unit(self, unit: int) -> None:
+        """``unit`` was replaced by an empty one: it has no grants."""
+        with self._lock:
+            self._granted = {k: v for k, v in self._granted.items() if k[1] != unit}
+
+    def forget_all(self) -> None:
+        with self._lock:
+            self._granted.clear()
