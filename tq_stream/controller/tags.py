@@ -7,6 +7,10 @@ bool/int -> float -> object, and bool never mixes with numbers (True must not
 read back as 1.0). A row without the tag reads as NaN in a float column, and None in an
 object column; int and bool columns are promoted to float64/object the
 first time a row lacks the tag, so a missing value is always visible.
+
+A float column remembers which of its cells were set from an int (``ints``), so
+``rows_as_dicts`` and checkpoints give a row back the int it was given (``3``, not
+``3.0``; exact up to 2**53) while samplers still read one float64 column.
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ class TagTable:
         self.columns: dict[str, np.ndarray] = {}
         self.present: dict[str, np.ndarray] = {}
         self.kinds: dict[str, str] = {}
+        self.ints: dict[str, np.ndarray] = {}  # float columns: cells set from an int
 
     def grow(self, capacity: int) -> None:
         extra = capacity - self.capacity
@@ -91,6 +96,8 @@ class TagTable:
                 pad = np.zeros(extra, dtype=col.dtype)
             self.columns[name] = np.concatenate([col, pad])
             self.present[name] = np.concatenate([self.present[name], np.zeros(extra, bool)])
+        for name, ints in self.ints.items():
+            self.ints[name] = np.concatenate([ints, np.zeros(extra, bool)])
         self.capacity = capacity
 
     def _column(self, name: str, kind: str) -> np.ndarray:
@@ -101,6 +108,8 @@ class TagTable:
                 kind == "object" else np.zeros(self.capacity, dtype=_DTYPES[kind])
             self.columns[name], self.present[name], self.kinds[name] = col, \
                 np.zeros(self.capacity, bool), kind
+            if kind == "float":
+                self.ints[name] = np.zeros(self.capacity, bool)
         elif kind != old and old != "object":
             if "bool" in (kind, old) or "object" in (kind, old):
                 self._promote(name, "object")
@@ -110,12 +119,25 @@ class TagTable:
 
     def _promote(self, name: str, kind: str) -> None:
         col, present = self.columns[name], self.present[name]
+        old = self.kinds[name]
         new = np.full(self.capacity, _missing(kind), dtype=_DTYPES[kind])
         if kind == "object":
-            new[present] = col[present].tolist()
+            new[present] = self._values(name, present)
+            self.ints.pop(name, None)
         else:
             new[present] = col[present]
+            if old == "int":
+                self.ints[name] = present.copy()
         self.columns[name], self.kinds[name] = new, kind
+
+    def _values(self, name: str, rows: np.ndarray) -> list[Any]:
+        """Python values of ``rows`` (an index or mask) of column ``name``, ints as ints."""
+        values = self.columns[name][rows].tolist()
+        ints = self.ints.get(name)
+        if ints is not None:
+            for i in np.flatnonzero(ints[rows]).tolist():
+                values[i] = int(values[i])
+        return values
 
     def set(self, rows: np.ndarray, tags: list[dict[str, TagValue]]) -> None:
         """Set (merge) ``tags[i]`` on row ``rows[i]``."""
@@ -134,6 +156,8 @@ class TagTable:
                     col[i] = v
             else:
                 col[idx] = vals
+            if name in self.ints:
+                self.ints[name][idx] = [type(v) is int for v in vals]
             self.present[name][idx] = True
         self._make_missing_visible(rows)
 
@@ -148,17 +172,19 @@ class TagTable:
             kind = self.kinds[name]
             if kind in ("float", "object"):
                 col[rows] = _missing(kind)
+        for ints in self.ints.values():
+            ints[rows] = False
 
     def get(self, name: str, rows: np.ndarray) -> np.ndarray:
         return self.columns[name][rows]
 
     def rows_as_dicts(self, rows: np.ndarray) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = [{} for _ in range(len(rows))]
-        for name, col in self.columns.items():
+        for name in self.columns:
             present = self.present[name][rows]
             if not present.any():
                 continue
-            values = col[rows].tolist()
+            values = self._values(name, rows)
             for i in np.flatnonzero(present).tolist():
                 out[i][name] = values[i]
         return out
@@ -166,7 +192,7 @@ class TagTable:
     def state_dict(self) -> dict[str, Any]:
         return {
             name: {"kind": self.kinds[name], "rows": np.flatnonzero(self.present[name]),
-                   "values": self.columns[name][self.present[name]].tolist()}
+                   "values": self._values(name, self.present[name])}
             for name in self.columns
         }
 
@@ -185,4 +211,6 @@ class TagTable:
                     col[r] = v
             else:
                 col[rows] = entry["values"]
+            if name in self.ints:
+                self.ints[name][rows] = [type(v) is int for v in entry["values"]]
             self.present[name][rows] = True
