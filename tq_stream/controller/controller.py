@@ -60,7 +60,7 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic):
     RPC_METHODS = frozenset({
         "create_partition", "close_partition", "reserve", "commit", "abort",
         "register_task", "get_meta", "ack", "release", "renew", "clear", "lookup",
-        "list_rows", "set_tags", "set_version", "stats", "partitions",
+        "list_rows", "list_tags", "keys_of", "set_tags", "set_version", "stats", "partitions",
         "admit", "set_admission", "admission", "commit_new", "release_spares",
     })
     # Methods that never wait, so a server may run them on its IO thread: they hold the
@@ -70,7 +70,7 @@ class Controller(StepLogic, AdmissionLogic, SpareLogic, AccessLogic):
     # (work proportional to the partition, or a sampler module import).
     RPC_INLINE = frozenset({
         "create_partition", "close_partition", "partitions", "reserve", "commit", "release",
-        "renew", "lookup", "set_tags", "set_version", "stats", "admit", "set_admission",
+        "renew", "lookup", "keys_of", "set_tags", "set_version", "stats", "admit", "set_admission",
         "admission", "commit_new", "release_spares",
     })
 

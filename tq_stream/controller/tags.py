@@ -122,7 +122,7 @@ class TagTable:
         old = self.kinds[name]
         new = np.full(self.capacity, _missing(kind), dtype=_DTYPES[kind])
         if kind == "object":
-            new[present] = self._values(name, present)
+            new[present] = self.values(name, present)
             self.ints.pop(name, None)
         else:
             new[present] = col[present]
@@ -130,7 +130,7 @@ class TagTable:
                 self.ints[name] = present.copy()
         self.columns[name], self.kinds[name] = new, kind
 
-    def _values(self, name: str, rows: np.ndarray) -> list[Any]:
+    def values(self, name: str, rows: np.ndarray) -> list[Any]:
         """Python values of ``rows`` (an index or mask) of column ``name``, ints as ints."""
         values = self.columns[name][rows].tolist()
         ints = self.ints.get(name)
@@ -184,7 +184,7 @@ class TagTable:
             present = self.present[name][rows]
             if not present.any():
                 continue
-            values = self._values(name, rows)
+            values = self.values(name, rows)
             for i in np.flatnonzero(present).tolist():
                 out[i][name] = values[i]
         return out
@@ -192,7 +192,7 @@ class TagTable:
     def state_dict(self) -> dict[str, Any]:
         return {
             name: {"kind": self.kinds[name], "rows": np.flatnonzero(self.present[name]),
-                   "values": self._values(name, self.present[name])}
+                   "values": self.values(name, self.present[name])}
             for name in self.columns
         }
 
