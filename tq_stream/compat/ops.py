@@ -54,6 +54,30 @@ def one_row(fields: TensorDictBase | dict[str, Any]) -> TensorDict:
     return TensorDict(batch, batch_size=[1])
 
 
+def per_sample(fields: Any) -> Any:
+    """``fields`` as TransferQueue stores them: every tensor with a per-row dim is ragged.
+
+    TransferQueue keeps one tensor per sample and returns a field's rows as a jagged
+    nested tensor whenever they are not scalars, whatever their lengths. tq_stream fixes
+    a dense field's shape at its first put, so a batch of one (verl puts one session
+    at a time) would pin the length; as a jagged view (no copy) every length fits and
+    reads come back in TransferQueue's layout.
+    """
+    if fields is None:
+        return None
+    out: dict[str, Any] = {}
+    for name, value in fields.items():
+        if isinstance(value, torch.Tensor) and not value.is_nested and value.dim() >= 2:
+            n, length = value.shape[0], value.shape[1]
+            flat = value.reshape(n * length, *value.shape[2:])
+            offsets = torch.arange(0, n * length + 1, max(length, 1), dtype=torch.int64)
+            if length == 0:
+                offsets = torch.zeros(n + 1, dtype=torch.int64)
+            value = torch.nested.nested_tensor_from_jagged(flat, offsets)
+        out[name] = value
+    return out
+
+
 def parse_fields(fields: Any, data_parser: Any) -> Any:
     """Apply TransferQueue's ``data_parser`` hook: it edits, in place, a dict of columns
     (dense tensors as they are; nested tensors and non-tensor fields as lists)."""
@@ -96,7 +120,7 @@ def batch_put(rt: Runtime, keys: list[str], partition: str, fields: Any,
     stream = rt.get()
     rt.ensure_partition(partition)
     if fields is not None:
-        stream.kv.put_batch(keys, fields, tags=tags, partition=partition)
+        stream.kv.put_batch(keys, per_sample(fields), tags=tags, partition=partition)
     else:
         try:  # keys that exist: merge the tags, nothing else
             stream.set_tags(partition, keys, tags)
@@ -136,7 +160,8 @@ def list_partition(rt: Runtime, partition: str) -> dict[str, dict]:
 
 
 def kv_list(rt: Runtime, partition: str | None) -> dict[str, dict[str, dict]]:
-    """``kv_list``: ``{partition: {key: tags}}`` of one partition (if it exists) or all."""
+    """``kv_list``: ``{partition: {key: tags}}`` of one partition or all; a partition that
+    does not exist is left out (``{}``), as in TransferQueue."""
     ctrl = rt.get()._controller()
     names = ctrl.partitions() if partition is None else [partition]
     out: dict[str, dict[str, dict]] = {}
@@ -145,8 +170,7 @@ def kv_list(rt: Runtime, partition: str | None) -> dict[str, dict[str, dict]]:
             rows = list_partition(rt, name)
         except KeyConflictError:  # no such partition (or it went away meanwhile)
             continue
-        if rows or partition is not None:
-            out[name] = rows
+        out[name] = rows
     return out
 
 
@@ -240,7 +264,7 @@ def put_data(rt: Runtime, data: TensorDict, meta: BatchMeta | None,
         raise ConfigError(f"a BatchMeta must name rows of one partition to be written, got "
                           f"{sorted(parts)}")
     (pid, keys), = parts.items()
-    rt.get().kv.put_batch(keys, data, partition=pid)
+    rt.get().kv.put_batch(keys, per_sample(data), partition=pid)
     out = meta.copy()
     d = rt.get()._controller().lookup(partition=pid, keys=keys, fields=list(data.keys()))
     for f in data.keys():
