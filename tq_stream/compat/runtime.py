@@ -14,6 +14,9 @@ the controller and storage, ``init()`` anywhere else attaches to them. Here:
 
 verl's ``transfer_queue`` config node maps onto tq_stream as follows:
 ``backend.SimpleStorage.num_data_storage_units`` -> ``storage_units``;
+``tq_stream.start_timeout`` bounds how long a Ray deployment may take to start (its
+actors ask for no CPU, so a cluster advertising fewer CPUs than units + 1 still
+places them; past the bound ``init`` raises ``WaitTimeout``, it never hangs);
 ``backend.SimpleStorage.total_storage_size`` -> the capacity (rows) of each
 partition the module creates (a put beyond it waits up to ``timeout`` for rows to be
 cleared, then raises ``WaitTimeout``); ``metrics.enabled`` / ``metrics.port`` -> a
@@ -33,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tq_stream.config import StreamConfig
-from tq_stream.errors import ConfigError, StateError
+from tq_stream.errors import ConfigError, StateError, WaitTimeout
 
 ADDRESS_ENV = "TQ_STREAM_COMPAT_ADDRESS"
 RAY_NAME = "tq_stream_compat"
@@ -48,7 +51,7 @@ DEFAULTS: dict[str, Any] = {
     "backend": {"storage_backend": "SimpleStorage",
                 "SimpleStorage": {"total_storage_size": None, "num_data_storage_units": 2}},
     "tq_stream": {"mode": None, "name": RAY_NAME, "namespace": RAY_NAMESPACE,
-                  "timeout": 60.0},
+                  "timeout": 60.0, "start_timeout": 300.0},
 }
 
 
@@ -99,6 +102,7 @@ def settings(conf: dict[str, Any]) -> dict[str, Any]:
     return {"units": units, "capacity": size, "mode": mode,
             "name": own.get("name", RAY_NAME), "namespace": own.get("namespace", RAY_NAMESPACE),
             "timeout": float(own.get("timeout", 60.0)),
+            "start_timeout": float(own.get("start_timeout", 300.0)),
             "metrics": bool(metrics.get("enabled", False)), "port": int(metrics.get("port", 0))}
 
 
@@ -151,9 +155,19 @@ class Runtime:
         extra: dict[str, Any] = {}
         if mode == "ray":
             extra = {"name": opts["name"], "namespace": opts["namespace"],
-                     "start_timeout": opts["timeout"]}
-        self.stream = tq_stream.init(mode=mode, storage_units=opts["units"], config=config,
-                                     **extra)
+                     "start_timeout": opts["start_timeout"]}
+        try:
+            self.stream = tq_stream.init(mode=mode, storage_units=opts["units"],
+                                         config=config, **extra)
+        except Exception as exc:
+            if mode != "ray" or "GetTimeoutError" not in type(exc).__name__:
+                raise
+            raise WaitTimeout(
+                f"Ray did not start the {opts['units']} storage units and the controller "
+                f"within tq_stream.start_timeout={opts['start_timeout']}s (they ask for no "
+                f"CPU, but Ray starts worker processes about num_cpus at a time); raise "
+                f"start_timeout or lower backend.SimpleStorage.num_data_storage_units"
+            ) from exc
         self.owner = True
         if self.stream.address is not None:
             os.environ[ADDRESS_ENV] = self.stream.address

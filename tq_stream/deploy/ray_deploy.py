@@ -100,6 +100,7 @@ class RayDeployment:
         actor = ray.remote(num_cpus=0, max_concurrency=4)(_Service)
         self._actors: list[Any] = []
         self._closed = False
+        self._backend: Any = None  # set before the try: a failed start calls close()
         try:
             for i in range(n_units):
                 strategy = NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=False)
@@ -115,7 +116,6 @@ class RayDeployment:
             self.close()
             raise
         self.address: str = self._infos[-1]["address"]
-        self._backend: Any = None
 
     @property
     def pids(self) -> list[int]:
