@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import sys
 from types import ModuleType
+from typing import Any
 
 MODULE = "transfer_queue"
 
@@ -35,6 +36,18 @@ def install(force: bool = True) -> ModuleType:
     return module
 
 
+def stream() -> Any:
+    """The ``tq_stream.Stream`` behind the ``transfer_queue`` functions of this process
+    (after ``init``), for tq_stream's own API on the same rows: loaders, samplers, stats.
+
+    Raises:
+        StateError: ``init`` was not called in this process.
+    """
+    from tq_stream.compat.runtime import RUNTIME
+
+    return RUNTIME.get(auto=False)
+
+
 def uninstall() -> None:
     """Remove the registration made by ``install`` (the next import finds the real one)."""
     module = sys.modules.get(MODULE)
@@ -42,4 +55,4 @@ def uninstall() -> None:
         del sys.modules[MODULE]
 
 
-__all__ = ["install", "uninstall"]
+__all__ = ["install", "stream", "uninstall"]

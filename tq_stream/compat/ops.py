@@ -127,7 +127,11 @@ def batch_put(rt: Runtime, keys: list[str], partition: str, fields: Any,
         except KeyConflictError:  # some key (or the partition) is new
             marker = torch.zeros(len(keys), dtype=torch.uint8)
             stream.kv.put_batch(keys, {TAG_ONLY_FIELD: marker}, tags=tags, partition=partition)
-    merged, stored = describe(rt, keys, partition)
+    try:
+        merged, stored = describe(rt, keys, partition)
+    except (KeyConflictError, StateError):  # a consumer freed some rows meanwhile (a
+        merged = [dict(t) for t in tags] if tags is not None else [{} for _ in keys]
+        stored = [] if fields is None else _visible(list(fields.keys()))  # tq_stream ack)
     return KVBatchMeta(keys=keys, tags=merged, partition_id=partition, fields=stored)
 
 
