@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--systems", default="", help="comma-separated subset of systems")
     bench.add_argument("--out", default="benchmarks/RESULTS.md")
     bench.add_argument("--workloads", default="",
-                       help="comma-separated subset of bulk,small,streaming,controller")
+                       help="comma-separated subset of bulk,small,streaming,controller,verl")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from tq_stream.demo import DemoConfig, run

@@ -112,8 +112,10 @@ def _register(tq: Any, partition: str, n: int, step: int = 1, chunk: int = 10_00
     return keys
 
 
-def sample_once(tq: Any, partition: str, batch_groups: int) -> int:
-    """One ReplayBuffer.sample (sync, enough groups ready): the calls verl makes."""
+def sample_once(tq: Any, partition: str, batch_groups: int,
+                read: list[str] | None = None) -> int:
+    """One ReplayBuffer.sample (sync, enough groups ready): the calls verl makes; with
+    ``read``, the trainer then reads those fields of the batch."""
     data = tq.kv_list() or {}
     items = data.get(partition, {})
     finished = [k for k, t in items.items() if t.get("is_prompt") and t["status"] == "finished"]
@@ -121,6 +123,8 @@ def sample_once(tq: Any, partition: str, batch_groups: int) -> int:
     chosen = set(finished[:batch_groups])
     tq.kv_clear(partition_id=partition, keys=list(chosen))
     keys = [k for k in items if k.split("_")[0] in chosen and not items[k].get("is_prompt")]
+    if read and keys:
+        tq.kv_batch_get(keys=keys, partition_id=partition, select_fields=read)
     tq.kv_clear(partition_id=partition, keys=keys)  # end of the train step
     return len(chosen)
 
@@ -145,7 +149,8 @@ def measure(target: Target, quick: bool) -> list[Row]:
 
         rows.append(Row("verl", f"kv_batch_put {n} rows x {FIELDS} fields", name,
                         _timed(put, repeats) * 1e3, "ms"))
-        last = [f"r{next(runs) - 1}_{i}" for i in range(n)]
+        last_run = next(runs) - 1
+        last = [f"r{last_run}_{i}" for i in range(n)]
         rows.append(Row("verl", f"kv_batch_get {n} rows x {FIELDS} fields", name,
                         _timed(lambda: tq.kv_batch_get(keys=last, partition_id="io"),
                                repeats) * 1e3, "ms"))
