@@ -40,6 +40,7 @@ def verl_tq_conf():
 
 @pytest.fixture
 def store():
+    tq_stream.compat.install()  # again: another test module's teardown may have removed it
     assert tq.__name__ == "tq_stream.compat.transfer_queue"
     conf = tq.init(verl_tq_conf())
     assert conf["backend"]["SimpleStorage"]["num_data_storage_units"] == 8

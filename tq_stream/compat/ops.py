@@ -152,14 +152,23 @@ def batch_get(rt: Runtime, keys: str | Sequence[str], partition: str,
 
 
 def list_partition(rt: Runtime, partition: str) -> dict[str, dict]:
-    """``{key: tags}`` of every row of ``partition``, oldest first."""
+    """``{key: tags}`` of every row of ``partition``, oldest first.
+
+    The controller sends keys and tags as columns (``Controller.list_tags``); the
+    per-key dicts verl expects are built here, a column at a time.
+    """
     d = rt.get()._controller().list_tags(partition=partition)
     keys = d["keys"]
     out: dict[str, dict] = {k: {} for k in keys}
-    rows = [out[k] for k in keys]
+    rows = list(out.values())
     for name, (pos, values) in d["tags"].items():
-        for p, v in zip(pos.tolist() if hasattr(pos, "tolist") else pos, values, strict=True):
-            rows[p][name] = v
+        if len(values) == len(rows):  # every row has the tag: no positions to follow
+            for row, v in zip(rows, values, strict=True):
+                row[name] = v
+        else:
+            for p, v in zip(pos.tolist() if hasattr(pos, "tolist") else pos, values,
+                            strict=True):
+                rows[p][name] = v
     return out
 
 
