@@ -4,6 +4,7 @@ storage units + 1, where TransferQueue hangs)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import multiprocessing as mp
 import os
@@ -36,11 +37,14 @@ def check_groups(tq, partition: str, uids: list[str], n: int) -> None:
     assert data["uid"].tolist() == [u for u in uids for _ in range(n)]
 
 
-def test_status_transitions_from_a_worker_process_local_mode():
+LOCAL = {"tq_stream": {"mode": "local", "timeout": 30.0}}
+
+
+def test_status_transitions_from_a_worker_process_local_mode(tmp_path):
     tq_stream.compat.install()
     import transfer_queue as tq
 
-    tq.init({"tq_stream": {"mode": "local", "timeout": 30.0}})
+    tq.init(LOCAL)
     try:
         uids = [f"uid{i}" for i in range(4)]
         tq.kv_batch_put(keys=uids, partition_id="train",
@@ -53,6 +57,20 @@ def test_status_transitions_from_a_worker_process_local_mode():
         status, value = recv.recv()
         child.join(30)
         assert (status, value) == ("ok", 4)
+        check_groups(tq, "train", uids, 3)
+        # the bridge's calls over the sockets: keys -> indexes -> keys
+        client = tq.get_client()
+        keys = [f"{u}_1_0" for u in uids[::-1]]
+        meta = asyncio.run(client.async_kv_retrieve_meta(keys=keys, partition_id="train"))
+        assert asyncio.run(client.async_kv_retrieve_keys(
+            global_indexes=meta.global_indexes, partition_id="train")) == keys
+        # a checkpoint restored into a fresh local deployment
+        before = tq.kv_list()
+        tq.save_checkpoint(tmp_path / "ckpt")
+        tq.close()
+        tq.init(LOCAL)
+        tq.load_checkpoint(tmp_path / "ckpt")
+        assert tq.kv_list() == before
         check_groups(tq, "train", uids, 3)
     finally:
         tq.close()

@@ -13,14 +13,19 @@ the controller and storage, ``init()`` anywhere else attaches to them. Here:
   running, it starts one with the default settings, as TransferQueue does.
 
 verl's ``transfer_queue`` config node maps onto tq_stream as follows:
-``backend.SimpleStorage.num_data_storage_units`` -> ``storage_units``;
-``tq_stream.start_timeout`` bounds how long a Ray deployment may take to start (its
+
+- ``backend.SimpleStorage.num_data_storage_units`` -> ``storage_units``;
+- ``backend.SimpleStorage.total_storage_size`` -> the capacity (rows) of each
+  partition the starting process creates (a put beyond it waits up to ``timeout``
+  for rows to be cleared, then raises ``WaitTimeout``);
+- ``metrics.enabled`` / ``metrics.port`` -> a Prometheus text endpoint of
+  ``stream.stats()`` on loopback (``get_metrics_endpoint``).
+
+tq_stream's own settings live in an optional ``tq_stream`` node: ``mode``, ``name`` /
+``namespace`` (of the Ray actors), ``timeout`` (of every blocking call) and
+``start_timeout``, which bounds how long a Ray deployment may take to start: its
 actors ask for no CPU, so a cluster advertising fewer CPUs than units + 1 still
-places them; past the bound ``init`` raises ``WaitTimeout``, it never hangs);
-``backend.SimpleStorage.total_storage_size`` -> the capacity (rows) of each
-partition the module creates (a put beyond it waits up to ``timeout`` for rows to be
-cleared, then raises ``WaitTimeout``); ``metrics.enabled`` / ``metrics.port`` -> a
-Prometheus text endpoint of ``stream.stats()`` (``get_metrics_endpoint``).
+places them, and past the bound ``init`` raises ``WaitTimeout`` instead of hanging.
 """
 
 from __future__ import annotations
