@@ -100,7 +100,7 @@ def demo() -> dict[str, Any]:
     """Two steps: validation, then training with a stale group and a no-signal group
     the samplers drop, while a producer thread writes sessions."""
     n = 4
-    transfer_queue.init({})  # what verl's driver does (embedded here: no Ray)
+    transfer_queue.init({"tq_stream": {"mode": "embedded"}})  # what verl's driver does
     stream = tq_stream.compat.stream()
     groups = {"stale": (0, [1.0, 0.0, 1.0, 0.0]), "flat": (2, [1.0] * n),
               "a": (2, [1.0, 0.0, 0.0, 1.0]), "b": (2, [0.0, 1.0, 1.0, 1.0]),

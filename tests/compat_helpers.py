@@ -8,8 +8,10 @@ from typing import Any
 import torch
 from tensordict import NonTensorStack, TensorDict
 
+EMBEDDED = {"tq_stream": {"mode": "embedded"}}  # even when the session has Ray up
 VERL_CONF = {
     "enable": True,
+    **EMBEDDED,
     "metrics": {"enabled": False, "port": 0},
     "backend": {"storage_backend": "SimpleStorage",
                 "SimpleStorage": {"total_storage_size": 100000, "num_data_storage_units": 2}},

@@ -11,6 +11,7 @@ import urllib.request
 import pytest
 import torch
 from compat_helpers import (
+    EMBEDDED,
     VERL_CONF,
     assert_rows_equal,
     list_of_dict_to_tensordict,
@@ -256,9 +257,9 @@ def test_config_is_checked():
     from tq_stream.compat import transfer_queue as tq
 
     with pytest.raises(ConfigError, match="storage_backend"):
-        tq.init({"backend": {"storage_backend": "MooncakeStore"}})
+        tq.init({"backend": {"storage_backend": "MooncakeStore"}, **EMBEDDED})
     with pytest.raises(ConfigError, match="num_data_storage_units"):
-        tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 0}}})
+        tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 0}}, **EMBEDDED})
     with pytest.raises(StateError, match="init"):
         tq.get_client()
 
@@ -268,7 +269,7 @@ def test_total_storage_size_bounds_each_partition():
     from tq_stream.errors import WaitTimeout
 
     tq.init({"backend": {"SimpleStorage": {"total_storage_size": 2}},
-             "tq_stream": {"timeout": 0.2}})
+             "tq_stream": {"timeout": 0.2, "mode": "embedded"}})
     try:
         tq.kv_batch_put(keys=["a", "b"], partition_id="train", tags=[{}, {}])
         with pytest.raises(WaitTimeout):
@@ -335,7 +336,7 @@ def test_kv_put_single_row_and_by_meta(tq):
 def test_metrics_endpoint_serves_stats():
     from tq_stream.compat import transfer_queue as tq
 
-    conf = tq.init({"metrics": {"enabled": True, "port": 0}})
+    conf = tq.init({"metrics": {"enabled": True, "port": 0}, **EMBEDDED})
     try:
         endpoint = tq.get_metrics_endpoint()
         assert endpoint.startswith("127.0.0.1:") and conf["metrics"]["endpoint"] == endpoint
@@ -381,3 +382,16 @@ def test_kvbatchmeta_semantics():
     assert BatchMeta.concat(b.chunk(3)).global_indexes == [4, 5, 6]
     b.reorder([1, 2, 0])
     assert b.global_indexes == [5, 6, 4] and b.custom_meta[0] == {"k": 1}
+
+
+def test_calls_without_init_never_start_a_private_store(monkeypatch):
+    """A worker that forgot tq.init() must not write into a store nobody else sees."""
+    from tq_stream.compat import runtime
+    from tq_stream.compat import transfer_queue as tq
+
+    monkeypatch.delenv(runtime.ADDRESS_ENV, raising=False)
+    with pytest.raises(StateError, match="tq.init"):
+        tq.kv_batch_put(keys=["a"], partition_id="train", tags=[{}])
+    with pytest.raises(StateError, match="tq.init"):
+        asyncio.run(tq.async_kv_put(key="a", partition_id="train", tag={"s": 1}))
+    assert runtime.RUNTIME.stream is None

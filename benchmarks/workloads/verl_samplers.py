@@ -24,6 +24,7 @@ from benchmarks.workloads.verl import sample_once
 FIELDS = ["responses", "rm_scores"]  # what the example's loader reads
 
 GROUP, PER_SAMPLE = 8, 16
+EMBEDDED = {"tq_stream": {"mode": "embedded"}}
 POLL = 0.05
 
 
@@ -58,7 +59,7 @@ def groups_per_second(groups: int) -> list[Row]:
 
     rows = []
     for how in ("ReplayBuffer loop (compat)", "tq_stream samplers"):
-        tq.init({})
+        tq.init(EMBEDDED)
         try:
             uids = [f"g{i:06d}" for i in range(groups)]
             _register(tq, uids)
@@ -119,7 +120,7 @@ def availability(groups: int) -> list[Row]:
 
     rows = []
     for how in ("ReplayBuffer loop (compat)", "tq_stream samplers"):
-        tq.init({})
+        tq.init(EMBEDDED)
         done: dict[str, float] = {}
         seen: dict[str, float] = {}
         stop = threading.Event()

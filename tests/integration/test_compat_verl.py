@@ -35,6 +35,7 @@ def verl_tq_conf():
     path = Path(verl.__file__).parent / "trainer/config/transfer_queue/transfer_queue.yaml"
     conf = OmegaConf.load(path)
     conf.enable = True
+    conf.tq_stream = {"mode": "embedded"}  # even when the session has Ray up
     return conf
 
 

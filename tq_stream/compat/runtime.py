@@ -137,7 +137,7 @@ class Runtime:
         with self.lock:
             if self.stream is not None:
                 return self.conf if conf is None else to_plain(conf)
-            if conf is None and self._attach():
+            if conf is None and self._attach(ATTACH_TIMEOUT):
                 return None
             merged = merge(DEFAULTS, to_plain(conf))
             opts = settings(merged)
@@ -177,9 +177,11 @@ class Runtime:
         if self.stream.address is not None:
             os.environ[ADDRESS_ENV] = self.stream.address
 
-    def _attach(self) -> bool:
+    def _attach(self, wait: float) -> bool:
+        """Connect to the running deployment (in a Ray job: waiting up to ``wait`` s for
+        it to appear); False when there is none."""
         if _ray_running():
-            return self._attach_ray(RAY_NAME, RAY_NAMESPACE, ATTACH_TIMEOUT)
+            return self._attach_ray(RAY_NAME, RAY_NAMESPACE, wait)
         address = os.environ.get(ADDRESS_ENV)
         if not address:
             return False
@@ -223,13 +225,19 @@ class Runtime:
                 stream.close()
 
     def get(self, auto: bool = True) -> Any:
-        """The Stream (``init()`` first when ``auto`` and there is none)."""
+        """The Stream; with none yet and ``auto``, attach to a running deployment (as
+        TransferQueue's functions do), never start one behind the caller's back.
+
+        Raises:
+            StateError: no deployment to use: call ``tq.init(conf)`` first.
+        """
         stream = self.stream
         if stream is None:
-            if not auto:
-                raise StateError("transfer_queue must be initialized first: call tq.init()")
-            self.init()
-            stream = self.stream
+            with self.lock:
+                if self.stream is None and not (auto and self._attach(0.0)):
+                    raise StateError("transfer_queue must be initialized first: call "
+                                     "tq.init(conf) (found no running deployment)")
+                stream = self.stream
         return stream
 
     # -------------------------------------------------------------- helpers
