@@ -91,7 +91,7 @@ RAY_JOB = textwrap.dedent("""
     from compat_workers import RolloutActor
     from test_compat_modes import check_groups
     from tq_stream.errors import WaitTimeout
-    units = {{"backend": {{"SimpleStorage": {{"num_data_storage_units": 3}}}}}}
+    units = {{"backend": {{"SimpleStorage": {{"num_data_storage_units": 2}}}}}}
     try:  # too short a start bound: a clear error, and nothing left running
         tq.init({{**units, "tq_stream": {{"start_timeout": 0.2}}}})
         raise AssertionError("init must time out")
@@ -114,8 +114,9 @@ RAY_JOB = textwrap.dedent("""
 
 @pytest.mark.ray
 def test_ray_job_with_fewer_cpus_than_units(tmp_path):
-    """num_cpus=1 and 3 storage units: the deployment starts (its actors ask for no
-    CPU); a start bound too short raises WaitTimeout naming it instead of hanging."""
+    """num_cpus=1 and 2 storage units (TransferQueue would need 3 CPUs): the deployment
+    starts (its actors ask for no CPU); a start bound too short raises WaitTimeout
+    naming it instead of hanging."""
     path = os.pathsep.join([str(ROOT), str(HERE)] + sys.path[1:])
     script = tmp_path / "job.py"
     script.write_text(RAY_JOB.format(here=str(HERE), path=path))
@@ -123,4 +124,4 @@ def test_ray_job_with_fewer_cpus_than_units(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=230, env=env, cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"done": 3, "units": 3}
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"done": 3, "units": 2}
