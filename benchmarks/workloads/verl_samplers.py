@@ -45,10 +45,20 @@ def _register(tq, uids: list[str], step: int = 1) -> None:
                           for _ in uids])
 
 
-def _loader(stream, groups_per_step: int, timeout: float = 30.0):
-    from examples.verl_replay_buffer import loader
+def _example():
+    """``examples/verl_replay_buffer.py`` of this checkout (not an installed package)."""
+    import importlib.util
+    from pathlib import Path
 
-    return loader(stream, GROUP, groups_per_step, max_off_policy=None, dapo=True,
+    path = Path(__file__).resolve().parents[2] / "examples" / "verl_replay_buffer.py"
+    spec = importlib.util.spec_from_file_location("verl_replay_buffer_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _loader(stream, groups_per_step: int, timeout: float = 30.0):
+    return _example().loader(stream, GROUP, groups_per_step, max_off_policy=None, dapo=True,
                   timeout=timeout)
 
 
