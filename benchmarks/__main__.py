@@ -15,7 +15,7 @@ import traceback
 from benchmarks import report
 from benchmarks.systems import PEERS, load
 from benchmarks.systems.tq import TqStreamSystem
-from benchmarks.workloads import bulk, controller_scale, small_ops, startup, streaming
+from benchmarks.workloads import bulk, controller_scale, small_ops, startup, streaming, verl
 from benchmarks.workloads.common import Row, Shapes
 
 
@@ -40,7 +40,7 @@ def _available(name: str, factory: object) -> tuple[bool, str]:
     return check() if check is not None else (True, "")
 
 
-WORKLOADS = ("bulk", "small", "streaming", "controller")
+WORKLOADS = ("bulk", "small", "streaming", "controller", "verl")
 
 
 def run(quick: bool, only: set[str],
@@ -73,6 +73,13 @@ def run(quick: bool, only: set[str],
     if "controller" in workloads and (not only or "controller" in only):
         print("## controller scale", file=sys.stderr, flush=True)
         rows += controller_scale.run(shapes)
+    if "verl" in workloads and (not only or only & {"verl", "transferqueue"}):
+        print("## verl", file=sys.stderr, flush=True)
+        try:
+            rows += verl.run(quick)
+        except Exception as exc:  # noqa: BLE001 - report the failure, keep the rest
+            traceback.print_exc()
+            notes.append(f"verl failed: {exc!r:.200}")
     _stop_ray()
     return rows, notes
 

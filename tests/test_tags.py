@@ -93,3 +93,23 @@ def test_check_tags():
 def test_load_state_is_strict():
     with pytest.raises(ConfigError, match="tag state 'v'"):
         TagTable(2).load_state_dict({"v": {"kind": "complex", "rows": [], "values": []}})
+
+
+def test_ints_stay_ints_when_other_rows_lack_the_tag():
+    t = TagTable(4)
+    t.set(rows(0), [{"n": 3, "x": 0.5}])
+    t.set(rows(1), [{"s": "p"}])  # n is promoted to float64: samplers read NaN here
+    t.set(rows(2), [{"n": 2.0, "x": 7}])
+    assert t.kinds["n"] == "float" and math.isnan(t.get("n", rows(1))[0])
+    got = t.rows_as_dicts(rows(0, 1, 2))
+    assert got == [{"n": 3, "x": 0.5}, {"s": "p"}, {"n": 2.0, "x": 7}]
+    assert [type(d.get("n")) for d in got] == [int, type(None), float]
+    assert type(got[2]["x"]) is int
+    back = TagTable(4)
+    back.load_state_dict(t.state_dict())
+    assert [type(v) for v in back.rows_as_dicts(rows(0, 2))[0].values()] == [int, float]
+    t.set(rows(3), [{"n": "high"}])  # to object: ints stay ints
+    assert [type(d["n"]) for d in t.rows_as_dicts(rows(0, 2, 3))] == [int, float, str]
+    t.clear(rows(0))
+    t.set(rows(0), [{"n": 1.5}])
+    assert t.rows_as_dicts(rows(0)) == [{"n": 1.5}]

@@ -78,6 +78,37 @@ class AccessLogic:
             return [{"key": part.keys[r], "tags": t, "fields": part.fields_of(r)}
                     for r, t in zip(rows.tolist(), tags, strict=True)]
 
+    def list_tags(self, partition: str) -> dict[str, Any]:
+        """Keys and tags of every row, oldest first, as columns (cheap to send).
+
+        Returns:
+            ``{"keys": [...], "tags": {name: [positions, values]}}``: row
+            ``keys[positions[j]]`` has tag ``name`` = ``values[j]``.
+        """
+        with self._cond:
+            part = self._part(partition)
+            rows = part.oldest_first(np.flatnonzero(part.used))
+            tags = part.tags
+            cols: dict[str, list] = {}
+            for name in tags.columns:
+                present = tags.present[name][rows]
+                if present.any():
+                    pos = np.flatnonzero(present)
+                    cols[name] = [pos, tags.values(name, rows[pos])]
+            return {"keys": part.keys[rows].tolist(), "tags": cols}
+
+    def keys_of(self, partition: str, index: Sequence[int]) -> list[str]:
+        """Keys of rows ``index`` (a BatchMeta's ``index``), which must still exist."""
+        idx = np.asarray(index, dtype=np.int64)
+        with self._cond:
+            part = self._part(partition)
+            ok = (idx >= 0) & (idx < part.size)
+            ok[ok] = part.used[idx[ok]]
+            if not ok.all():
+                raise KeyConflictError(f"index must name live rows of partition {partition!r}, "
+                                       f"got {idx[~ok].tolist()[:5]}")
+            return part.keys[idx].tolist()
+
     def set_tags(self, partition: str, keys: Sequence[str], tags: list[dict[str, Any]]) -> None:
         """Merge ``tags[i]`` into the tags of ``keys[i]``."""
         from tq_stream.controller.tags import check_tags

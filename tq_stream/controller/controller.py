@@ -75,7 +75,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
     RPC_METHODS = frozenset({
         "create_partition", "close_partition", "reserve", "commit", "abort",
         "register_task", "get_meta", "ack", "release", "renew", "clear", "lookup",
-        "list_rows", "set_tags", "set_version", "stats", "partitions",
+        "list_rows", "list_tags", "keys_of", "set_tags", "set_version", "stats", "partitions",
         "admit", "set_admission", "admission", "commit_new", "release_spares",
         "first_unfinished", "cancel", "task_rows",
     })
@@ -86,9 +86,9 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
     # (work proportional to the partition, or a sampler module import).
     RPC_INLINE = frozenset({
         "create_partition", "close_partition", "partitions", "reserve", "commit", "release",
-        "renew", "lookup", "set_tags", "set_version", "stats", "admit", "set_admission",
-        "admission", "commit_new", "release_spares", "first_unfinished", "cancel",
-        "task_rows",
+        "renew", "lookup", "keys_of", "set_tags", "set_version", "stats", "admit",
+        "set_admission", "admission", "commit_new", "release_spares", "first_unfinished",
+        "cancel", "task_rows",
     })
 
     def __init__(self, n_units: int = 1, free: FreeFn = _no_free) -> None:

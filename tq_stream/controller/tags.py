@@ -80,6 +80,9 @@ class TagTable:
         self.columns: dict[str, np.ndarray] = {}
         self.present: dict[str, np.ndarray] = {}
         self.kinds: dict[str, str] = {}
+        # cells set from a Python int: a float column (ints mixed with floats) gives
+        # them back as ints, exact up to 2**53 (an all-int column is exact anyway)
+        self.ints: dict[str, np.ndarray] = {}
 
     def grow(self, capacity: int) -> None:
         extra = capacity - self.capacity
@@ -91,6 +94,7 @@ class TagTable:
                 pad = np.zeros(extra, dtype=col.dtype)
             self.columns[name] = np.concatenate([col, pad])
             self.present[name] = np.concatenate([self.present[name], np.zeros(extra, bool)])
+            self.ints[name] = np.concatenate([self.ints[name], np.zeros(extra, bool)])
         self.capacity = capacity
 
     def _column(self, name: str, kind: str) -> np.ndarray:
@@ -101,6 +105,7 @@ class TagTable:
                 kind == "object" else np.zeros(self.capacity, dtype=_DTYPES[kind])
             self.columns[name], self.present[name], self.kinds[name] = col, \
                 np.zeros(self.capacity, bool), kind
+            self.ints[name] = np.zeros(self.capacity, bool)
         elif kind != old and old != "object":
             if "bool" in (kind, old) or "object" in (kind, old):
                 self._promote(name, "object")
@@ -112,7 +117,9 @@ class TagTable:
         col, present = self.columns[name], self.present[name]
         new = np.full(self.capacity, _missing(kind), dtype=_DTYPES[kind])
         if kind == "object":
-            new[present] = col[present].tolist()
+            rows = np.flatnonzero(present)
+            for r, v in zip(rows.tolist(), self.values(name, rows), strict=True):
+                new[r] = v
         else:
             new[present] = col[present]
         self.columns[name], self.kinds[name] = new, kind
@@ -135,10 +142,12 @@ class TagTable:
             else:
                 col[idx] = vals
             self.present[name][idx] = True
+            self.ints[name][idx] = [type(v) is int for v in vals]
 
     def clear(self, rows: np.ndarray) -> None:
         for name, col in self.columns.items():
             self.present[name][rows] = False
+            self.ints[name][rows] = False
             kind = self.kinds[name]
             if kind in ("float", "object"):
                 col[rows] = _missing(kind)
@@ -153,13 +162,22 @@ class TagTable:
                 values[~present] = np.nan if kind == "int" else None
         return values
 
+    def values(self, name: str, rows: np.ndarray) -> list[Any]:
+        """Python values of column ``name`` at ``rows`` (rows that have the tag); a cell
+        set from an int is an int again, also in a float column."""
+        values = self.columns[name][rows].tolist()
+        if self.kinds[name] == "float":
+            for i in np.flatnonzero(self.ints[name][rows]).tolist():
+                values[i] = int(values[i])
+        return values
+
     def rows_as_dicts(self, rows: np.ndarray) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = [{} for _ in range(len(rows))]
-        for name, col in self.columns.items():
+        for name in self.columns:
             present = self.present[name][rows]
             if not present.any():
                 continue
-            values = col[rows].tolist()
+            values = self.values(name, rows)
             for i in np.flatnonzero(present).tolist():
                 out[i][name] = values[i]
         return out
@@ -167,7 +185,7 @@ class TagTable:
     def state_dict(self) -> dict[str, Any]:
         return {
             name: {"kind": self.kinds[name], "rows": np.flatnonzero(self.present[name]),
-                   "values": self.columns[name][self.present[name]].tolist()}
+                   "values": self.values(name, np.flatnonzero(self.present[name]))}
             for name in self.columns
         }
 
@@ -187,3 +205,4 @@ class TagTable:
             else:
                 col[rows] = entry["values"]
             self.present[name][rows] = True
+            self.ints[name][rows] = [type(v) is int for v in entry["values"]]

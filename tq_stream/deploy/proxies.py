@@ -155,6 +155,12 @@ class RemoteController:
     def list_rows(self, partition: str) -> list[dict[str, Any]]:
         return self._call("list_rows", partition=partition)
 
+    def list_tags(self, partition: str) -> dict[str, Any]:
+        return self._call("list_tags", partition=partition)
+
+    def keys_of(self, partition: str, index: Any) -> list[str]:
+        return self._call("keys_of", partition=partition, index=_array(index))
+
     def set_tags(self, partition: str, keys: Sequence[str], tags: list) -> None:
         self._call("set_tags", partition=partition, keys=list(keys), tags=tags)
 

@@ -1,0 +1,286 @@
+"""Blocking KV operations with TransferQueue's semantics, over a tq_stream Stream.
+
+Tag-only rows: TransferQueue lets a key exist with tags and no field (verl
+registers prompts that way). A tq_stream row needs a field, so a tag-only put
+writes the one-byte field ``TAG_ONLY_FIELD``; it is never listed, returned or
+checkpointed apart from its row. A tags-only put to keys that already exist is
+a plain tag merge (``set_tags``, one controller call, no bytes moved).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tensordict import NonTensorStack, TensorDict, TensorDictBase
+
+from tq_stream.compat.meta import BatchMeta, KVBatchMeta
+from tq_stream.compat.runtime import Runtime
+from tq_stream.errors import ConfigError, KeyConflictError, StateError
+
+TAG_ONLY_FIELD = "__tq_compat_row__"
+
+
+def as_keys(keys: str | Sequence[str], name: str = "keys") -> list[str]:
+    if isinstance(keys, str):
+        return [keys]
+    if not isinstance(keys, Sequence):
+        raise ConfigError(f"{name} must be a str or a list of str, got {type(keys).__name__}")
+    return list(keys)
+
+
+def as_fields(select_fields: str | Sequence[str] | None) -> list[str] | None:
+    if select_fields is None:
+        return None
+    return [select_fields] if isinstance(select_fields, str) else list(select_fields)
+
+
+def one_row(fields: TensorDictBase | dict[str, Any]) -> TensorDict:
+    """``kv_put``'s ``fields`` (one row without a batch dim) as a TensorDict ``[1]``."""
+    if isinstance(fields, TensorDictBase):
+        return fields
+    if not isinstance(fields, dict):
+        raise ConfigError(f"fields must be a dict or a TensorDict, got {type(fields).__name__}")
+    batch: dict[str, Any] = {}
+    for name, value in fields.items():
+        if isinstance(value, torch.Tensor):
+            if value.is_nested:
+                raise ConfigError(f"fields[{name!r}] must not be a nested tensor in kv_put "
+                                  f"(use kv_batch_put for many rows)")
+            batch[name] = value.unsqueeze(0)
+        else:
+            batch[name] = NonTensorStack(value)
+    return TensorDict(batch, batch_size=[1])
+
+
+def per_sample(fields: Any) -> Any:
+    """``fields`` as TransferQueue stores them: every tensor with a per-row dim is ragged.
+
+    TransferQueue keeps one tensor per sample and returns a field's rows as a jagged
+    nested tensor whenever they are not scalars, whatever their lengths. tq_stream fixes
+    a dense field's shape at its first put, so a batch of one (verl puts one session
+    at a time) would pin the length; as a jagged view (no copy) every length fits and
+    reads come back in TransferQueue's layout.
+    """
+    if fields is None:
+        return None
+    out: dict[str, Any] = {}
+    for name, value in fields.items():
+        if isinstance(value, torch.Tensor) and not value.is_nested and value.dim() >= 2:
+            n, length = value.shape[0], value.shape[1]
+            flat = value.reshape(n * length, *value.shape[2:])
+            offsets = torch.arange(0, n * length + 1, max(length, 1), dtype=torch.int64)
+            if length == 0:
+                offsets = torch.zeros(n + 1, dtype=torch.int64)
+            value = torch.nested.nested_tensor_from_jagged(flat, offsets)
+        out[name] = value
+    return out
+
+
+def parse_fields(fields: Any, data_parser: Any) -> Any:
+    """Apply TransferQueue's ``data_parser`` hook: it edits, in place, a dict of columns
+    (dense tensors as they are; nested tensors and non-tensor fields as lists)."""
+    if data_parser is None or fields is None:
+        return fields
+    cols: dict[str, Any] = {}
+    for name, value in fields.items():
+        if isinstance(value, torch.Tensor):
+            cols[name] = list(value.unbind()) if value.is_nested else value
+        else:
+            cols[name] = value.tolist()
+    data_parser(cols)
+    return cols
+
+
+def _visible(fields: list[str]) -> list[str]:
+    return [f for f in fields if f != TAG_ONLY_FIELD]
+
+
+def describe(rt: Runtime, keys: list[str], partition: str) -> tuple[list[dict], list[str]]:
+    """Current (merged) tags of ``keys`` and the fields every one of them has."""
+    d = rt.get()._controller().lookup(partition=partition, keys=keys, fields=None)
+    return d["tags"], _visible(d["fields"])
+
+
+def batch_put(rt: Runtime, keys: list[str], partition: str, fields: Any,
+              tags: list[dict] | None) -> KVBatchMeta:
+    """``kv_batch_put``: write ``fields`` and merge ``tags``; returns the rows' state."""
+    if fields is None and tags is None:
+        raise ConfigError("kv_batch_put needs fields or tags, got neither")
+    keys = as_keys(keys)
+    if fields is not None:
+        n = fields.batch_size[0] if isinstance(fields, TensorDictBase) and fields.batch_size \
+            else None
+        if n is not None and n != len(keys):
+            raise ConfigError(f"fields must have one row per key ({len(keys)}), got batch "
+                              f"size {n}")
+    if tags is not None and len(tags) != len(keys):
+        raise ConfigError(f"tags must have one dict per key ({len(keys)}), got {len(tags)}")
+    stream = rt.get()
+    rt.ensure_partition(partition)
+    if fields is not None:
+        stream.kv.put_batch(keys, per_sample(fields), tags=tags, partition=partition)
+    else:
+        try:  # keys that exist: merge the tags, nothing else
+            stream.set_tags(partition, keys, tags)
+        except KeyConflictError:  # some key (or the partition) is new
+            marker = torch.zeros(len(keys), dtype=torch.uint8)
+            stream.kv.put_batch(keys, {TAG_ONLY_FIELD: marker}, tags=tags, partition=partition)
+    try:
+        merged, stored = describe(rt, keys, partition)
+    except (KeyConflictError, StateError):  # a consumer freed some rows meanwhile (a
+        merged = [dict(t) for t in tags] if tags is not None else [{} for _ in keys]
+        stored = [] if fields is None else _visible(list(fields.keys()))  # tq_stream ack)
+    return KVBatchMeta(keys=keys, tags=merged, partition_id=partition, fields=stored)
+
+
+def batch_get(rt: Runtime, keys: str | Sequence[str], partition: str,
+              select_fields: str | Sequence[str] | None) -> TensorDict:
+    """``kv_batch_get``: rows in ``keys`` order; ``select_fields`` or every common field."""
+    keys = as_keys(keys)
+    fields = as_fields(select_fields)
+    stream = rt.get()
+    if fields is None:
+        _, fields = describe(rt, keys, partition)
+        if not fields:
+            raise StateError(f"keys {keys[:5]} of partition {partition!r} must share a written "
+                             f"field to be read; they have tags only")
+    elif TAG_ONLY_FIELD in fields:
+        raise ConfigError(f"select_fields must name stored fields, got {TAG_ONLY_FIELD!r}")
+    return stream.kv.get_batch(keys, fields, partition=partition)
+
+
+def list_partition(rt: Runtime, partition: str) -> dict[str, dict]:
+    """``{key: tags}`` of every row of ``partition``, oldest first.
+
+    The controller sends keys and tags as columns (``Controller.list_tags``); the
+    per-key dicts verl expects are built here, a column at a time.
+    """
+    d = rt.get()._controller().list_tags(partition=partition)
+    keys = d["keys"]
+    out: dict[str, dict] = {k: {} for k in keys}
+    rows = list(out.values())
+    for name, (pos, values) in d["tags"].items():
+        if len(values) == len(rows):  # every row has the tag: no positions to follow
+            for row, v in zip(rows, values, strict=True):
+                row[name] = v
+        else:
+            for p, v in zip(pos.tolist() if hasattr(pos, "tolist") else pos, values,
+                            strict=True):
+                rows[p][name] = v
+    return out
+
+
+def kv_list(rt: Runtime, partition: str | None) -> dict[str, dict[str, dict]]:
+    """``kv_list``: ``{partition: {key: tags}}`` of one partition or all; a partition that
+    does not exist is left out (``{}``), as in TransferQueue."""
+    ctrl = rt.get()._controller()
+    names = ctrl.partitions() if partition is None else [partition]
+    out: dict[str, dict[str, dict]] = {}
+    for name in names:
+        try:
+            rows = list_partition(rt, name)
+        except KeyConflictError:  # no such partition (or it went away meanwhile)
+            continue
+        out[name] = rows
+    return out
+
+
+def clear(rt: Runtime, keys: str | Sequence[str], partition: str) -> None:
+    """``kv_clear``: remove keys (tags and data); unknown keys or partitions are a no-op."""
+    keys = as_keys(keys)
+    if not keys:
+        return
+    try:
+        rt.get().kv.clear(keys, partition=partition)
+    except KeyConflictError:
+        pass  # the partition does not exist: nothing to clear
+
+
+# ------------------------------------------------------------------ BatchMeta side
+def retrieve_meta(rt: Runtime, keys: str | Sequence[str], partition: str,
+                  create: bool) -> BatchMeta:
+    """A BatchMeta of ``keys`` (in key order); missing keys are created tag-only if
+    ``create``, else dropped from the result (as TransferQueue does)."""
+    keys = as_keys(keys)
+    ctrl = rt.get()._controller()
+    if create:
+        missing = _missing(rt, keys, partition)
+        if missing:
+            batch_put(rt, missing, partition, None, [{} for _ in missing])
+    else:
+        known = set(keys) - set(_missing(rt, keys, partition))
+        keys = [k for k in keys if k in known]
+    if not keys:
+        return BatchMeta()
+    d = ctrl.lookup(partition=partition, keys=keys, fields=None)
+    schema = {f: dict(d["schemas"].get(f, {})) for f in _visible(d["fields"])}
+    return BatchMeta(d["index"].tolist(), [partition] * len(keys), schema,
+                     custom_meta=d["tags"], keys=list(d["keys"]))
+
+
+def _missing(rt: Runtime, keys: list[str], partition: str) -> list[str]:
+    ctrl = rt.get()._controller()
+    try:
+        ctrl.lookup(partition=partition, keys=keys, fields=())
+        return []
+    except KeyConflictError:
+        pass
+    try:
+        present = set(list_partition(rt, partition))
+    except KeyConflictError:
+        return list(keys)
+    return [k for k in keys if k not in present]
+
+
+def retrieve_keys(rt: Runtime, global_indexes: int | Sequence[int], partition: str) -> list[str]:
+    idx = [global_indexes] if isinstance(global_indexes, int) else list(global_indexes)
+    if not idx:
+        return []
+    return rt.get()._controller().keys_of(partition=partition, index=idx)
+
+
+def meta_keys(rt: Runtime, meta: BatchMeta) -> dict[str, list[str]]:
+    """``{partition: keys}`` of a BatchMeta's rows, in row order per partition."""
+    out: dict[str, list[str]] = {}
+    if meta.keys is not None:
+        for p, k in zip(meta.partition_ids, meta.keys, strict=True):
+            out.setdefault(p, []).append(k)
+        return out
+    for p in dict.fromkeys(meta.partition_ids):
+        idx = [i for q, i in zip(meta.partition_ids, meta.global_indexes, strict=True) if q == p]
+        out[p] = retrieve_keys(rt, idx, p)
+    return out
+
+
+def get_data(rt: Runtime, meta: BatchMeta) -> TensorDict:
+    """The fields ``meta`` names of its rows (one partition per call, as verl uses it)."""
+    if meta.size == 0:
+        return TensorDict({}, batch_size=[0])
+    parts = meta_keys(rt, meta)
+    if len(parts) != 1:
+        raise ConfigError(f"a BatchMeta must name rows of one partition to be read, got "
+                          f"{sorted(parts)}")
+    (partition, keys), = parts.items()
+    return batch_get(rt, keys, partition, meta.field_names or None)
+
+
+def put_data(rt: Runtime, data: TensorDict, meta: BatchMeta | None,
+             partition: str | None) -> BatchMeta:
+    """Write ``data``'s fields to ``meta``'s rows; returns meta with the new fields."""
+    if meta is None:
+        raise ConfigError(f"async_put needs metadata (a BatchMeta of existing rows), got None "
+                          f"(partition_id={partition!r})")
+    parts = meta_keys(rt, meta)
+    if len(parts) != 1:
+        raise ConfigError(f"a BatchMeta must name rows of one partition to be written, got "
+                          f"{sorted(parts)}")
+    (pid, keys), = parts.items()
+    rt.get().kv.put_batch(keys, per_sample(data), partition=pid)
+    out = meta.copy()
+    d = rt.get()._controller().lookup(partition=pid, keys=keys, fields=list(data.keys()))
+    for f in data.keys():
+        out.field_schema[f] = dict(d["schemas"].get(f, {}))
+    out.keys = list(keys)
+    return out
