@@ -35,7 +35,7 @@ from tq_stream.datasets.batch import batch_meta, copy_meta, loader_step
 from tq_stream.datasets.minibatch import minibatches
 from tq_stream.datasets.streaming import StreamingDataset
 from tq_stream.datasets.workers import check_start_method
-from tq_stream.errors import ConfigError, LeaseError, check_positive
+from tq_stream.errors import ConfigError, check_positive
 
 
 def _identity(batch: Any) -> Any:
@@ -88,16 +88,8 @@ class StreamingDataLoader:
     def _ack_saved(self) -> None:
         """Batches yielded before the restored state_dict was taken count as trained:
         ack them if no one did (a crash after the save, before the next batch)."""
-        ds, todo = self.dataset, self._saved_done
-        self._saved_done = []
-        for partition, step in todo:
-            try:
-                meta = self._client.get_meta(partition, ds.task, step, ds.dp_rank,
-                                             timeout=ds.timeout, replica=ds.replica)
-                if meta is not None and not meta.end:
-                    self._client.ack(meta)
-            except LeaseError:
-                pass  # acked already
+        self.dataset._saved_done, self._saved_done = self._saved_done, []
+        self.dataset._ack_saved(self._client)
 
     def __iter__(self) -> Iterator[TensorDict]:
         ds = self.dataset

@@ -18,6 +18,7 @@ When iterated directly, a batch is acked when the next one is requested; a
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -33,6 +34,7 @@ from tq_stream.datasets.batch import attach_meta, batch_meta, loader_step
 from tq_stream.datasets.length import epoch_end, known_steps
 from tq_stream.errors import (
     ConfigError,
+    LeaseError,
     StateError,
     WaitTimeout,
     check_name,
@@ -47,6 +49,10 @@ if TYPE_CHECKING:
     from tq_stream.client import Client
 
 _END = object()
+# Batches a DataLoader worker keeps unacked: the default prefetch_factor (2) + 1, so a
+# batch is acked only after the training loop asked for the one after it.
+WORKER_ACK_LAG = 3
+STATE_KEYS = ("partition", "task", "dp_rank", "replica", "yielded")
 logger = logging.getLogger(__name__)
 
 
@@ -147,6 +153,9 @@ class StreamingDataset(IterableDataset[TensorDict]):
         self.start_step = 0  # a multi-partition loader's resume step (its own numbering)
         self.auto_ack = True
         self.session: str | None = None  # set by a loader for its iteration (and workers)
+        self.worker_ack_lag = WORKER_ACK_LAG
+        self._pending: collections.deque[TensorDict] = collections.deque()
+        self._saved_done: list[tuple[str, int]] = []  # yielded before a loaded state
         self.plan: tuple[int, frozenset[int]] | None = None  # (first step, steps to skip)
         self._registered = False
 
@@ -189,6 +198,16 @@ class StreamingDataset(IterableDataset[TensorDict]):
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         step, skip = plan
         end = epoch_end(self, step)  # None unless rows_per_epoch declares an epoch
+        if workers > 1 and self.plan is None:
+            # Workers that each asked the controller where to resume (no loader computed
+            # one plan for all) may have asked at different moments: they split steps by
+            # number from a base they share, each skipping its own steps already done.
+            for s in range(self.start_step + worker, 1 << 62, workers):
+                if end is not None and s >= end:
+                    return
+                if s >= step and s not in skip:
+                    yield s
+            return
         position = 0
         while end is None or step < end:
             if step not in skip:
@@ -238,7 +257,13 @@ class StreamingDataset(IterableDataset[TensorDict]):
                 while not room.acquire(timeout=0.1):
                     if stop.is_set():
                         return
-                item = self._fetch(client, step, stop)
+                try:
+                    item = self._fetch(client, step, stop)
+                except LeaseError:
+                    if self.plan is not None or get_worker_info() is None:
+                        raise
+                    room.release()  # acked meanwhile (a loaded state's batch): skip it
+                    continue
                 if not self._offer(out, stop, _END if item is None else item):
                     if item is not None:  # nobody will read it: hand the rows back now
                         client.release(batch_meta(item))
@@ -268,24 +293,66 @@ class StreamingDataset(IterableDataset[TensorDict]):
             if isinstance(item, TensorDict):
                 client.release(batch_meta(item))
 
+    # -- the torchdata Stateful protocol
+    def state_dict(self) -> dict[str, Any]:
+        """Who this dataset reads for, and the batches it yielded and has not acked (a
+        ``StatefulDataLoader`` snapshots this in each worker with every batch it hands
+        over). No side effects."""
+        return {"partition": self.partition, "task": self.task, "dp_rank": self.dp_rank,
+                "replica": self.replica,
+                "yielded": [[m.partition, m.step] for m in map(batch_meta, self._pending)]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state_dict()``: the batches it lists as yielded count as trained
+        (acked at the next iteration's start); the rest resumes at the first step this
+        rank has not acked, so nothing acked comes again and nothing leased is lost."""
+        if not isinstance(state, dict) or set(state) != set(STATE_KEYS):
+            got = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ConfigError(f"state must have keys {sorted(STATE_KEYS)}, got {got}")
+        mine = (self.partition, self.task, self.dp_rank, self.replica)
+        theirs = (state["partition"], state["task"], state["dp_rank"], state["replica"])
+        if mine != theirs:
+            raise ConfigError(f"state must come from a dataset of (partition, task, dp_rank, "
+                              f"replica) {mine}, got {theirs}")
+        self._saved_done = [(str(p), int(s)) for p, s in state["yielded"]]
+        self.plan = None
+
+    def _ack_saved(self, client: Client) -> None:
+        """Ack the batches a loaded state lists as yielded, if nobody did (a crash after
+        the save, before their ack)."""
+        todo, self._saved_done = self._saved_done, []
+        for partition, step in todo:
+            try:
+                meta = client.get_meta(partition, self.task, step, self.dp_rank,
+                                       timeout=self.timeout, replica=self.replica)
+                if meta is not None and not meta.end:
+                    client.ack(meta)
+            except LeaseError:
+                pass  # acked already
+
     def __iter__(self) -> Iterator[TensorDict]:
         self.register()
         out: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch + 1)
         stop = threading.Event()
         room = threading.Semaphore(self.prefetch)
         client = Client(self.stream, session=self.session)  # one session per iteration
+        self._ack_saved(client)  # before the plan: those steps are done
         plan = self.plan if self.plan is not None else self.resume_plan()
         thread = threading.Thread(target=self._producer, args=(out, stop, room, client, plan),
                                   daemon=True, name=f"tq-prefetch-{self.task}-{self.dp_rank}")
         thread.start()
         single = get_worker_info() is None
-        last = None
+        # yielded, not acked yet: iterated directly, a batch is acked when the next is
+        # asked for; in a DataLoader worker, only once WORKER_ACK_LAG later batches were
+        # asked for (the loader then has handed it to the training loop and got the next)
+        pending: collections.deque[TensorDict] = collections.deque()
+        self._pending = pending
+        lag = 1 if single else self.worker_ack_lag
         finished = False  # the prefetch thread ended on its own: no wait to cancel
         try:
             while True:
-                if self.auto_ack and last is not None:  # before waiting: the end of a
-                    client.ack(batch_meta(last))        # stream waits for every ack
-                    last = None
+                while self.auto_ack and len(pending) >= lag:  # before waiting
+                    client.ack(batch_meta(pending.popleft()))
                 try:
                     item = out.get(timeout=self.timeout + 5.0)
                 except queue.Empty:
@@ -298,16 +365,20 @@ class StreamingDataset(IterableDataset[TensorDict]):
                     return
                 if isinstance(item, _Failure):
                     raise item.exc
-                last = item
+                pending.append(item)
                 if single:
                     self.start_step = loader_step(item) + 1
                 yield item
         finally:
             stop.set()
-            self._stop(client, out, thread, last, cancel=not finished)
+            # a worker's unacked batches may not have reached the training loop: they
+            # stay leased (and come again) unless the stream ended normally
+            self._stop(client, out, thread, list(pending) if single or finished else [],
+                       cancel=not finished)
+            pending.clear()
 
     def _stop(self, client: Any, out: queue.Queue[Any], thread: threading.Thread,
-              last: TensorDict | None, cancel: bool = True) -> None:
+              done: list[TensorDict], cancel: bool = True) -> None:
         """End an iteration: ack its last batch (when iterated directly), cancel the
         prefetch thread's wait, hand back what it fetched ahead. Runs when a generator
         is closed or collected, so it reports failures (a closed stream, a dead
@@ -316,8 +387,8 @@ class StreamingDataset(IterableDataset[TensorDict]):
         whose waits must go on (one worker reaching the end of an epoch first must not
         cut another's last step short)."""
         try:
-            if self.auto_ack and last is not None:
-                client.ack(batch_meta(last))
+            for batch in done if self.auto_ack else []:
+                client.ack(batch_meta(batch))
             if cancel:
                 client.cancel()
             self._drain(out, client)
