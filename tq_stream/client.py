@@ -164,8 +164,12 @@ class Client:
         rows: dict[str, Any] = self._controller.task_rows(partition=partition, task=task)
         return rows
 
-    def set_version(self, partition: str, task: str, version: int) -> None:
-        self._controller.set_version(partition=partition, task=task, version=version)
+    def set_version(self, partition: str, task: str, version: int,
+                    at_step: int | None = None) -> None:
+        """The consumer's policy version, in effect from step ``at_step`` on (see
+        ``Controller.set_version``)."""
+        self._controller.set_version(partition=partition, task=task, version=version,
+                                     at_step=at_step)
 
     def _check_step(self, meta: BatchMeta, what: str) -> None:
         if not isinstance(meta, BatchMeta):

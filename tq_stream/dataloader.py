@@ -82,6 +82,7 @@ class StreamingDataLoader:
         self._next_step = dataset.start_step
         self._unacked: list[TensorDict] = []
         self._holds: list[Any] = []  # heartbeats of sessions with batches not yet acked
+        self._yielded = False  # a batch was yielded (``_next_step`` is then the next one)
         self._saved_done: list[tuple[str, int]] = []  # yielded before a loaded state
         self._rows: Counter[str] = Counter()  # rows yielded per partition
 
@@ -113,6 +114,7 @@ class StreamingDataLoader:
                 batch = copy_meta(batch, batch.pin_memory())
             self._unacked.append(batch)
             self._next_step = loader_step(batch) + 1
+            self._yielded = True
             self._rows[batch_meta(batch).partition] += len(batch_meta(batch))
             yield batch
 
@@ -137,10 +139,22 @@ class StreamingDataLoader:
 
     def set_version(self, version: int) -> None:
         """The trainer's current policy version (for staleness-aware samplers); works
-        before the first batch too (a resumed trainer sets its version first)."""
+        before the first batch too (a resumed trainer sets its version first). It is in
+        effect from the next batch on, and steps fetched ahead are formed for the
+        version predicted at their turn (one version per ``steps_per_version`` steps,
+        see ``Stream.set_admission``), so a ``StalenessSampler`` bound holds when a batch
+        reaches the training loop, provided the trainer bumps its version at most that
+        often."""
         ds = self.dataset
+        at = None  # a multi-partition loader's steps are not the partitions' steps
+        if len(ds.partitions) == 1:
+            if self._yielded:
+                at = self._next_step
+            else:  # before the first batch: where this rank resumes
+                ds.register()
+                at = ds.resume_plan()[0]
         for p in ds.partitions:
-            self._client.set_version(p, ds.task, version)
+            self._client.set_version(p, ds.task, version, at_step=at)
 
     def minibatches(self, batch: TensorDict, minibatch_size: int | None = None,
                     epochs: int = 1, shuffle: bool = False, seed: int | None = None, *,

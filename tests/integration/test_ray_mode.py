@@ -110,10 +110,12 @@ CONFIG = tq.StreamConfig(timeout=60)
 @pytest.mark.timeout(240)
 def test_units_on_two_nodes_save_and_restore_their_own_files(ray_cluster, tmp_path):
     path = str(tmp_path / "ckpt")
-    with tq.init(mode="ray", storage_units=2, config=CONFIG) as stream:
+    with tq.init(mode="ray", storage_units=2, config=CONFIG,
+                 allow_insecure_tcp=True) as stream:
         assert sorted(stream._owner.unit_nodes) == sorted(ray_cluster), "one unit per node"
         checked = save_under_load(stream, str(tmp_path), lambda p: tq.init(
-            mode="ray", storage_units=2, config=CONFIG, restore=p, name="tq_restored"),
+            mode="ray", storage_units=2, config=CONFIG, restore=p, name="tq_restored",
+            allow_insecure_tcp=True),
             saves=2)
         keys = [f"r{i}" for i in range(16)]
         x = torch.arange(32, dtype=torch.float32).reshape(16, 2)
@@ -121,7 +123,8 @@ def test_units_on_two_nodes_save_and_restore_their_own_files(ray_cluster, tmp_pa
         stream.save(path)
     assert checked > 0
     assert len([n for n in os.listdir(path) if n.startswith("unit-")]) == 2
-    with tq.init(mode="ray", storage_units=2, config=CONFIG, restore=path) as stream:
+    with tq.init(mode="ray", storage_units=2, config=CONFIG, restore=path,
+                 allow_insecure_tcp=True) as stream:
         assert torch.equal(stream.kv.get_batch(keys, ["x"], partition="p")["x"], x)
 
 
@@ -129,7 +132,8 @@ def test_batch_conventions_and_length_in_ray_mode(ray_cluster):
     # nested fields, fields-only batch keys with their meta, len() over the controller RPC
     from tensordict import TensorDict
 
-    stream = tq.init(mode="ray", storage_units=2, config=tq.StreamConfig(timeout=60))
+    stream = tq.init(mode="ray", storage_units=2, config=tq.StreamConfig(timeout=60),
+                     allow_insecure_tcp=True)
     try:
         n = 12
         td = TensorDict({"obs": TensorDict({"image": torch.arange(n * 2.0).reshape(n, 2),
@@ -151,10 +155,12 @@ def test_batch_conventions_and_length_in_ray_mode(ray_cluster):
         assert sorted(seen) == list(range(n))
     finally:
         stream.close()
+
+
 def test_metrics_and_processes_in_ray_mode(ray_cluster):
     """The owner's metrics endpoint and processes() reach the actors."""
     stream = tq.init(mode="ray", storage_units=2, config=tq.StreamConfig(timeout=60),
-                     metrics_port=0, name="tq_observe")
+                     metrics_port=0, name="tq_observe", allow_insecure_tcp=True)
     try:
         stream.writer("ray").put([f"k{i}" for i in range(6)], {"x": torch.ones(6, 4)})
         procs = stream.processes()

@@ -38,7 +38,7 @@ def _part_state(part: PartitionMeta) -> dict[str, Any]:
     return {
         "capacity": part.capacity, "closed": part.closed, "admitted": part.admitted,
         "consumers": None if part.consumers is None else list(part.consumers),
-        "versions": dict(part.versions),
+        "versions": {k: list(v) for k, v in part.versions.items()},
         "schemas": {f: s.to_dict() for f, s in part.schemas.items()},
         "size": part.size, "rows": rows, "keys": part.keys[rows].tolist(),
         "unit": part.unit[rows], "slot": part.slot[rows],
@@ -72,6 +72,7 @@ def _task_state(task: TaskState) -> dict[str, Any]:
                               for (r_, q), c in r.claims.items()]}
                   for s, r in task.steps.items()],
         "next_step": task.next_step, "ended": task.ended, "version": task.version,
+        "version_step": task.version_step,
         "steps_per_version": task.steps_per_version,
         "discards": dict(task.discards), "handed_out": task.handed_out, "acked": task.acked,
         "counters": {"renewed": task.renewed, "expired": task.expired,
@@ -118,7 +119,8 @@ def load_controller(state: Any, n_units: int) -> tuple[dict, dict]:
         part.closed = s["closed"]
         part.admitted = int(s.get("admitted", 0))
         part.consumers = None if s["consumers"] is None else tuple(s["consumers"])
-        part.versions = {str(k): int(v) for k, v in s["versions"].items()}
+        part.versions = {str(k): (int(v), None if at is None else int(at))
+                         for k, (v, at) in s["versions"].items()}
         part._grow_to(int(s["size"]))
         part.fix_schemas({f: FieldSchema.from_dict(d) for f, d in s["schemas"].items()})
         rows = np.asarray(s["rows"], dtype=np.int64)
@@ -164,6 +166,7 @@ def _load_task(name: str, s: dict[str, Any], part: PartitionMeta) -> TaskState:
             claims={(int(r), int(q)): Claim(str(s_), str(c), float(e))
                     for r, q, s_, c, e in st["claims"]})
     task.next_step, task.ended, task.version = s["next_step"], s["ended"], s["version"]
+    task.version_step = s["version_step"]
     task.steps_per_version = int(s.get("steps_per_version", 1))
     task.discards = Counter(s["discards"])
     task.handed_out, task.acked = s["handed_out"], s["acked"]

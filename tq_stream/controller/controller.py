@@ -401,7 +401,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
                     )
                 return
             state = TaskState(task, config, sampler, part.size)
-            state.version = part.versions.pop(task, None)
+            state.version, state.version_step = part.versions.pop(task, (None, None))
             rows = part.oldest_first(np.flatnonzero(part.used))
             state.offer(rows, part.ready_for(config.fields, rows, state.tags))
             self._tasks[partition][task] = state
@@ -418,17 +418,27 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
             )
         return part, state
 
-    def set_version(self, partition: str, task: str, version: int) -> None:
-        """The consumer's current policy version (read by staleness-aware samplers)."""
+    def set_version(self, partition: str, task: str, version: int,
+                    at_step: int | None = None) -> None:
+        """The consumer's current policy version (read by staleness-aware samplers).
+
+        Args:
+            at_step: the step the consumer reads next under ``version`` (a loader passes
+                it). Steps formed ahead of their turn then see the version predicted for
+                it, ``version + (step - at_step) // steps_per_version``, so a staleness
+                bound still holds when a prefetched batch reaches the training loop.
+        """
         if isinstance(version, bool) or not isinstance(version, int):
             raise ConfigError(f"version must be an int, got {version!r}")
+        if at_step is not None:
+            check_positive("at_step", at_step, allow_zero=True)
         with self._cond:
             part = self._part(partition, create=True)
             state = self._tasks[partition].get(task)
             if state is None:  # before the consumer registers (a resumed trainer)
-                part.versions[task] = version
+                part.versions[task] = (version, at_step)
             else:
-                state.version = version
+                state.version, state.version_step = version, at_step
             self._cond.notify_all()
 
     def close(self) -> None:

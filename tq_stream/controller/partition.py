@@ -64,7 +64,8 @@ class PartitionMeta:
         self.closed = False
         # tasks that read every row (None: not declared; rows stay until cleared)
         self.consumers: tuple[str, ...] | None = None
-        self.versions: dict[str, int] = {}  # set_version of tasks not registered yet
+        # set_version (version, at_step) of tasks not registered yet
+        self.versions: dict[str, tuple[int, int | None]] = {}
         self.admitted = 0  # rows producers started through Writer.reserve
         self.schemas: dict[str, FieldSchema] = {}
         self.key_index: dict[str, int] = {}

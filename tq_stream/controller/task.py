@@ -88,6 +88,7 @@ class TaskState:
         self.next_step = 0
         self.ended = False
         self.version: int | None = None
+        self.version_step: int | None = None  # the step read next under ``version``
         self.steps_per_version = 1
         self.discards: Counter[str] = Counter()
         self.handed_out = 0
@@ -167,6 +168,13 @@ class TaskState:
                     n += 1
         self.renewed += n
         return n
+
+    def version_at(self, step: int) -> int | None:
+        """The consumer's version when it reads ``step`` (predicted for a step formed
+        ahead of its turn: one version per ``steps_per_version`` steps)."""
+        if self.version is None or self.version_step is None or step <= self.version_step:
+            return self.version
+        return self.version + (step - self.version_step) // self.steps_per_version
 
     def soonest_expiry(self) -> float:
         return min((c.expiry for rec in self.steps.values() for c in rec.claims.values()),

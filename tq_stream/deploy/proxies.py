@@ -101,8 +101,10 @@ class RemoteController:
                    batch_size=batch_size, dp_size=dp_size, replicas=replicas,
                    lease_timeout=lease_timeout, drop_last=drop_last, sampler=spec)
 
-    def set_version(self, partition: str, task: str, version: int) -> None:
-        self._call("set_version", partition=partition, task=task, version=version)
+    def set_version(self, partition: str, task: str, version: int,
+                    at_step: int | None = None) -> None:
+        self._call("set_version", partition=partition, task=task, version=version,
+                   at_step=at_step)
 
     def admit(self, partition: str, n: int, timeout: float = 60.0) -> int:
         return self._long_poll("admit", timeout, partition=partition, n=n)
