@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -43,6 +44,7 @@ from tq_stream.samplers.base import Sampler
 from tq_stream.samplers.partition import PartitionSampler
 
 _END = object()
+_LOST = object()  # a step whose share for this rank died with its storage unit
 logger = logging.getLogger(__name__)
 
 
@@ -189,8 +191,40 @@ class StreamingDataset(IterableDataset):
             meta = self._routed_meta(client, step, stop)
         if meta is None or meta.end:
             return None
-        td = client.get_data(meta, self.fields, ragged=self.ragged)
+        if not len(meta):
+            return _LOST
+        meta, td = self._read(client, meta, stop)
+        if meta is None or meta.end:
+            return None
+        if td is None:
+            return _LOST
         return attach_meta(td, meta, step)
+
+    def _read(self, client: Any, meta: BatchMeta,
+              stop: threading.Event) -> tuple[BatchMeta | None, TensorDict | None]:
+        """get_data of ``meta``. A read that fails because a row's storage unit died
+        asks for the same step again (up to ``timeout`` seconds more): once the
+        controller declared the unit lost, the share holds the surviving rows only
+        (``(meta, None)`` if none survived)."""
+        deadline = None
+        while True:
+            try:
+                return meta, client.get_data(meta, self.fields, ragged=self.ragged)
+            except (StateError, WaitTimeout) as exc:
+                now = time.monotonic()
+                deadline = now + self.timeout if deadline is None else deadline
+                if stop.is_set() or now >= deadline:
+                    raise
+                logger.warning("reading step %d of task %r (rank %d) failed (%s); asking "
+                               "for the step again", meta.step, self.task, self.dp_rank, exc)
+                stop.wait(self.STOP_CHECK)
+                again = client.get_meta(meta.partition, self.task, meta.step, self.dp_rank,
+                                        self.timeout, replica=self.replica)
+                if again is None or again.end:
+                    return again, None
+                if not len(again):
+                    return again, None
+                meta = again
 
     def _routed_meta(self, client: Any, step: int, stop: threading.Event) -> BatchMeta | None:
         """The meta of loader ``step`` of a multi-partition loader (None at its end)."""
@@ -215,6 +249,9 @@ class StreamingDataset(IterableDataset):
                     if stop.is_set():
                         return
                 item = self._fetch(client, step, stop)
+                if item is _LOST:  # nothing to train on: the next step instead
+                    room.release()
+                    continue
                 if not self._offer(out, stop, _END if item is None else item):
                     if item is not None:  # nobody will read it: hand the rows back now
                         client.release(batch_meta(item))

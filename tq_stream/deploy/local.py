@@ -12,6 +12,7 @@ controller drops the rows that lived there (counted as discarded, "unit_lost").
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import selectors
@@ -19,14 +20,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from tq_stream.errors import ConfigError, StateError, WaitTimeout, check_positive
+from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT
+from tq_stream.errors import ConfigError, StateError, WaitTimeout, check_positive, check_timeout
 
 START_TIMEOUT = 60.0
 _SCHEME = {"unix": "unix://", "ipc": "ipc://", "tcp": "tcp://"}
+logger = logging.getLogger(__name__)
 
 
 _LIFELINES: set[int] = set()  # write ends held by this process; a forked child closes them
@@ -160,12 +164,19 @@ class LocalDeployment:
             "ipc" (zmq on unix sockets). ``curve=True`` needs "tcp" or "ipc".
         curve: require CURVE encryption and the deployment's key on every socket.
         start_method: "fork" (fast; the default) or "spawn" (a fresh interpreter).
+        unit_timeout: seconds the controller waits for a silent storage unit before
+            its rows are lost and no new rows go there (``deploy.unit_watch``).
+        restart_units: restart a storage unit whose process died (empty, at the same
+            address) from a watch thread in this process.
     """
 
     def __init__(self, n_units: int, sampler_modules: Sequence[str] = (), shm: bool = True,
                  transport: str | None = None, curve: bool = False,
-                 start_method: str = "fork", start_timeout: float = START_TIMEOUT) -> None:
+                 start_method: str = "fork", start_timeout: float = START_TIMEOUT,
+                 unit_timeout: float = DEFAULT_UNIT_TIMEOUT,
+                 restart_units: bool = False) -> None:
         check_positive("storage_units", n_units)
+        check_timeout("unit_timeout", unit_timeout)
         if start_method not in ("fork", "spawn"):
             raise ConfigError(f"start_method must be 'fork' or 'spawn', got {start_method!r}")
         if transport is None:
@@ -202,7 +213,7 @@ class LocalDeployment:
             addr = f"{_SCHEME[transport]}{self._ipc_dir}/controller" if self._ipc_dir \
                 else address
             self._children.append(_Child({**base, "role": "controller", "address": addr,
-                                          "units": n_units,
+                                          "units": n_units, "unit_timeout": unit_timeout,
                                           "sampler_modules": list(sampler_modules)},
                                          start_method))
             _await_ready(self._children, start_timeout)
@@ -211,6 +222,10 @@ class LocalDeployment:
             raise
         self.address: str = self._children[-1].info["address"]  # type: ignore[index]
         self._backend: Any = None
+        self._lock = threading.Lock()  # restart_unit: the watch thread or a caller
+        self._restart_units = bool(restart_units)
+        self._stop = threading.Event()
+        self._watch: threading.Thread | None = None
 
     @property
     def pids(self) -> list[int]:
@@ -219,6 +234,27 @@ class LocalDeployment:
     def attach(self, backend: Any) -> None:
         self._backend = backend
         backend.controller().attach_units([c.info for c in self._children[:-1]])
+        if self._restart_units:
+            self._watch = threading.Thread(target=self._watch_units, daemon=True,
+                                           name="tq-restart-units")
+            self._watch.start()
+
+    WATCH_INTERVAL = 0.25  # seconds between two looks at the unit processes
+
+    def _watch_units(self) -> None:
+        """Restart every storage unit whose process exited (``restart_units=True``)."""
+        while not self._stop.wait(self.WATCH_INTERVAL):
+            for i in range(len(self._children) - 1):
+                if self._stop.is_set():
+                    return
+                if self._children[i].proc.poll() is None:
+                    continue
+                try:
+                    dropped = self.restart_unit(i)
+                    logger.warning("storage unit %d died and was restarted; rows lost: %s",
+                                   i, dropped or "(none)")
+                except Exception as exc:  # closing, or the start failed: try again
+                    logger.warning("restarting storage unit %d failed: %s", i, exc)
 
     def restart_unit(self, i: int, timeout: float = START_TIMEOUT) -> dict[str, int]:
         """Replace storage unit ``i`` by a new, empty one at the same address.
@@ -230,6 +266,10 @@ class LocalDeployment:
         Returns:
             rows dropped per partition.
         """
+        with self._lock:
+            return self._restart_unit(i, timeout)
+
+    def _restart_unit(self, i: int, timeout: float) -> dict[str, int]:
         if self._closed:
             raise StateError("restart_unit must be called on an open deployment")
         n = len(self._children) - 1
@@ -262,7 +302,11 @@ class LocalDeployment:
     def close(self, grace: float = 5.0) -> None:
         if self._closed:
             return
-        self._closed = True
+        self._stop.set()
+        if self._watch is not None and self._watch is not threading.current_thread():
+            self._watch.join(timeout=START_TIMEOUT)
+        with self._lock:
+            self._closed = True
         if self._backend is not None:
             self._backend.close()
         for c in self._children:

@@ -19,8 +19,9 @@ import torch
 from tq_stream.backends.base import StorageUnit
 from tq_stream.columns import Ragged
 from tq_stream.controller import Controller
-from tq_stream.controller.task import LEASED, NEW
-from tq_stream.errors import ConfigError, StateError, check_positive
+from tq_stream.controller.units import UNIT_LOST  # noqa: F401  (re-exported)
+from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT, UnitWatch
+from tq_stream.errors import ConfigError, StateError
 from tq_stream.samplers.spec import from_spec
 from tq_stream.transport.dispatch import WouldBlock, may_block
 
@@ -35,7 +36,6 @@ def host_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
-UNIT_LOST = "unit_lost"  # discard reason of rows whose storage unit died
 MAX_SLOT = 2**31  # slots are dense from 0 per unit; a larger one is a malformed request
 
 
@@ -152,9 +152,13 @@ class ControllerService(Controller):
     RPC_INLINE = Controller.RPC_INLINE | frozenset({"ping"})
 
     def __init__(self, n_units: int, sampler_modules: Sequence[str] = (),
-                 unit_client: Any = None) -> None:
+                 unit_client: Any = None,
+                 unit_timeout: float | None = DEFAULT_UNIT_TIMEOUT) -> None:
         super().__init__(n_units, free=self._free_remote)
         self._unit_addresses: list[dict[str, Any]] = []
+        self._unit_pids: dict[int, int] = {}  # the process serving each unit, last seen
+        self._unit_timeout = unit_timeout
+        self._watch: UnitWatch | None = None
         self._unit_clients: list[Any] = []
         self._make_client = unit_client
         self._sampler_modules = tuple(sampler_modules)
@@ -173,7 +177,30 @@ class ControllerService(Controller):
             raise ConfigError(f"units must list {self.n_units} storage units, got {len(units)}")
         self._unit_addresses = list(units)
         self._unit_clients = [self._make_client(nearest(u)) for u in units]
+        with self._cond:
+            self._unit_pids = {i: int(u.get("pid", -1)) for i, u in enumerate(units)}
         self._attached.set()
+        if self._watch is None and self._unit_timeout is not None:
+            self._watch = UnitWatch(self, lambda: list(self._unit_clients),
+                                    self._unit_timeout)
+
+    def unit_answered(self, unit: int, pid: int) -> None:
+        """The watch heard from ``unit``'s process ``pid``: a new pid is a replacement
+        (its rows died with the old process), so drop them if that has not happened
+        yet and take the unit back."""
+        with self._cond:
+            known = self._unit_pids.get(unit)
+            if known == pid and unit not in self._dead:
+                return
+            self._unit_pids[unit] = pid
+        if known != pid:
+            self.unit_lost(unit)
+        self.unit_back(unit)
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+        super().close()
 
     def drop_unit(self, unit: int, info: dict[str, Any] | None = None) -> dict[str, int]:
         """Forget every row stored in storage unit ``unit``: its process died and a new,
@@ -187,32 +214,22 @@ class ControllerService(Controller):
         Returns:
             rows dropped per partition.
         """
-        check_positive("unit", unit, allow_zero=True)
-        if unit >= self.n_units:
-            raise ConfigError(f"unit must be < {self.n_units}, got {unit}")
+        self._check_unit(unit)
         if info is not None and self._unit_addresses and \
                 info.get("address") != self._unit_addresses[unit]["address"]:
             raise ConfigError(f"info must keep unit {unit}'s address "
                               f"{self._unit_addresses[unit]['address']!r}, got {info!r}")
-        dropped: dict[str, int] = {}
         with self._cond:
+            pid = None if info is None else info.get("pid")
+            if pid is not None and self._unit_pids.get(unit) == pid \
+                    and unit not in self._dead:
+                return {}  # the watch already took this very process back
             if info is not None and self._unit_addresses:
                 self._unit_addresses[unit] = dict(info)
-            for name, part in self._parts.items():
-                # Spare rows there are taken back too: nothing to free in the new unit.
-                spare = np.flatnonzero(part.spare & (part.unit[: part.size] == unit))
-                for u, slots in part.release_spares(spare):
-                    part.give_slots(u, slots)
-                rows = np.flatnonzero(part.used & (part.unit[: part.size] == unit))
-                if not len(rows):
-                    continue
-                for task in self._tasks[name].values():
-                    lost = int(np.isin(task.state[rows], (NEW, LEASED)).sum())
-                    if lost:
-                        task.discards[UNIT_LOST] += lost
-                for u, slots in self._release_rows(part, rows):
-                    part.give_slots(u, slots)
-                dropped[name] = len(rows)
+            if pid is not None:
+                self._unit_pids[unit] = int(pid)
+            dropped = self._drop_rows_of(unit)
+            self._dead.discard(unit)
             self._cond.notify_all()
         return dropped
 
