@@ -33,11 +33,21 @@ from torch.utils.data import DataLoader
 
 from tq_stream.datasets.batch import batch_meta, loader_step, select_rows
 from tq_stream.datasets.streaming import StreamingDataset
-from tq_stream.errors import ConfigError, LeaseError, check_positive
+from tq_stream.errors import ConfigError, LeaseError, StateError, TQError, check_positive
 
 
 def _identity(batch: Any) -> Any:
     return batch
+
+
+def _stop_workers(batches: Any) -> None:
+    """Shut a torch DataLoader iterator's workers down now (one of them died)."""
+    shutdown = getattr(batches, "_shutdown_workers", None)
+    if shutdown is not None:
+        try:
+            shutdown()
+        except Exception:  # noqa: BLE001 — best effort: the error is raised anyway
+            pass
 
 
 class StreamingDataLoader:
@@ -108,6 +118,15 @@ class StreamingDataLoader:
                 batch = next(batches)
             except StopIteration:
                 return
+            except (RuntimeError, OSError) as exc:
+                if not self.num_workers or isinstance(exc, TQError):
+                    raise
+                _stop_workers(batches)  # torch's SIGCHLD handler would raise again later
+                raise StateError(
+                    f"a DataLoader worker of task {ds.task!r} (rank {ds.dp_rank}) failed "
+                    f"({type(exc).__name__}: {exc}); iterate the loader again to resume at "
+                    f"the first unfinished step (acked batches are not read again)"
+                ) from exc
             self._unacked.append(batch)
             self._next_step = loader_step(batch) + 1
             self._rows[batch_meta(batch).partition] += len(batch_meta(batch))

@@ -278,6 +278,10 @@ class LocalDeployment:
         old = self._children[i]
         old.proc.kill()
         old.proc.wait(timeout=10)
+        # Lost before the new process serves at the same address: no row is placed
+        # there meanwhile (it would be dropped with the old ones).
+        ctrl = self._backend.controller()
+        dropped = ctrl.unit_lost(i)
         self._forget(old)
         from tq_stream.backends.shm import sweep_stale
 
@@ -286,7 +290,9 @@ class LocalDeployment:
                      self._start_method)
         self._children[i] = new
         _await_ready([new], timeout)
-        return self._backend.controller().drop_unit(i, new.info)
+        for name, n in ctrl.drop_unit(i, new.info).items():  # also takes it back
+            dropped[name] = dropped.get(name, 0) + n
+        return dropped
 
     @staticmethod
     def _forget(child: _Child) -> None:

@@ -160,6 +160,12 @@ class RemoteController:
     def ping(self) -> dict[str, Any]:
         return self._call("ping")
 
+    def dead_units(self) -> list[int]:
+        return self._call("dead_units")
+
+    def unit_lost(self, unit: int) -> dict[str, int]:
+        return self._call("unit_lost", unit=unit)
+
     def state_dict(self) -> dict[str, Any]:
         return self._call("state_dict")
 

@@ -148,7 +148,8 @@ class ControllerService(Controller):
     """
 
     RPC_METHODS = Controller.RPC_METHODS | frozenset({
-        "attach_units", "units", "ping", "state_dict", "load_state_dict", "drop_unit"})
+        "attach_units", "units", "ping", "state_dict", "load_state_dict", "drop_unit",
+        "unit_lost"})
     RPC_INLINE = Controller.RPC_INLINE | frozenset({"ping"})
 
     def __init__(self, n_units: int, sampler_modules: Sequence[str] = (),

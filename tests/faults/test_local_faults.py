@@ -1,0 +1,286 @@
+"""SIGKILL during streaming, in local mode: a storage unit, a consumer, a DataLoader
+worker, a producer and the controller. Each test checks the documented rule (a unit's
+rows die with it, nothing else is lost), that no acked row is delivered twice, that
+the stream recovers in bounded time or fails with a clear error, and that nothing is
+left behind."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+
+import pytest
+import torch
+from fault_kit import (
+    CONFIG,
+    UNIT_TIMEOUT,
+    Ledger,
+    alive,
+    check_no_leftovers,
+    faulty_local,
+    kill,
+    wait_gone,
+    wait_until,
+)
+from fault_workers import produce_forever, train, values
+
+import tq_stream as tq
+from tq_stream.errors import StateError, WaitTimeout
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+P = "p"
+
+
+def _keys(prefix: str, start: int, n: int) -> list[str]:
+    return [f"{prefix}_{i}" for i in range(start, start + n)]
+
+
+def _put_in_eights(ledger: Ledger, keys: list[str]) -> None:
+    for i in range(0, len(keys), 8):  # each put spreads over both units
+        ledger.put(keys[i : i + 8], {"x": values(keys[i : i + 8])})
+
+
+def _checked(batches):
+    for batch in batches:
+        keys = list(tq.batch_meta(batch).keys)
+        assert torch.equal(batch["x"], values(keys)), "a row came back with wrong bytes"
+        yield batch
+
+
+# ------------------------------------------------------------------- a unit dies
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_killed_unit_is_lost_and_the_stream_goes_on(workers):
+    """The controller notices the dead unit by itself (missed heartbeats), drops its
+    rows (counted unit_lost), places new rows on the survivor only, and the loader —
+    also with DataLoader workers — reaches the end of the stream."""
+    stream = faulty_local()
+    old = list(stream._owner.pids)
+    try:
+        stream.create_partition(P, consumers=["t"])
+        ledger = Ledger(stream, P)
+        _put_in_eights(ledger, _keys("a", 0, 48))
+        ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=4)
+        batches = ledger.take(_checked(tq.StreamingDataLoader(
+            ds, num_workers=workers, multiprocessing_context="fork" if workers else None)))
+        for _ in range(3):
+            next(batches)
+        kill(old[1])
+        ctrl = stream._backend.controller()
+        assert wait_until(lambda: ctrl.dead_units() == [1], 10 * UNIT_TIMEOUT)
+        after = _keys("b", 0, 16)
+        _put_in_eights(ledger, after)
+        assert {ledger.unit_of[k] for k in after} == {0}  # nothing placed on the dead unit
+        stream.close_partition(P)
+        for _ in batches:
+            pass
+        missing = ledger.check("t", dead_unit=1)
+        assert missing and ledger.lost("t") > 0  # the unit held rows when it died
+        assert not missing & set(after)
+    finally:
+        check_no_leftovers(stream, old)
+
+
+def test_a_restarted_unit_takes_rows_again():
+    """restart_units=True: the owner restarts a dead unit (empty); its rows were lost,
+    rows may be placed there again, and every other row is delivered."""
+    stream = faulty_local(restart_units=True)
+    old = list(stream._owner.pids)
+    try:
+        stream.create_partition(P, consumers=["t"])
+        stream.client().register_task(P, "t", ["x"], batch_size=4,
+                                      lease_timeout=CONFIG.lease_timeout)
+        ledger = Ledger(stream, P)
+        before = _keys("a", 0, 16)
+        _put_in_eights(ledger, before)
+        kill(old[1])
+        assert wait_until(lambda: stream._owner.pids[1] != old[1], 20.0)
+        ctrl = stream._backend.controller()
+        assert wait_until(lambda: ctrl.dead_units() == [], 10 * UNIT_TIMEOUT)
+        after = _keys("b", 0, 8)
+        stream.writer(P, unit=1).put(after, {"x": values(after)})
+        assert set(stream.kv.meta(after, partition=P).unit.tolist()) == {1}  # back
+        ledger.unit_of.update(dict.fromkeys(after, 1))
+        stream.close_partition(P)
+        ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=4)
+        for _ in ledger.take(_checked(tq.StreamingDataLoader(ds))):
+            pass
+        missing = ledger.check("t", dead_unit=1)
+        assert missing == {k for k in before if ledger.unit_of[k] == 1}
+        assert ledger.lost("t") == len(missing) > 0
+    finally:
+        check_no_leftovers(stream, old)
+
+
+def test_an_ack_while_a_unit_is_dead_succeeds():
+    """Freeing storage is the controller's business: an ack of rows on a dead unit
+    (not yet noticed) succeeds, and the consumer goes on."""
+    stream = faulty_local(unit_timeout=60.0)  # the death stays unnoticed here
+    old = list(stream._owner.pids)
+    try:
+        stream.create_partition(P, consumers=["t"])
+        ledger = Ledger(stream, P)
+        _put_in_eights(ledger, _keys("a", 0, 16))
+        client = stream.client()
+        client.register_task(P, "t", ["x"], batch_size=8)
+        meta = client.get_meta(P, "t", step=0)
+        assert set(meta.unit.tolist()) == {0, 1}
+        kill(old[1])
+        assert wait_gone([old[1]], 10.0) == []
+        assert client.ack(meta) is None or True  # no exception: the ack succeeded
+        assert stream.stats()[P]["tasks"]["t"]["acked"] == 8
+        assert client.first_unfinished(P, "t")["step"] == 1
+    finally:
+        check_no_leftovers(stream, old)
+
+
+# ------------------------------------------------------------- a consumer dies
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_trainer_resumes_from_an_older_state(tmp_path):
+    """Save the loader state every 2 batches, SIGKILL the trainer after 5, restart it
+    from the saved (older) state: it resumes at the first unfinished step, never sees
+    an acked row again, and gets back what was leased and not acked."""
+    stream = faulty_local()
+    old = list(stream._owner.pids)
+    children = []
+    try:
+        stream.create_partition(P, consumers=["t"])
+        ledger = Ledger(stream, P)
+        _put_in_eights(ledger, _keys("a", 0, 48))  # 12 batches of 4
+        stream.close_partition(P)
+        state = str(tmp_path / "loader.json")
+        ctx = mp.get_context("spawn")
+
+        def run(stop_after):
+            recv, send = ctx.Pipe()
+            child = ctx.Process(target=train, args=(stream, P, state, 2, send, stop_after))
+            child.start()
+            children.append(child)
+            got = []
+            while True:
+                assert recv.poll(60), "the trainer stopped reporting"
+                kind, keys, ok = recv.recv()
+                assert ok, "a batch came back with wrong bytes"
+                if kind != "batch":
+                    return child, got, kind
+                got.append(keys)
+
+        first, got1, kind = run(stop_after=5)
+        assert kind == "waiting" and len(got1) == 5
+        kill(first.pid)
+        first.join(10)
+        assert first.exitcode == -signal.SIGKILL
+        acked = {k for b in got1[:4] for k in b}  # acked before batch 5 was yielded
+        assert stream.stats()[P]["tasks"]["t"]["acked"] == len(acked)
+        second, got2, kind = run(stop_after=0)
+        assert kind == "done"
+        second.join(10)
+        again = {k for b in got2 for k in b}
+        assert not again & acked, "an acked row was delivered again"
+        assert got2[0] == got1[4], "the leased, unacked batch must come back first"
+        assert acked | again == set(ledger.unit_of)
+        stats = stream.stats()[P]
+        assert stats["tasks"]["t"]["acked"] == 48 and stats["rows"] == 0
+    finally:
+        for c in children:
+            if c.is_alive():
+                kill(c.pid)
+                c.join(5)
+        check_no_leftovers(stream, old)
+
+
+def test_a_killed_dataloader_worker_is_a_clear_error_and_the_next_iteration_resumes():
+    stream = faulty_local()
+    old = list(stream._owner.pids)
+    try:
+        stream.create_partition(P, consumers=["t"])
+        ledger = Ledger(stream, P)
+        _put_in_eights(ledger, _keys("a", 0, 48))
+        stream.close_partition(P)
+        ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=4)
+        loader = tq.StreamingDataLoader(ds, num_workers=2, multiprocessing_context="fork")
+        seen = []
+        with pytest.raises(StateError, match="DataLoader worker of task 't'"):
+            for n, batch in enumerate(loader):
+                seen.append(list(tq.batch_meta(batch).keys))
+                if n == 2:
+                    workers = [p.pid for p in mp.active_children()
+                               if p.pid not in old and alive(p.pid)]
+                    assert workers
+                    kill(workers[0])
+        acked = {k for b in seen[:-1] for k in b}
+        rest = [list(tq.batch_meta(b).keys) for b in _checked(loader)]  # a new iteration
+        again = {k for b in rest for k in b}
+        assert not again & (acked | set(seen[-1])), "an acked row was delivered again"
+        assert acked | again | set(seen[-1]) == set(ledger.unit_of)
+        assert stream.stats()[P]["tasks"]["t"]["acked"] == 48
+    finally:
+        check_no_leftovers(stream, old)
+
+
+# ------------------------------------------------------------- a producer dies
+
+
+def test_a_killed_producer_loses_only_its_uncommitted_put():
+    stream = faulty_local()
+    old = list(stream._owner.pids)
+    ctx = mp.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=produce_forever, args=(stream, P, send))
+    try:
+        stream.create_partition(P, consumers=["t"])
+        child.start()
+        send.close()
+        committed = []
+        while len(committed) < 40:
+            assert recv.poll(60), "the producer stopped reporting"
+            committed += recv.recv()
+        kill(child.pid)
+        child.join(10)
+        while recv.poll(0.5):  # puts committed before the kill
+            try:
+                committed += recv.recv()
+            except EOFError:
+                break
+        stream.writer(P).put(["z_0"], {"x": values(["z_0"])})  # another producer goes on
+        stream.close_partition(P)
+        ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=4)
+        got = [k for b in _checked(tq.StreamingDataLoader(ds)) for k in tq.batch_meta(b).keys]
+        assert len(got) == len(set(got))
+        assert set(committed) | {"z_0"} <= set(got)
+        # at most the put in flight (8 rows) was committed but not yet reported
+        assert len(set(got) - set(committed) - {"z_0"}) <= 8
+    finally:
+        if child.is_alive():
+            kill(child.pid)
+            child.join(5)
+        check_no_leftovers(stream, old)
+
+
+# ----------------------------------------------------------- the controller dies
+
+
+def test_a_killed_controller_is_a_clear_error_and_leaves_nothing():
+    stream = faulty_local()
+    old = list(stream._owner.pids)
+    try:
+        stream.create_partition(P, consumers=["t"])
+        ledger = Ledger(stream, P)
+        _put_in_eights(ledger, _keys("a", 0, 16))
+        quick = tq.connect(stream.address, config=tq.StreamConfig(timeout=1.0))
+        ds = tq.StreamingDataset(quick, P, "t", ["x"], batch_size=4, timeout=1.0)
+        batches = iter(tq.StreamingDataLoader(ds))
+        next(batches)
+        kill(old[-1])
+        assert wait_gone([old[-1]], 10.0) == []
+        with pytest.raises(WaitTimeout, match="controller"):
+            for _ in batches:
+                pass
+        quick.close()
+    finally:
+        check_no_leftovers(stream, old)
+
+
