@@ -7,6 +7,7 @@ left behind."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import signal
 
 import pytest
@@ -25,7 +26,7 @@ from fault_kit import (
 from fault_workers import produce_forever, train, values
 
 import tq_stream as tq
-from tq_stream.errors import StateError, WaitTimeout
+from tq_stream.errors import KeyConflictError, StateError, WaitTimeout
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 P = "p"
@@ -284,3 +285,42 @@ def test_a_killed_controller_is_a_clear_error_and_leaves_nothing():
         check_no_leftovers(stream, old)
 
 
+
+
+def test_a_killed_controller_restarts_from_its_checkpoint():
+    """restart_controller=True: the owner restarts a dead controller from its last
+    metadata checkpoint; rows checkpointed are still served (acked ones are not handed
+    out again), rows written after the checkpoint are lost and their slots freed, and
+    a loader carries on through its retries."""
+    stream = faulty_local(checkpoint_interval=1.0, restart_controller=True)
+    old = list(stream._owner.pids)
+    try:
+        stream.create_partition(P, consumers=["t"])
+        ledger = Ledger(stream, P)
+        _put_in_eights(ledger, _keys("a", 0, 32))
+        ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=4, prefetch=1)
+        loader = tq.StreamingDataLoader(ds)
+        batches = ledger.take(_checked(loader))
+        for _ in range(2):
+            next(batches)
+        loader.ack()
+        path = stream._owner.checkpoint_path
+        first = os.stat(path).st_mtime_ns if os.path.exists(path) else 0
+        assert wait_until(lambda: os.path.exists(path)
+                          and os.stat(path).st_mtime_ns != first, 10.0)
+        late = _keys("b", 0, 8)  # after the checkpoint: lost with the controller
+        stream.writer(P).put(late, {"x": values(late)})
+        kill(old[-1])
+        assert wait_until(lambda: stream._owner.restarts, 30.0), "no restart"
+        info = stream._owner.restarts[0]
+        assert info["recovery"]["rows_lost"] == 0 and info["recovery"]["slots_freed"] == 8
+        stream.close_partition(P)
+        for _ in batches:
+            pass
+        ledger.check("t", dead_unit=None)
+        assert set(ledger.delivered) == set(ledger.unit_of)  # every checkpointed row
+        with pytest.raises(KeyConflictError):
+            stream.kv.meta(late, partition=P)
+        print("controller restart:", info)
+    finally:
+        check_no_leftovers(stream, old)

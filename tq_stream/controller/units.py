@@ -94,20 +94,24 @@ class UnitLogic:
             for u, slots in part.release_spares(spare):
                 part.give_slots(u, slots)
             rows = np.flatnonzero(part.used & (part.unit[: part.size] == unit))
-            if not len(rows):
-                continue
-            for task in self._tasks[name].values():
-                lost = int(np.isin(task.state[rows], (NEW, LEASED)).sum())
-                if lost:
-                    task.discards[UNIT_LOST] += lost
-                for rec in task.steps.values():
-                    rec.lost.update(r for r, s in enumerate(rec.shares)
-                                    if np.isin(s, rows).any())
-            for u, slots in self._release_rows(part, rows):  # type: ignore[attr-defined]
-                part.give_slots(u, slots)
-            dropped[name] = len(rows)
+            if len(rows):
+                self._lose_rows(name, part, rows)
+                dropped[name] = len(rows)
         self._cond.notify_all()  # type: ignore[attr-defined]
         return dropped
+
+    def _lose_rows(self, name: str, part: PartitionMeta, rows: np.ndarray) -> None:
+        """Rows whose bytes are gone (lock held): each task counts those it had not
+        finished as discarded ``unit_lost``; shares that held them shrink; their slots
+        are reusable at once (there is nothing left to free)."""
+        for task in self._tasks[name].values():
+            lost = int(np.isin(task.state[rows], (NEW, LEASED)).sum())
+            if lost:
+                task.discards[UNIT_LOST] += lost
+            for rec in task.steps.values():
+                rec.lost.update(r for r, s in enumerate(rec.shares) if np.isin(s, rows).any())
+        for u, slots in self._release_rows(part, rows):  # type: ignore[attr-defined]
+            part.give_slots(u, slots)
 
 
 __all__ = ["UNIT_LOST", "UnitLogic"]

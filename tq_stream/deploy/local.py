@@ -168,15 +168,27 @@ class LocalDeployment:
             its rows are lost and no new rows go there (``deploy.unit_watch``).
         restart_units: restart a storage unit whose process died (empty, at the same
             address) from a watch thread in this process.
+        checkpoint_interval: seconds between checkpoints of the controller's metadata
+            (to ``checkpoint_path``, default a file in a private temporary folder);
+            None: no checkpoints.
+        restart_controller: restart a controller whose process died, from the last
+            checkpoint (needs ``checkpoint_interval``); clients reconnect by themselves.
     """
 
     def __init__(self, n_units: int, sampler_modules: Sequence[str] = (), shm: bool = True,
                  transport: str | None = None, curve: bool = False,
                  start_method: str = "fork", start_timeout: float = START_TIMEOUT,
                  unit_timeout: float = DEFAULT_UNIT_TIMEOUT,
-                 restart_units: bool = False) -> None:
+                 restart_units: bool = False, checkpoint_interval: float | None = None,
+                 checkpoint_path: str | None = None,
+                 restart_controller: bool = False) -> None:
         check_positive("storage_units", n_units)
         check_timeout("unit_timeout", unit_timeout)
+        if checkpoint_interval is not None:
+            check_timeout("checkpoint_interval", checkpoint_interval)
+        if restart_controller and checkpoint_interval is None:
+            raise ConfigError("restart_controller=True needs checkpoint_interval (seconds "
+                              "between checkpoints of the controller), got None")
         if start_method not in ("fork", "spawn"):
             raise ConfigError(f"start_method must be 'fork' or 'spawn', got {start_method!r}")
         if transport is None:
@@ -199,6 +211,13 @@ class LocalDeployment:
             import tempfile
 
             self._ipc_dir = tempfile.mkdtemp(prefix="tq_ipc_")
+        self._ckpt_dir = ""
+        if checkpoint_interval is not None and checkpoint_path is None:
+            import tempfile
+
+            self._ckpt_dir = tempfile.mkdtemp(prefix="tq_ckpt_")
+            checkpoint_path = os.path.join(self._ckpt_dir, "controller.tqmeta")
+        self.checkpoint_path = checkpoint_path
         base = {"shm": shm, "curve_secret": secret,
                 "curve_server": (self.curve_server_key or b"").decode()}
         self._children: list[_Child] = []
@@ -214,6 +233,8 @@ class LocalDeployment:
                 else address
             self._children.append(_Child({**base, "role": "controller", "address": addr,
                                           "units": n_units, "unit_timeout": unit_timeout,
+                                          "checkpoint_path": checkpoint_path,
+                                          "checkpoint_interval": checkpoint_interval,
                                           "sampler_modules": list(sampler_modules)},
                                          start_method))
             _await_ready(self._children, start_timeout)
@@ -224,6 +245,8 @@ class LocalDeployment:
         self._backend: Any = None
         self._lock = threading.Lock()  # restart_unit: the watch thread or a caller
         self._restart_units = bool(restart_units)
+        self._restart_controller = bool(restart_controller)
+        self.restarts: list[dict[str, Any]] = []  # controller restarts: when, how long
         self._stop = threading.Event()
         self._watch: threading.Thread | None = None
 
@@ -234,17 +257,24 @@ class LocalDeployment:
     def attach(self, backend: Any) -> None:
         self._backend = backend
         backend.controller().attach_units([c.info for c in self._children[:-1]])
-        if self._restart_units:
-            self._watch = threading.Thread(target=self._watch_units, daemon=True,
-                                           name="tq-restart-units")
+        if self._restart_units or self._restart_controller:
+            self._watch = threading.Thread(target=self._watch_children, daemon=True,
+                                           name="tq-restart")
             self._watch.start()
 
     WATCH_INTERVAL = 0.25  # seconds between two looks at the unit processes
 
-    def _watch_units(self) -> None:
-        """Restart every storage unit whose process exited (``restart_units=True``)."""
+    def _watch_children(self) -> None:
+        """Restart what died: storage units (``restart_units``), the controller from its
+        last checkpoint (``restart_controller``)."""
         while not self._stop.wait(self.WATCH_INTERVAL):
-            for i in range(len(self._children) - 1):
+            n = len(self._children) - 1
+            if self._restart_controller and self._children[n].proc.poll() is not None:
+                try:
+                    self.restart_controller()
+                except Exception as exc:  # closing, or the start failed: try again
+                    logger.warning("restarting the controller failed: %s", exc)
+            for i in range(n if self._restart_units else 0):
                 if self._stop.is_set():
                     return
                 if self._children[i].proc.poll() is None:
@@ -255,6 +285,34 @@ class LocalDeployment:
                                    i, dropped or "(none)")
                 except Exception as exc:  # closing, or the start failed: try again
                     logger.warning("restarting storage unit %d failed: %s", i, exc)
+
+    def restart_controller(self, timeout: float = START_TIMEOUT) -> dict[str, Any]:
+        """Replace the controller (killed if it still runs) by a new one at the same
+        address that resumes from the last checkpoint and re-attaches the units.
+
+        Returns:
+            what the restart found (``recovery``: rows lost, slots freed, seconds) and
+            ``seconds``, the time from the old process's end to the new one serving.
+        """
+        with self._lock:
+            if self._closed:
+                raise StateError("restart_controller must be called on an open deployment")
+            old = self._children[-1]
+            old.proc.kill()
+            old.proc.wait(timeout=10)
+            started = time.monotonic()
+            self._forget(old)
+            new = _Child({**old.settings, "address": old.info["address"]},  # type: ignore[index]
+                         self._start_method)
+            self._children[-1] = new
+            _await_ready([new], timeout)
+            ctrl = self._backend.controller()
+            ctrl.attach_units([c.info for c in self._children[:-1]])
+            info = {"recovery": ctrl.ping().get("recovery", {}),
+                    "seconds": time.monotonic() - started}
+            self.restarts.append(info)
+            logger.warning("the controller died and was restarted: %s", info)
+            return info
 
     def restart_unit(self, i: int, timeout: float = START_TIMEOUT) -> dict[str, int]:
         """Replace storage unit ``i`` by a new, empty one at the same address.
@@ -331,3 +389,5 @@ class LocalDeployment:
         sweep_stale(self.pids)
         if self._ipc_dir:  # the unix sockets' folder goes with the deployment
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
+        if self._ckpt_dir:  # so does a checkpoint folder it made
+            shutil.rmtree(self._ckpt_dir, ignore_errors=True)

@@ -40,7 +40,8 @@ SHM_KEEP_BYTES = 16 << 20
 def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = (),
                   shm: bool = True, timeout: float = DEFAULT_TIMEOUT,
                   curve_server_key: bytes | None = None,
-                  unit_timeout: float | None = None) -> tuple[Any, Any]:
+                  unit_timeout: float | None = None,
+                  checkpoint: tuple[str | None, float | None] = (None, None)) -> tuple[Any, Any]:
     """The handler for ``role`` and a cleanup callable (``unit_timeout``: seconds a
     controller waits for a silent unit before it is lost; None: the default)."""
     from tq_stream.deploy.services import ControllerService, UnitService
@@ -63,7 +64,9 @@ def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = 
     from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT
 
     service = ControllerService(units, sampler_modules, unit_client=client,
-                                unit_timeout=unit_timeout or DEFAULT_UNIT_TIMEOUT)
+                                unit_timeout=unit_timeout or DEFAULT_UNIT_TIMEOUT,
+                                checkpoint_path=checkpoint[0],
+                                checkpoint_interval=checkpoint[1])
     return service, service.close
 
 
@@ -71,7 +74,9 @@ def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, .
           shm: bool = True, curve_secret_key: bytes | None = None,
           curve_server_key: bytes | None = None,
           local_dir: str | None = None,
-          unit_timeout: float | None = None) -> tuple[Any, Any, str | None]:
+          unit_timeout: float | None = None,
+          checkpoint: tuple[str | None, float | None] = (None, None),
+          ) -> tuple[Any, Any, str | None]:
     """Start serving ``role`` at ``address``; returns (server, cleanup, local address).
 
     With ``local_dir`` (and no CURVE key) the same service is also served on a unix
@@ -82,7 +87,7 @@ def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, .
 
     service, cleanup = build_service(role, units, sampler_modules, shm,
                                      curve_server_key=curve_server_key,
-                                     unit_timeout=unit_timeout)
+                                     unit_timeout=unit_timeout, checkpoint=checkpoint)
     workers = 64 if role == "controller" else 16
     servers = [rpc_server(service, address, workers=workers, backlog=1024,
                           curve_secret_key=curve_secret_key)]
@@ -170,7 +175,8 @@ def run_child(cfg: dict[str, Any], out: Any) -> int:
         tuple(cfg.get("sampler_modules", ())), cfg.get("shm", True),
         (cfg.get("curve_secret") or "").encode() or None,
         (cfg.get("curve_server") or "").encode() or None,
-        unit_timeout=cfg.get("unit_timeout"))
+        unit_timeout=cfg.get("unit_timeout"),
+        checkpoint=(cfg.get("checkpoint_path"), cfg.get("checkpoint_interval")))
     try:
         from tq_stream.deploy.services import host_id
 

@@ -20,6 +20,7 @@ from tq_stream.backends.base import StorageUnit
 from tq_stream.columns import Ragged
 from tq_stream.controller import Controller
 from tq_stream.controller.units import UNIT_LOST  # noqa: F401  (re-exported)
+from tq_stream.deploy.meta_checkpoint import Recovery
 from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT, UnitWatch
 from tq_stream.errors import ConfigError, StateError
 from tq_stream.samplers.spec import from_spec
@@ -74,7 +75,7 @@ class UnitService:
     are checked to be 1-D int arrays (slots in ``[0, MAX_SLOT)``) before they reach it."""
 
     RPC_METHODS = frozenset({"put", "get", "free", "drop", "nbytes", "ping", "layout",
-                             "prepare_write", "finish_write"})
+                             "prepare_write", "finish_write", "held"})
     # The unit's lock guards only copies, so every method may run on the server's IO
     # thread; large transfers go to worker threads (``INLINE_BYTES``/``INLINE_ROWS``), so
     # a bulk copy never delays small requests and several copies run in parallel.
@@ -108,6 +109,11 @@ class UnitService:
     def nbytes(self) -> int:
         return self.unit.nbytes()
 
+    def held(self) -> dict[str, Any]:
+        """Written slots and their tokens per partition (see ``MemoryUnit.held``)."""
+        fn = getattr(self.unit, "held", None)
+        return {} if fn is None else fn()
+
     def layout(self, partition: str, fields: Sequence[str],
                writable: bool = False) -> dict[str, Any]:
         """Shared-memory layout of fields (empty when the unit has none)."""
@@ -140,11 +146,14 @@ def nearest(info: dict[str, Any]) -> str:
     return local if local and info.get("host") == host_id() else info["address"]
 
 
-class ControllerService(Controller):
+class ControllerService(Controller, Recovery):
     """The Controller, plus what a remote deployment needs around it.
 
     ``units`` are RPC clients of the storage units, attached once they are up;
-    samplers arrive as specs (``tq_stream.samplers.spec``).
+    samplers arrive as specs (``tq_stream.samplers.spec``). With ``checkpoint_path``
+    its metadata is written there every ``checkpoint_interval`` seconds, and a
+    controller started where such a file exists resumes from it
+    (``deploy.meta_checkpoint``).
     """
 
     RPC_METHODS = Controller.RPC_METHODS | frozenset({
@@ -154,7 +163,9 @@ class ControllerService(Controller):
 
     def __init__(self, n_units: int, sampler_modules: Sequence[str] = (),
                  unit_client: Any = None,
-                 unit_timeout: float | None = DEFAULT_UNIT_TIMEOUT) -> None:
+                 unit_timeout: float | None = DEFAULT_UNIT_TIMEOUT,
+                 checkpoint_path: str | None = None,
+                 checkpoint_interval: float | None = None) -> None:
         super().__init__(n_units, free=self._free_remote)
         self._unit_addresses: list[dict[str, Any]] = []
         self._unit_pids: dict[int, int] = {}  # the process serving each unit, last seen
@@ -167,6 +178,7 @@ class ControllerService(Controller):
         # A unix address this controller is also served at, for clients on its host
         # (set by ``deploy.server.serve``; None when there is none).
         self.local_address: str | None = None
+        self._init_recovery(checkpoint_path, checkpoint_interval)
 
     def _free_remote(self, unit: int, partition: str, slots: np.ndarray) -> None:
         self._unit_clients[unit].call("free", {"partition": partition, "slots": slots})
@@ -180,6 +192,7 @@ class ControllerService(Controller):
         self._unit_clients = [self._make_client(nearest(u)) for u in units]
         with self._cond:
             self._unit_pids = {i: int(u.get("pid", -1)) for i, u in enumerate(units)}
+        self._reconcile(self._unit_clients)  # after a restart from a checkpoint
         self._attached.set()
         if self._watch is None and self._unit_timeout is not None:
             self._watch = UnitWatch(self, lambda: list(self._unit_clients),
@@ -201,6 +214,7 @@ class ControllerService(Controller):
     def close(self) -> None:
         if self._watch is not None:
             self._watch.stop()
+        self._stop_recovery()
         super().close()
 
     def drop_unit(self, unit: int, info: dict[str, Any] | None = None) -> dict[str, int]:
@@ -241,12 +255,18 @@ class ControllerService(Controller):
 
     def ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": host_id(), "units": len(self._unit_addresses),
-                "local": self.local_address}
+                "local": self.local_address, "recovery": self.recovery,
+                "dead_units": sorted(self._dead)}
 
     def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
                       dp_size: int = 1, replicas: int = 1, lease_timeout: float = 300.0,
                       drop_last: bool = False, sampler: Any = None) -> None:
+        args = {"partition": partition, "task": task, "fields": list(fields),
+                "batch_size": batch_size, "dp_size": dp_size, "replicas": replicas,
+                "lease_timeout": lease_timeout, "drop_last": drop_last, "sampler": sampler}
         if isinstance(sampler, dict):
             sampler = from_spec(sampler, self._sampler_modules)
         super().register_task(partition, task, fields, batch_size, dp_size, replicas,
                               lease_timeout, drop_last, sampler)
+        if sampler is None or isinstance(args["sampler"], dict):
+            self._remember(args)
