@@ -30,7 +30,8 @@ class _Service:
     other nodes, a unix socket for this one)."""
 
     def __init__(self, role: str, units: int, sampler_modules: Sequence[str], shm: bool,
-                 curve_secret: str, curve_server: str) -> None:
+                 curve_secret: str, curve_server: str,
+                 unit_timeout: float | None = None) -> None:
         import ray
 
         from tq_stream.deploy.server import serve
@@ -43,7 +44,7 @@ class _Service:
         self._server, self._stop, local = serve(
             role, f"tcp://{ip}:0", units, tuple(sampler_modules), shm,
             curve_secret.encode() or None, curve_server.encode() or None,
-            local_dir=self._dir)
+            local_dir=self._dir, unit_timeout=unit_timeout)
         self._info = {"address": self._server.address, "pid": os.getpid(), "host": host_id(),
                       "node": ray.get_runtime_context().get_node_id(), "local": local}
 
@@ -72,12 +73,15 @@ class RayDeployment:
         shm: keep dense slabs in shared memory for same-host reads.
         curve: require CURVE encryption on every socket.
         nodes: node ids to place units on (default: every alive node).
+        unit_timeout: seconds the controller waits for a silent unit (its actor died,
+            its node left) before its rows are lost and no new rows go there.
     """
 
     def __init__(self, n_units: int, name: str = DEFAULT_NAME,
                  namespace: str = DEFAULT_NAMESPACE, sampler_modules: Sequence[str] = (),
                  shm: bool = True, curve: bool = False,
-                 nodes: Sequence[str] | None = None, start_timeout: float = 120.0) -> None:
+                 nodes: Sequence[str] | None = None, start_timeout: float = 120.0,
+                 unit_timeout: float | None = None) -> None:
         try:
             import ray
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -108,7 +112,8 @@ class RayDeployment:
                 ).remote("unit", 1, (), shm, secret, server))
             self._actors.append(actor.options(
                 name=f"{name}_controller", namespace=namespace,
-            ).remote("controller", n_units, tuple(sampler_modules), shm, secret, server))
+            ).remote("controller", n_units, tuple(sampler_modules), shm, secret, server,
+                     unit_timeout))
             self._infos = ray.get([a.info.remote() for a in self._actors],
                                   timeout=start_timeout)
         except BaseException:
