@@ -6,6 +6,7 @@ left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -39,6 +40,23 @@ def _keys(prefix: str, start: int, n: int) -> list[str]:
 def _put_in_eights(ledger: Ledger, keys: list[str]) -> None:
     for i in range(0, len(keys), 8):  # each put spreads over both units
         ledger.put(keys[i : i + 8], {"x": values(keys[i : i + 8])})
+
+
+@contextlib.contextmanager
+def _filled(n: int, close: bool = True, **options):
+    """A fault-ready local deployment with ``n`` rows ``a_*`` for task "t" (declared
+    consumer); closed at the end, checked to leave nothing behind."""
+    stream = faulty_local(**options)
+    old = list(stream._owner.pids)
+    try:
+        stream.create_partition(P, consumers=["t"])
+        ledger = Ledger(stream, P)
+        _put_in_eights(ledger, _keys("a", 0, n))
+        if close:
+            stream.close_partition(P)
+        yield stream, ledger, old
+    finally:
+        check_no_leftovers(stream, old)
 
 
 def _checked(batches):
@@ -194,13 +212,7 @@ def test_a_killed_trainer_resumes_from_an_older_state(tmp_path):
 
 
 def test_a_killed_dataloader_worker_is_a_clear_error_and_the_next_iteration_resumes():
-    stream = faulty_local()
-    old = list(stream._owner.pids)
-    try:
-        stream.create_partition(P, consumers=["t"])
-        ledger = Ledger(stream, P)
-        _put_in_eights(ledger, _keys("a", 0, 48))
-        stream.close_partition(P)
+    with _filled(48) as (stream, ledger, old):
         ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=4)
         loader = tq.StreamingDataLoader(ds, num_workers=2, multiprocessing_context="fork")
         seen = []
@@ -218,8 +230,6 @@ def test_a_killed_dataloader_worker_is_a_clear_error_and_the_next_iteration_resu
         assert not again & (acked | set(seen[-1])), "an acked row was delivered again"
         assert acked | again | set(seen[-1]) == set(ledger.unit_of)
         assert stream.stats()[P]["tasks"]["t"]["acked"] == 48
-    finally:
-        check_no_leftovers(stream, old)
 
 
 # ------------------------------------------------------------- a producer dies
@@ -265,12 +275,7 @@ def test_a_killed_producer_loses_only_its_uncommitted_put():
 
 
 def test_a_killed_controller_is_a_clear_error_and_leaves_nothing():
-    stream = faulty_local()
-    old = list(stream._owner.pids)
-    try:
-        stream.create_partition(P, consumers=["t"])
-        ledger = Ledger(stream, P)
-        _put_in_eights(ledger, _keys("a", 0, 16))
+    with _filled(16, close=False) as (stream, _ledger, old):
         quick = tq.connect(stream.address, config=tq.StreamConfig(timeout=1.0))
         ds = tq.StreamingDataset(quick, P, "t", ["x"], batch_size=4, timeout=1.0)
         batches = iter(tq.StreamingDataLoader(ds))
@@ -281,10 +286,6 @@ def test_a_killed_controller_is_a_clear_error_and_leaves_nothing():
             for _ in batches:
                 pass
         quick.close()
-    finally:
-        check_no_leftovers(stream, old)
-
-
 
 
 def test_a_killed_controller_restarts_from_its_checkpoint():
