@@ -325,3 +325,28 @@ def test_a_killed_controller_restarts_from_its_checkpoint():
         print("controller restart:", info)
     finally:
         check_no_leftovers(stream, old)
+
+
+def test_a_loader_waiting_on_a_controller_that_restarts_carries_on():
+    """The controller dies while the loader's prefetch waits for the next step (one
+    long-poll in flight): the wait is asked again of the restarted controller."""
+    with _filled(8, close=False, checkpoint_interval=0.5,
+                 restart_controller=True) as (stream, ledger, old):
+        ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=4)
+        loader = tq.StreamingDataLoader(ds)
+        batches = ledger.take(_checked(loader))
+        for _ in range(2):
+            next(batches)
+        loader.ack()
+        path = stream._owner.checkpoint_path
+        mark = os.stat(path).st_mtime_ns if os.path.exists(path) else 0
+        assert wait_until(lambda: os.path.exists(path)
+                          and os.stat(path).st_mtime_ns != mark, 10.0)
+        kill(old[-1])  # the prefetch thread waits for step 2 meanwhile
+        assert wait_until(lambda: stream._owner.restarts, 30.0), "no restart"
+        _put_in_eights(ledger, _keys("b", 0, 8))
+        stream.close_partition(P)
+        for _ in batches:
+            pass
+        ledger.check("t", dead_unit=None)
+        assert set(ledger.delivered) == set(ledger.unit_of)

@@ -179,10 +179,23 @@ class StreamingDataset(IterableDataset):
                    stop: threading.Event) -> BatchMeta | None:
         """get_meta for ``step``: one wait of up to ``timeout`` seconds, ended early
         (None) when the iterator stops and cancels its session."""
-        if stop.is_set():
-            return None
-        return client.get_meta(partition, self.task, step, self.dp_rank, self.timeout,
-                               replica=self.replica)
+        deadline = time.monotonic() + self.timeout
+        timeout = self.timeout  # the caller's, as WaitTimeout names it; less on a retry
+        while True:
+            if stop.is_set():
+                return None
+            try:
+                return client.get_meta(partition, self.task, step, self.dp_rank, timeout,
+                                       replica=self.replica)
+            except WaitTimeout:
+                # Before the deadline, a timeout is a broken connection, not a wait that
+                # ran out: the controller died and may be restarting. Ask again.
+                if time.monotonic() >= deadline - self.STOP_CHECK:
+                    raise
+                logger.warning("waiting for step %d of task %r (rank %d) broke off; asking "
+                               "again", step, self.task, self.dp_rank)
+                stop.wait(self.STOP_CHECK)
+                timeout = max(0.001, deadline - time.monotonic())
 
     def _fetch(self, client: Any, step: int, stop: threading.Event) -> TensorDict | None:
         if self._router is None:
