@@ -59,6 +59,14 @@ def _filled(n: int, close: bool = True, **options):
         check_no_leftovers(stream, old)
 
 
+def _await_checkpoint(stream: tq.Stream) -> None:
+    """Wait until the controller wrote a checkpoint after this call."""
+    path = stream._owner.checkpoint_path
+    mark = os.stat(path).st_mtime_ns if os.path.exists(path) else 0
+    assert wait_until(lambda: os.path.exists(path) and os.stat(path).st_mtime_ns != mark,
+                      10.0), "no checkpoint written"
+
+
 def _checked(batches):
     for batch in batches:
         keys = list(tq.batch_meta(batch).keys)
@@ -305,10 +313,7 @@ def test_a_killed_controller_restarts_from_its_checkpoint():
         for _ in range(2):
             next(batches)
         loader.ack()
-        path = stream._owner.checkpoint_path
-        first = os.stat(path).st_mtime_ns if os.path.exists(path) else 0
-        assert wait_until(lambda: os.path.exists(path)
-                          and os.stat(path).st_mtime_ns != first, 10.0)
+        _await_checkpoint(stream)
         late = _keys("b", 0, 8)  # after the checkpoint: lost with the controller
         stream.writer(P).put(late, {"x": values(late)})
         kill(old[-1])
@@ -338,10 +343,7 @@ def test_a_loader_waiting_on_a_controller_that_restarts_carries_on():
         for _ in range(2):
             next(batches)
         loader.ack()
-        path = stream._owner.checkpoint_path
-        mark = os.stat(path).st_mtime_ns if os.path.exists(path) else 0
-        assert wait_until(lambda: os.path.exists(path)
-                          and os.stat(path).st_mtime_ns != mark, 10.0)
+        _await_checkpoint(stream)
         kill(old[-1])  # the prefetch thread waits for step 2 meanwhile
         assert wait_until(lambda: stream._owner.restarts, 30.0), "no restart"
         _put_in_eights(ledger, _keys("b", 0, 8))
