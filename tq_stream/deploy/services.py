@@ -180,8 +180,17 @@ class ControllerService(Controller, Recovery):
         self.local_address: str | None = None
         self._init_recovery(checkpoint_path, checkpoint_interval)
 
+    FREE_TIMEOUT = 5.0  # seconds a free may wait for its unit (it runs inside an ack)
+
     def _free_remote(self, unit: int, partition: str, slots: np.ndarray) -> None:
-        self._unit_clients[unit].call("free", {"partition": partition, "slots": slots})
+        """Free slots in a unit. A unit that is lost or missed its last heartbeat is
+        not called (the free is retried later), and a call waits ``FREE_TIMEOUT`` at
+        most, so an ack never waits long for a dead unit."""
+        if unit in self._dead or (self._watch is not None and self._watch.silent(unit)):
+            raise StateError(f"storage unit {unit} is not answering its heartbeat")
+        timeout = min(self.FREE_TIMEOUT, self._unit_timeout or self.FREE_TIMEOUT)
+        self._unit_clients[unit].call("free", {"partition": partition, "slots": slots},
+                                      timeout=timeout)
 
     def attach_units(self, units: list[dict[str, Any]]) -> None:
         """Record the units' addresses (``[{"address", "host", "pid", "local"?}, ...]``;

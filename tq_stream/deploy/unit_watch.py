@@ -41,6 +41,7 @@ class UnitWatch:
         self._clients = clients
         self._stop = threading.Event()
         self._last_ok: dict[int, float] = {}
+        self._silent: set[int] = set()  # units whose last ping failed
         self._thread = threading.Thread(target=self._run, daemon=True, name="tq-unit-watch")
         self._thread.start()
 
@@ -59,6 +60,7 @@ class UnitWatch:
         try:
             info = client.call("ping", timeout=max(0.05, min(interval, 2.0)))
         except Exception as exc:  # noqa: BLE001 — any failure is a missed heartbeat
+            self._silent.add(unit)
             if now - last >= self.timeout:
                 logger.warning("storage unit %d did not answer for %.1f s (%s)", unit,
                                now - last, exc)
@@ -68,10 +70,15 @@ class UnitWatch:
                     logger.debug("marking unit %d lost failed", unit, exc_info=True)
             return
         self._last_ok[unit] = time.monotonic()
+        self._silent.discard(unit)
         try:
             self._service.unit_answered(unit, int(info.get("pid", -1)))
         except Exception:
             logger.debug("recording unit %d's answer failed", unit, exc_info=True)
+
+    def silent(self, unit: int) -> bool:
+        """True if ``unit`` did not answer its last ping."""
+        return unit in self._silent
 
     def stop(self) -> None:
         self._stop.set()
