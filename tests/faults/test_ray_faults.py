@@ -7,15 +7,21 @@ import pytest
 import torch
 from fault_kit import UNIT_TIMEOUT, Ledger, wait_until
 from fault_workers import values
-from tq_fixtures import ray_cluster
+from tq_fixtures import two_node_cluster
 
 import tq_stream as tq
-
-__all__ = ["ray_cluster"]  # the session-scoped fixture, imported for pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.timeout(240)]
 P = "p"
 CONFIG = tq.StreamConfig(timeout=20.0, lease_timeout=2.0)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """This module's own cluster, stopped before other modules start theirs (Ray allows
+    one connection per driver)."""
+    with two_node_cluster() as nodes:
+        yield nodes
 
 
 def _start() -> tq.Stream:
