@@ -10,6 +10,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -352,3 +353,20 @@ def test_a_loader_waiting_on_a_controller_that_restarts_carries_on():
             pass
         ledger.check("t", dead_unit=None)
         assert set(ledger.delivered) == set(ledger.unit_of)
+
+
+def test_a_stopped_but_living_unit_keeps_its_rows():
+    """A unit that misses its heartbeats while its process lives (SIGSTOP: a loaded
+    machine) is slow, not dead: its rows stay and it serves again."""
+    with _filled(16) as (stream, ledger, old):
+        kill(old[1], signal.SIGSTOP)
+        try:
+            time.sleep(4 * UNIT_TIMEOUT)  # several missed heartbeats
+            assert stream._backend.controller().dead_units() == []
+        finally:
+            kill(old[1], signal.SIGCONT)
+        ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=4)
+        for _ in ledger.take(_checked(tq.StreamingDataLoader(ds))):
+            pass
+        ledger.check("t", dead_unit=None)
+        assert set(ledger.delivered) == set(ledger.unit_of) and ledger.lost("t") == 0

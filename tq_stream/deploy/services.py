@@ -21,7 +21,7 @@ from tq_stream.columns import Ragged
 from tq_stream.controller import Controller
 from tq_stream.controller.units import UNIT_LOST  # noqa: F401  (re-exported)
 from tq_stream.deploy.meta_checkpoint import Recovery
-from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT, UnitWatch
+from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT, UnitWatch, process_alive
 from tq_stream.errors import ConfigError, StateError
 from tq_stream.samplers.spec import from_spec
 from tq_stream.transport.dispatch import WouldBlock, may_block
@@ -206,6 +206,15 @@ class ControllerService(Controller, Recovery):
         if self._watch is None and self._unit_timeout is not None:
             self._watch = UnitWatch(self, lambda: list(self._unit_clients),
                                     self._unit_timeout)
+
+    def unit_may_be_dead(self, unit: int) -> bool:
+        """False if ``unit``'s process runs on this host and is alive (only slow)."""
+        with self._cond:
+            info = self._unit_addresses[unit] if unit < len(self._unit_addresses) else {}
+            pid = self._unit_pids.get(unit, -1)
+        if info.get("host") != host_id() or pid <= 0:
+            return True  # another host: the missed heartbeats decide
+        return not process_alive(pid)
 
     def unit_answered(self, unit: int, pid: int) -> None:
         """The watch heard from ``unit``'s process ``pid``: a new pid is a replacement

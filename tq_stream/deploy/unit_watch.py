@@ -4,10 +4,12 @@ A daemon thread in the controller's process pings every attached unit every
 ``timeout / 4`` seconds. A unit that has not answered for ``timeout`` seconds
 (its process died, its node left, a connection that is refused or hangs) is
 declared lost (``Controller.unit_lost``: its rows are dropped, counted
-``unit_lost``, no new rows go there). A unit that answers with another pid than
-before was replaced at the same address (restarted by the local owner, or by Ray
-after ``max_restarts``): its old rows are dropped if that has not happened yet,
-and it takes new rows again (``Controller.unit_back``).
+``unit_lost``, no new rows go there), unless it runs on this host and its
+process is still alive: a unit that is only slow (a loaded machine) keeps its
+rows. A unit that answers with another pid than before was replaced at the same
+address (restarted by the local owner, or by Ray after ``max_restarts``): its old
+rows are dropped if that has not happened yet, and it takes new rows again
+(``Controller.unit_back``).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ class UnitWatch:
             info = client.call("ping", timeout=max(0.05, min(interval, 2.0)))
         except Exception as exc:  # noqa: BLE001 — any failure is a missed heartbeat
             self._silent.add(unit)
-            if now - last >= self.timeout:
+            if now - last >= self.timeout and self._service.unit_may_be_dead(unit):
                 logger.warning("storage unit %d did not answer for %.1f s (%s)", unit,
                                now - last, exc)
                 try:
@@ -83,3 +85,12 @@ class UnitWatch:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5.0)
+
+
+def process_alive(pid: int) -> bool:
+    """True if process ``pid`` of this host runs (a zombie counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
