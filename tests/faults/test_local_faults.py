@@ -370,3 +370,18 @@ def test_a_stopped_but_living_unit_keeps_its_rows():
             pass
         ledger.check("t", dead_unit=None)
         assert set(ledger.delivered) == set(ledger.unit_of) and ledger.lost("t") == 0
+
+
+@pytest.mark.xfail(strict=True, raises=WaitTimeout,
+                   reason="not handled yet: rows a producer reserved and never committed "
+                          "stay pending, so a closed partition does not end (docs/design.md "
+                          "Failures)")
+def test_a_producer_killed_between_reserve_and_commit_does_not_block_the_end():
+    with _filled(8, close=False) as (stream, ledger, _old):
+        schemas = {"x": {"kind": "dense", "dtype": "float32", "shape": [3]}}
+        stream._backend.controller().reserve(partition=P, keys=["dead_0"], schemas=schemas,
+                                             timeout=5.0)  # ... and the producer died
+        stream.close_partition(P)
+        ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=4, timeout=3.0)
+        for _ in ledger.take(tq.StreamingDataLoader(ds)):
+            pass
