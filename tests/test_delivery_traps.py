@@ -79,8 +79,10 @@ def test_a_dead_consumers_rows_come_back(stream, clock):
     put_rows(stream, keys_of("k", 2))
     c = stream.client()
     c.register_task(P, "t", ["x"], batch_size=2, lease_timeout=5.0)
-    dead = tq.Client(stream)  # never renews: its process "died"
+    dead = tq.Client(stream)
     held = dead.get_meta(P, "t", None)
+    for hold in dead._holds.values():
+        hold.close()  # its process "died": the heartbeat stops renewing
     clock.advance(6)
     again = c.get_meta(P, "t", None, timeout=0.1)
     assert again.keys == held.keys and again.step == held.step
@@ -104,7 +106,10 @@ def test_replicas_stay_identical_when_a_lease_expires_after_one_acked(stream, cl
     c.register_task(P, "t", ["x"], batch_size=2, replicas=2, lease_timeout=5.0)
     first = c.get_meta(P, "t", 0, replica=0)
     c.ack(first)
-    tq.Client(stream).get_meta(P, "t", 0, replica=1)  # replica 1 dies holding step 0
+    dead = tq.Client(stream)
+    dead.get_meta(P, "t", 0, replica=1)  # replica 1 dies holding step 0
+    for hold in dead._holds.values():
+        hold.close()  # no heartbeat any more
     clock.advance(6)
     assert c.get_meta(P, "t", 0, replica=1).keys == first.keys
 

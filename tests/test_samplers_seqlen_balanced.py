@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -118,21 +116,18 @@ def test_tail_is_balanced_too():
     assert sorted(tail.shares, key=len)[0].tolist() == [0, 1]  # the heavy group alone
 
 
-def test_1024_rows_dp8_well_under_50ms():
+def test_1024_rows_dp8_form_full_equal_shares():
+    """The 1,024-row, 8-rank case (its speed is measured in benchmarks/bench_samplers.py,
+    never asserted here): every method hands out full, equal shares."""
     rng = np.random.default_rng(0)
     n = 4096
     cols = {"seqlen": rng.integers(64, 8192, n), "uid": np.arange(n) // 8}
     cands = columns_candidates(cols, np.arange(n), dp_size=8)
     for inner in (SequentialSampler(), GroupSampler(group_size=8)):
         for method in ("kk", "lpt"):
-            s = SeqlenBalancedSampler(inner, method=method)
-            best = float("inf")
-            for _ in range(3):
-                t = time.perf_counter()
-                sel = s.sample(cands, 128)
-                best = min(best, time.perf_counter() - t)
+            sel = SeqlenBalancedSampler(inner, method=method).sample(cands, 128)
             assert sel.rows.shape[0] == 1024
-            assert best < 0.05, (type(inner).__name__, method, best)
+            assert [len(s) for s in sel.shares] == [128] * 8
 
 
 @pytest.mark.parametrize(

@@ -35,11 +35,21 @@ from tq_stream.datasets.batch import batch_meta, copy_meta, loader_step
 from tq_stream.datasets.minibatch import minibatches
 from tq_stream.datasets.streaming import StreamingDataset
 from tq_stream.datasets.workers import check_start_method
-from tq_stream.errors import ConfigError, check_positive
+from tq_stream.errors import ConfigError, StateError, TQError, check_positive
 
 
 def _identity(batch: Any) -> Any:
     return batch
+
+
+def _stop_workers(batches: Any) -> None:
+    """Shut a torch DataLoader iterator's workers down now (one of them died)."""
+    shutdown = getattr(batches, "_shutdown_workers", None)
+    if shutdown is not None:
+        try:
+            shutdown()
+        except Exception:  # noqa: BLE001 — best effort: the error is raised anyway
+            pass
 
 
 class StreamingDataLoader:
@@ -110,6 +120,15 @@ class StreamingDataLoader:
                 batch = next(batches)
             except StopIteration:
                 return
+            except (RuntimeError, OSError) as exc:
+                if not self.num_workers or isinstance(exc, TQError):
+                    raise
+                _stop_workers(batches)  # torch's SIGCHLD handler would raise again later
+                raise StateError(
+                    f"a DataLoader worker of task {ds.task!r} (rank {ds.dp_rank}) failed "
+                    f"({type(exc).__name__}: {exc}); iterate the loader again to resume at "
+                    f"the first unfinished step (acked batches are not read again)"
+                ) from exc
             if self._pin:
                 batch = copy_meta(batch, batch.pin_memory())
             self._unacked.append(batch)

@@ -154,6 +154,20 @@ class SparePool:
         try:
             placement.store(units, self.partition, rows["unit"], rows["slot"], coerced,
                             occupancy(rows["index"], rows["generation"]))
+        except (WaitTimeout, StateError):
+            # A unit did not answer (it may have died; the controller then took its
+            # spare rows back), or refused the slots (a new process replaced it): these
+            # rows are dropped (a write may still be in flight), the rest are not
+            # trusted, and the put goes through reserve, which places rows on live units
+            # only.
+            rest = self.drain()
+            try:
+                ctrl.release_spares(partition=self.partition, index=rest["index"],
+                                    generation=rest["generation"])
+            except Exception:  # noqa: BLE001 — the controller keeps them until close
+                pass
+            return False
+        try:
             done = ctrl.commit_new(partition=self.partition, keys=keys, index=rows["index"],
                                    generation=rows["generation"], schemas=schemas, tags=tags,
                                    unit=self.unit, spare=self.wanted())

@@ -12,7 +12,7 @@ from tq_fixtures import start_local
 from tq_workers import values
 
 import tq_stream as tq
-from tq_stream.errors import AuthError, ConfigError
+from tq_stream.errors import AuthError, ConfigError, StateError
 from tq_stream.transport.dispatch import OWNER_ARG
 from tq_stream.transport.rpc import rpc_client
 from tq_stream.transport.zeromq import RpcServer
@@ -64,7 +64,7 @@ def test_unit_admin_calls_need_the_owner_token(owner, method, args):
     with rpc_client(unit, timeout=10) as stranger:
         with pytest.raises(AuthError, match="admin call"):
             stranger.call(method, args)
-        with pytest.raises(ConfigError, match="controller placed"):  # the grant did not happen
+        with pytest.raises(StateError, match="controller placed"):  # the grant did not happen
             stranger.call("put", {"partition": "auth", "slots": np.array([2**29]),
                                   "columns": {"x": torch.ones(1, 3)}})
     assert torch.equal(_rows(owner, keys), values(keys))

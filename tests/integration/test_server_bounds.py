@@ -15,7 +15,7 @@ import zmq
 from tq_fixtures import start_local, wait_until
 from tq_workers import values
 
-from tq_stream.errors import ConfigError
+from tq_stream.errors import StateError
 from tq_stream.serialization import encode
 from tq_stream.transport.rpc import rpc_client
 from tq_stream.transport.unix_server import UnixRpcServer
@@ -62,11 +62,11 @@ def test_a_unit_refuses_slots_the_controller_did_not_place(deployment, slot):
     unit_pid, unit = deployment._owner.pids[0], deployment._backend.controller().units()[0]
     before = shm_bytes(unit_pid), status(unit_pid, "VmRSS")
     with rpc_client(unit["address"], timeout=10) as raw:
-        with pytest.raises(ConfigError, match=f"slots must be ones the controller placed.*"
+        with pytest.raises(StateError, match=f"slots must be ones the controller placed.*"
                                               f"got slot {slot}"):
             raw.call("put", {"partition": "grants", "slots": np.array([slot]),
                              "columns": {"x": torch.ones(1, 3)}})
-        with pytest.raises(ConfigError, match="controller placed"):  # a new partition too
+        with pytest.raises(StateError, match="controller placed"):  # a new partition too
             raw.call("put", {"partition": "other", "slots": np.array([0]),
                              "columns": {"x": torch.ones(1, 4)}})
     assert shm_bytes(unit_pid) == before[0]

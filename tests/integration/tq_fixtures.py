@@ -8,6 +8,7 @@ which core tests import by its module name ``conftest``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -92,7 +93,16 @@ def kill(pid: int, sig: int = signal.SIGKILL) -> None:
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[list[str]]:
-    """Two one-CPU Ray nodes on this machine; yields their node ids.
+    """Two one-CPU Ray nodes on this machine for the session; yields their node ids."""
+    with two_node_cluster() as nodes:
+        yield nodes
+
+
+@contextlib.contextmanager
+def two_node_cluster() -> Iterator[list[str]]:
+    """Two one-CPU Ray nodes on this machine, connected and stopped at the end; yields
+    their node ids. One at a time: a module that needs its own (its tests kill
+    actors) uses this instead of the session's ``ray_cluster``.
 
     Both nodes use this host's own IP, not 127.0.0.1: on Linux ``ray.init`` rewrites a
     loopback bootstrap address to the node IP, so a cluster bound to 127.0.0.1 cannot be

@@ -194,6 +194,18 @@ class MemoryUnit(StorageUnit):
             if part is not None:
                 part.gen.retire()
 
+    def held(self) -> dict[str, dict[str, np.ndarray]]:
+        """Every partition's written slots and their tokens (``{"slots", "tokens"}``):
+        what a restarted controller reconciles its checkpoint with."""
+        with self._lock:
+            out = {}
+            for name, part in self._parts.items():
+                slots = np.flatnonzero(part.live).astype(np.int64)
+                tokens = part.gen.data.numpy()
+                inside = slots < tokens.shape[0]
+                out[name] = {"slots": slots[inside], "tokens": tokens[slots[inside]].copy()}
+            return out
+
     def nbytes(self) -> int:
         with self._lock:
             return sum(s.nbytes() for p in self._parts.values() for s in p.fields.values())

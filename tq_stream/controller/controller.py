@@ -31,6 +31,7 @@ from tq_stream.controller.spares import SpareLogic, check_spare
 from tq_stream.controller.steps import StepLogic
 from tq_stream.controller.task import MAX_REPLICAS, TaskConfig, TaskState
 from tq_stream.controller.timings import Timings
+from tq_stream.controller.units import UnitLogic
 from tq_stream.errors import (
     ClosedError,
     ConfigError,
@@ -63,7 +64,7 @@ def _no_free(unit: int, partition: str, slots: np.ndarray) -> None:
 
 
 class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLogic,
-                 CountLogic):
+                 CountLogic, UnitLogic):
     """The metadata service of one deployment.
 
     Args:
@@ -77,7 +78,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         "register_task", "get_meta", "ack", "release", "renew", "clear", "lookup",
         "list_rows", "list_tags", "keys_of", "set_tags", "set_version", "stats", "partitions",
         "admit", "set_admission", "admission", "commit_new", "release_spares",
-        "first_unfinished", "cancel", "task_rows",
+        "first_unfinished", "cancel", "task_rows", "dead_units",
     })
     # Methods that never wait, so a server may run them on its IO thread: they hold the
     # lock only for short CPU work; reserve and admit raise WouldBlock instead of waiting.
@@ -88,7 +89,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         "create_partition", "close_partition", "partitions", "reserve", "commit", "release",
         "renew", "lookup", "keys_of", "set_tags", "set_version", "stats", "admit",
         "set_admission", "admission", "commit_new", "release_spares", "first_unfinished",
-        "cancel", "task_rows",
+        "cancel", "task_rows", "dead_units",
     })
 
     def __init__(self, n_units: int = 1, free: FreeFn = _no_free) -> None:
@@ -102,6 +103,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         self._cancelled: dict[str, float] = {}  # consumer sessions told to stop waiting
         self._unfreed: list[tuple[int, str, np.ndarray]] = []  # frees to retry
         self._timings = Timings()  # metrics: waits, hand-out latency, rates
+        self._dead: set[int] = set()  # storage units lost and not back (units.py)
 
     # ------------------------------------------------------------ partitions
     def _part(self, partition: str, create: bool = False, by_put: bool = False) -> PartitionMeta:
@@ -259,13 +261,14 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
             raise ClosedError("controller is closed (its stream was closed)")
 
     def _place(self, unit: int, n: int) -> np.ndarray:
-        if 0 <= unit < self.n_units:
+        if 0 <= unit < self.n_units and unit not in self._dead:
             return np.full(n, unit, dtype=np.int32)
-        # Contiguous blocks, one per unit (rotating which unit comes first): rows put
-        # together sit side by side in each unit and in the batch, so a read of them is
-        # one plain copy per unit straight into the output.
-        order = (np.arange(self.n_units, dtype=np.int32) + self._rr) % self.n_units
-        sizes = [len(b) for b in np.array_split(np.arange(n), self.n_units)]
+        # Contiguous blocks, one per live unit (rotating which unit comes first): rows
+        # put together sit side by side in each unit and in the batch, so a read of them
+        # is one plain copy per unit straight into the output. Lost units get none.
+        live = self._live_units()
+        order = np.roll(live, -(self._rr % len(live)))
+        sizes = [len(b) for b in np.array_split(np.arange(n), len(live))]
         self._rr = (self._rr + n) % self.n_units
         return np.repeat(order, sizes).astype(np.int32)
 

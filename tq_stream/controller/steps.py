@@ -160,6 +160,12 @@ class StepLogic:
             # step learns where the stream ended (multi-partition loaders route by it).
             return {**meta, "task": state.name, "step": state.next_step - 1,
                     "dp_rank": dp_rank, "replica": replica, "end": True}
+        if not len(rec.shares[dp_rank]) and dp_rank in rec.lost:
+            # Every row of this share died with its storage unit: an empty batch says
+            # so at once (a loader goes on with its next step) instead of a wait.
+            meta = self._placement(part, np.zeros(0, np.int64), state.config.fields)  # type: ignore[attr-defined]
+            return {**meta, "task": state.name, "step": step, "dp_rank": dp_rank,
+                    "replica": replica, "end": False, "lost": True}
         if rec.share_done(dp_rank, state.full_acks, state.acks):
             raise LeaseError(
                 f"step {step} of task {state.name!r} was already acked by every replica of "

@@ -54,6 +54,7 @@ class StepRecord:
     end: bool = False
     claims: dict[tuple[int, int], Claim] = field(default_factory=dict)
     served: set[tuple[int, int]] = field(default_factory=set)  # (rank, replica) handed out
+    lost: set[int] = field(default_factory=set)  # ranks whose share lost rows with a unit
 
     def share_done(self, rank: int, full: int, acks: np.ndarray) -> bool:
         """Every replica acked every row of rank's share."""

@@ -22,6 +22,7 @@ import collections
 import logging
 import queue
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,7 @@ _END = object()
 # batch is acked only after the training loop asked for the one after it.
 WORKER_ACK_LAG = 3
 STATE_KEYS = ("partition", "task", "dp_rank", "replica", "yielded")
+_LOST = object()  # a step whose share for this rank died with its storage unit
 logger = logging.getLogger(__name__)
 
 
@@ -220,22 +222,68 @@ class StreamingDataset(IterableDataset[TensorDict]):
                    stop: threading.Event) -> BatchMeta | None:
         """get_meta for ``step``: one wait of up to ``timeout`` seconds, ended early
         (None) when the iterator stops and cancels its session."""
-        if stop.is_set():
-            return None
-        return client.get_meta(partition, self.task, step, self.dp_rank, self.timeout,
-                               replica=self.replica)
+        deadline = time.monotonic() + self.timeout
+        timeout = self.timeout  # the caller's, as WaitTimeout names it; less on a retry
+        while True:
+            if stop.is_set():
+                return None
+            try:
+                return client.get_meta(partition, self.task, step, self.dp_rank, timeout,
+                                       replica=self.replica)
+            except WaitTimeout:
+                # Before the deadline, a timeout is a broken connection, not a wait that
+                # ran out: the controller died and may be restarting. Ask again.
+                if time.monotonic() >= deadline - self.STOP_CHECK:
+                    raise
+                logger.warning("waiting for step %d of task %r (rank %d) broke off; asking "
+                               "again", step, self.task, self.dp_rank)
+                stop.wait(self.STOP_CHECK)
+                timeout = max(0.001, deadline - time.monotonic())
 
-    def _fetch(self, client: Client, step: int, stop: threading.Event) -> TensorDict | None:
+    def _fetch(self, client: Client, step: int,
+               stop: threading.Event) -> TensorDict | object | None:
         if self._router is None:
             meta = self._wait_meta(client, self.partitions[0], step, stop)
         else:
             meta = self._routed_meta(client, step, stop)
         if meta is None or meta.end:
             return None
-        td = client.get_data(meta, self.fields, ragged=self.ragged)
+        if not len(meta):
+            return _LOST
+        meta, td = self._read(client, meta, stop)
+        if meta is None or meta.end:
+            return None
+        if td is None:
+            return _LOST
         return attach_meta(td, meta, step)
 
-    def _routed_meta(self, client: Client, step: int, stop: threading.Event) -> BatchMeta | None:
+    def _read(self, client: Any, meta: BatchMeta,
+              stop: threading.Event) -> tuple[BatchMeta | None, TensorDict | None]:
+        """get_data of ``meta``. A read that fails because a row's storage unit died
+        asks for the same step again (up to ``timeout`` seconds more): once the
+        controller declared the unit lost, the share holds the surviving rows only
+        (``(meta, None)`` if none survived)."""
+        deadline = None
+        while True:
+            try:
+                return meta, client.get_data(meta, self.fields, ragged=self.ragged)
+            except (StateError, WaitTimeout) as exc:
+                now = time.monotonic()
+                deadline = now + self.timeout if deadline is None else deadline
+                if stop.is_set() or now >= deadline:
+                    raise
+                logger.warning("reading step %d of task %r (rank %d) failed (%s); asking "
+                               "for the step again", meta.step, self.task, self.dp_rank, exc)
+                stop.wait(self.STOP_CHECK)
+                again = client.get_meta(meta.partition, self.task, meta.step, self.dp_rank,
+                                        self.timeout, replica=self.replica)
+                if again is None or again.end:
+                    return again, None
+                if not len(again):
+                    return again, None
+                meta = again
+
+    def _routed_meta(self, client: Any, step: int, stop: threading.Event) -> BatchMeta | None:
         """The meta of loader ``step`` of a multi-partition loader (None at its end)."""
         assert self._router is not None
         while True:
@@ -264,8 +312,11 @@ class StreamingDataset(IterableDataset[TensorDict]):
                         raise
                     room.release()  # acked meanwhile (a loaded state's batch): skip it
                     continue
+                if item is _LOST:  # nothing to train on: the next step instead
+                    room.release()
+                    continue
                 if not self._offer(out, stop, _END if item is None else item):
-                    if item is not None:  # nobody will read it: hand the rows back now
+                    if isinstance(item, TensorDict):  # nobody will read it: hand it back
                         client.release(batch_meta(item))
                     return
                 if item is None:

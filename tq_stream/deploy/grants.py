@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from tq_stream.errors import ConfigError, check_name
+from tq_stream.errors import ConfigError, StateError, check_name
 
 MAX_SLOT = 2**31  # slots are dense from 0 per unit; a larger one is a malformed request
 MIN_GRANT = 64  # the first grant of a partition covers at least this many slots
@@ -46,13 +46,14 @@ class SlotLimits:
                 self._limits[partition] = slots
 
     def check(self, partition: str, slots: np.ndarray) -> None:
-        """Raise ConfigError unless every slot is below ``partition``'s limit."""
+        """Raise StateError unless every slot is below ``partition``'s limit (a slot the
+        controller never placed here, or placed on the process this unit replaced)."""
         if not len(slots):
             return
         limit = self._limits.get(partition, 0)
         top = int(slots.max())
         if top >= limit:
-            raise ConfigError(
+            raise StateError(
                 f"slots must be ones the controller placed in partition {partition!r} of "
                 f"this unit (below {limit}), got slot {top}")
 

@@ -21,11 +21,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from tq_stream.errors import ConfigError, StateError, WaitTimeout, check_positive
+from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT
+from tq_stream.errors import ConfigError, StateError, WaitTimeout, check_positive, check_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,7 @@ INSECURE_TCP = ("transport='tcp' without curve: any process on this host can con
                 "admin calls still need the owner's token. Use transport='unix' (a private "
                 "folder) or curve=True")
 _SCHEME = {"unix": "unix://", "ipc": "ipc://", "tcp": "tcp://"}
+logger = logging.getLogger(__name__)
 
 
 _LIFELINES: set[int] = set()  # write ends held by this process; a forked child closes them
@@ -173,13 +176,32 @@ class LocalDeployment:
 
     The owner token (``owner_token``, random per deployment) goes to the children
     only; admin calls need it (``ControllerService.RPC_ADMIN``).
+        unit_timeout: seconds the controller waits for a silent storage unit before
+            its rows are lost and no new rows go there (``deploy.unit_watch``).
+        restart_units: restart a storage unit whose process died (empty, at the same
+            address) from a watch thread in this process.
+        checkpoint_interval: seconds between checkpoints of the controller's metadata
+            (to ``checkpoint_path``, default a file in a private temporary folder);
+            None: no checkpoints.
+        restart_controller: restart a controller whose process died, from the last
+            checkpoint (needs ``checkpoint_interval``); clients reconnect by themselves.
     """
 
     def __init__(self, n_units: int, sampler_modules: Sequence[str] = (), shm: bool = True,
                  transport: str | None = None, curve: bool = False,
                  start_method: str = "fork", start_timeout: float = START_TIMEOUT,
-                 max_message: int | None = None) -> None:
+                 max_message: int | None = None,
+                 unit_timeout: float = DEFAULT_UNIT_TIMEOUT,
+                 restart_units: bool = False, checkpoint_interval: float | None = None,
+                 checkpoint_path: str | None = None,
+                 restart_controller: bool = False) -> None:
         check_positive("storage_units", n_units)
+        check_timeout("unit_timeout", unit_timeout)
+        if checkpoint_interval is not None:
+            check_timeout("checkpoint_interval", checkpoint_interval)
+        if restart_controller and checkpoint_interval is None:
+            raise ConfigError("restart_controller=True needs checkpoint_interval (seconds "
+                              "between checkpoints of the controller), got None")
         if start_method not in ("fork", "spawn"):
             raise ConfigError(f"start_method must be 'fork' or 'spawn', got {start_method!r}")
         if transport is None:
@@ -207,6 +229,13 @@ class LocalDeployment:
             import tempfile
 
             self._ipc_dir = tempfile.mkdtemp(prefix="tq_ipc_")
+        self._ckpt_dir = ""
+        if checkpoint_interval is not None and checkpoint_path is None:
+            import tempfile
+
+            self._ckpt_dir = tempfile.mkdtemp(prefix="tq_ckpt_")
+            checkpoint_path = os.path.join(self._ckpt_dir, "controller.tqmeta")
+        self.checkpoint_path = checkpoint_path
         base = {"shm": shm, "curve_secret": secret,
                 "curve_server": (self.curve_server_key or b"").decode(),
                 "owner_token": self.owner_token, "max_message": max_message}
@@ -222,7 +251,9 @@ class LocalDeployment:
             addr = f"{_SCHEME[transport]}{self._ipc_dir}/controller" if self._ipc_dir \
                 else address
             self._children.append(_Child({**base, "role": "controller", "address": addr,
-                                          "units": n_units,
+                                          "units": n_units, "unit_timeout": unit_timeout,
+                                          "checkpoint_path": checkpoint_path,
+                                          "checkpoint_interval": checkpoint_interval,
                                           "sampler_modules": list(sampler_modules)},
                                          start_method))
             _await_ready(self._children, start_timeout)
@@ -231,6 +262,12 @@ class LocalDeployment:
             raise
         self.address: str = self._children[-1].info["address"]  # type: ignore[index]
         self._backend: Any = None
+        self._lock = threading.Lock()  # restart_unit: the watch thread or a caller
+        self._restart_units = bool(restart_units)
+        self._restart_controller = bool(restart_controller)
+        self.restarts: list[dict[str, Any]] = []  # controller restarts: when, how long
+        self._stop = threading.Event()
+        self._watch: threading.Thread | None = None
 
     @property
     def pids(self) -> list[int]:
@@ -239,6 +276,62 @@ class LocalDeployment:
     def attach(self, backend: Any) -> None:
         self._backend = backend
         backend.controller().attach_units([c.info for c in self._children[:-1]])
+        if self._restart_units or self._restart_controller:
+            self._watch = threading.Thread(target=self._watch_children, daemon=True,
+                                           name="tq-restart")
+            self._watch.start()
+
+    WATCH_INTERVAL = 0.25  # seconds between two looks at the unit processes
+
+    def _watch_children(self) -> None:
+        """Restart what died: storage units (``restart_units``), the controller from its
+        last checkpoint (``restart_controller``)."""
+        while not self._stop.wait(self.WATCH_INTERVAL):
+            n = len(self._children) - 1
+            if self._restart_controller and self._children[n].proc.poll() is not None:
+                try:
+                    self.restart_controller()
+                except Exception as exc:  # closing, or the start failed: try again
+                    logger.warning("restarting the controller failed: %s", exc)
+            for i in range(n if self._restart_units else 0):
+                if self._stop.is_set():
+                    return
+                if self._children[i].proc.poll() is None:
+                    continue
+                try:
+                    dropped = self.restart_unit(i)
+                    logger.warning("storage unit %d died and was restarted; rows lost: %s",
+                                   i, dropped or "(none)")
+                except Exception as exc:  # closing, or the start failed: try again
+                    logger.warning("restarting storage unit %d failed: %s", i, exc)
+
+    def restart_controller(self, timeout: float = START_TIMEOUT) -> dict[str, Any]:
+        """Replace the controller (killed if it still runs) by a new one at the same
+        address that resumes from the last checkpoint and re-attaches the units.
+
+        Returns:
+            what the restart found (``recovery``: rows lost, slots freed, seconds) and
+            ``seconds``, the time from the old process's end to the new one serving.
+        """
+        with self._lock:
+            if self._closed:
+                raise StateError("restart_controller must be called on an open deployment")
+            old = self._children[-1]
+            old.proc.kill()
+            old.proc.wait(timeout=10)
+            started = time.monotonic()
+            self._forget(old)
+            new = _Child({**old.settings, "address": old.info["address"]},  # type: ignore[index]
+                         self._start_method)
+            self._children[-1] = new
+            _await_ready([new], timeout)
+            ctrl = self._backend.controller()
+            ctrl.attach_units([c.info for c in self._children[:-1]])
+            info = {"recovery": ctrl.ping().get("recovery", {}),
+                    "seconds": time.monotonic() - started}
+            self.restarts.append(info)
+            logger.warning("the controller died and was restarted: %s", info)
+            return info
 
     def restart_unit(self, i: int, timeout: float = START_TIMEOUT) -> dict[str, int]:
         """Replace storage unit ``i`` by a new, empty one at the same address.
@@ -250,6 +343,10 @@ class LocalDeployment:
         Returns:
             rows dropped per partition.
         """
+        with self._lock:
+            return self._restart_unit(i, timeout)
+
+    def _restart_unit(self, i: int, timeout: float) -> dict[str, int]:
         if self._closed:
             raise StateError("restart_unit must be called on an open deployment")
         n = len(self._children) - 1
@@ -258,6 +355,10 @@ class LocalDeployment:
         old = self._children[i]
         old.proc.kill()
         old.proc.wait(timeout=10)
+        # Lost before the new process serves at the same address: no row is placed
+        # there meanwhile (it would be dropped with the old ones).
+        ctrl = self._backend.controller()
+        dropped = ctrl.unit_lost(i)
         self._forget(old)
         from tq_stream.backends.shm import sweep_stale
 
@@ -266,7 +367,9 @@ class LocalDeployment:
                      self._start_method)
         self._children[i] = new
         _await_ready([new], timeout)
-        return self._backend.controller().drop_unit(i, new.info)
+        for name, n in ctrl.drop_unit(i, new.info).items():  # also takes it back
+            dropped[name] = dropped.get(name, 0) + n
+        return dropped
 
     @staticmethod
     def _forget(child: _Child) -> None:
@@ -282,7 +385,11 @@ class LocalDeployment:
     def close(self, grace: float = 5.0) -> None:
         if self._closed:
             return
-        self._closed = True
+        self._stop.set()
+        if self._watch is not None and self._watch is not threading.current_thread():
+            self._watch.join(timeout=START_TIMEOUT)
+        with self._lock:
+            self._closed = True
         if self._backend is not None:
             self._backend.close()
         for c in self._children:
@@ -301,3 +408,5 @@ class LocalDeployment:
         sweep_stale(self.pids)
         if self._ipc_dir:  # the unix sockets' folder goes with the deployment
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
+        if self._ckpt_dir:  # so does a checkpoint folder it made
+            shutil.rmtree(self._ckpt_dir, ignore_errors=True)

@@ -187,6 +187,11 @@ class RemoteController:
 
     def server_stats(self, timeout: float | None = None) -> dict[str, Any]:
         return self._call("server_stats", timeout)
+    def dead_units(self) -> list[int]:
+        return self._call("dead_units")
+
+    def unit_lost(self, unit: int) -> dict[str, int]:
+        return self._admin("unit_lost", unit=unit)
 
     def state_dict(self) -> dict[str, Any]:
         return self._admin("state_dict")

@@ -56,7 +56,8 @@ class _Service:
 
     def __init__(self, role: str, units: int, sampler_modules: Sequence[str], shm: bool,
                  curve_secret: str, curve_server: str, owner_token: str,
-                 max_message: int | None, loopback: bool) -> None:
+                 max_message: int | None, loopback: bool,
+                 unit_timeout: float | None = None) -> None:
         import ray
 
         from tq_stream.deploy.server import serve
@@ -71,7 +72,8 @@ class _Service:
             role, f"tcp://{ip}:0", units, tuple(sampler_modules), shm,
             curve_secret.encode() or None, curve_server.encode() or None,
             local_dir=self._dir, owner_token=owner_token, max_message=max_message,
-            allow_insecure=True)  # RayDeployment checked the bind (see its Args)
+            allow_insecure=True,  # RayDeployment checked the bind (see its Args)
+            unit_timeout=unit_timeout)
         self._info = {"address": self._server.address, "pid": os.getpid(), "host": host_id(),
                       "node": ray.get_runtime_context().get_node_id(), "local": local}
 
@@ -106,6 +108,8 @@ class RayDeployment:
         allow_insecure_tcp: on a cluster of several nodes, serve unencrypted tcp on the
             nodes' addresses (refused otherwise: pass ``curve=True``). A one-node
             cluster without CURVE binds 127.0.0.1 only.
+        unit_timeout: seconds the controller waits for a silent unit (its actor died,
+            its node left) before its rows are lost and no new rows go there.
 
     A deployment whose driver ends without ``stream.close()`` is closed at exit.
     """
@@ -114,7 +118,8 @@ class RayDeployment:
                  namespace: str = DEFAULT_NAMESPACE, sampler_modules: Sequence[str] = (),
                  shm: bool = True, curve: bool = False,
                  nodes: Sequence[str] | None = None, start_timeout: float = 120.0,
-                 max_message: int | None = None, allow_insecure_tcp: bool = False) -> None:
+                 max_message: int | None = None, allow_insecure_tcp: bool = False,
+                 unit_timeout: float | None = None) -> None:
         try:
             import ray
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -161,7 +166,7 @@ class RayDeployment:
                 ).remote("unit", 1, (), *args))
             self._actors.append(actor.options(
                 name=f"{name}_controller", namespace=namespace,
-            ).remote("controller", n_units, tuple(sampler_modules), *args))
+            ).remote("controller", n_units, tuple(sampler_modules), *args, unit_timeout))
             try:
                 self._infos = ray.get([a.info.remote() for a in self._actors],
                                       timeout=start_timeout)

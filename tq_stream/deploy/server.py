@@ -47,8 +47,11 @@ SHM_KEEP_BYTES = 16 << 20
 def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = (),
                   shm: bool = True, timeout: float = DEFAULT_TIMEOUT,
                   curve_server_key: bytes | None = None,
-                  owner_token: str | None = None) -> tuple[Any, Any]:
-    """The handler for ``role`` and a cleanup callable."""
+                  owner_token: str | None = None, unit_timeout: float | None = None,
+                  checkpoint: tuple[str | None, float | None] = (None, None)
+                  ) -> tuple[Any, Any]:
+    """The handler for ``role`` and a cleanup callable (``unit_timeout``: seconds a
+    controller waits for a silent unit before it is lost; None: the default)."""
     from tq_stream.deploy.services import ControllerService, UnitService
 
     if role == "unit":
@@ -66,8 +69,13 @@ def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = 
     def client(address: str) -> Any:
         return rpc_client(address, timeout=timeout, curve_server_key=curve_server_key)
 
+    from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT
+
     service = ControllerService(units, sampler_modules, unit_client=client,
-                                owner_token=owner_token)
+                                owner_token=owner_token,
+                                unit_timeout=unit_timeout or DEFAULT_UNIT_TIMEOUT,
+                                checkpoint_path=checkpoint[0],
+                                checkpoint_interval=checkpoint[1])
     return service, service.close
 
 
@@ -89,7 +97,9 @@ def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, .
           shm: bool = True, curve_secret_key: bytes | None = None,
           curve_server_key: bytes | None = None, local_dir: str | None = None,
           owner_token: str | None = None, max_message: int | None = None,
-          allow_insecure: bool = False) -> tuple[Any, Any, str | None]:
+          allow_insecure: bool = False, unit_timeout: float | None = None,
+          checkpoint: tuple[str | None, float | None] = (None, None),
+          ) -> tuple[Any, Any, str | None]:
     """Start serving ``role`` at ``address``; returns (server, cleanup, local address).
 
     With ``local_dir`` (and no CURVE key) the same service is also served on a unix
@@ -103,7 +113,8 @@ def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, .
     log_warnings_to_stderr()
     service, cleanup = build_service(role, units, sampler_modules, shm,
                                      curve_server_key=curve_server_key,
-                                     owner_token=owner_token)
+                                     owner_token=owner_token, unit_timeout=unit_timeout,
+                                     checkpoint=checkpoint)
     bounds = {"workers": WORKERS[role], "backlog": 1024, "owner_token": owner_token,
               "max_message": max_message or MAX_MESSAGE[role]}
     try:
@@ -195,7 +206,9 @@ def run_child(cfg: dict[str, Any], out: Any) -> int:
         tuple(cfg.get("sampler_modules", ())), cfg.get("shm", True),
         (cfg.get("curve_secret") or "").encode() or None,
         (cfg.get("curve_server") or "").encode() or None,
-        owner_token=cfg.get("owner_token"), max_message=cfg.get("max_message"))
+        owner_token=cfg.get("owner_token"), max_message=cfg.get("max_message"),
+        unit_timeout=cfg.get("unit_timeout"),
+        checkpoint=(cfg.get("checkpoint_path"), cfg.get("checkpoint_interval")))
     try:
         from tq_stream.deploy.services import host_id
 

@@ -24,9 +24,11 @@ import torch
 from tq_stream.backends.base import StorageUnit, check_slots
 from tq_stream.columns import Ragged
 from tq_stream.controller import Controller
-from tq_stream.controller.task import LEASED, NEW
+from tq_stream.controller.units import UNIT_LOST  # noqa: F401  (re-exported)
 from tq_stream.deploy.grants import SlotGrants, SlotLimits
-from tq_stream.errors import AuthError, ConfigError, StateError, check_positive
+from tq_stream.deploy.meta_checkpoint import Recovery
+from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT, UnitWatch, process_alive
+from tq_stream.errors import AuthError, ConfigError, StateError
 from tq_stream.samplers.spec import from_spec
 from tq_stream.transport.dispatch import OWNER_ARG, WouldBlock, may_block, rpc_stats
 
@@ -42,7 +44,6 @@ def host_id() -> str:
 
 
 logger = logging.getLogger(__name__)
-UNIT_LOST = "unit_lost"  # discard reason of rows whose storage unit died
 
 
 def _slots(value: Any) -> np.ndarray:
@@ -77,7 +78,7 @@ class UnitService:
 
     RPC_METHODS = frozenset({"put", "get", "free", "drop", "nbytes", "ping", "layout",
                              "prepare_write", "finish_write", "save_rows", "load_rows", "stats",
-                             "grant"})
+                             "grant", "held"})
     RPC_ADMIN = frozenset({"drop", "grant"})
     # The unit's lock guards only copies, so every method may run on the server's IO
     # thread; large transfers go to worker threads (``INLINE_BYTES``/``INLINE_ROWS``), so
@@ -118,6 +119,11 @@ class UnitService:
 
     def nbytes(self) -> int:
         return self.unit.nbytes()
+
+    def held(self) -> dict[str, Any]:
+        """Written slots and their tokens per partition (see ``MemoryUnit.held``)."""
+        fn = getattr(self.unit, "held", None)
+        return {} if fn is None else fn()
 
     def layout(self, partition: str, fields: Sequence[str],
                writable: bool = False) -> dict[str, Any]:
@@ -176,26 +182,35 @@ def nearest(info: dict[str, Any]) -> str:
     return local if local and info.get("host") == host_id() else info["address"]
 
 
-class ControllerService(Controller):
+class ControllerService(Controller, Recovery):
     """The Controller, plus what a remote deployment needs around it.
 
     ``units`` are RPC clients of the storage units, attached once they are up;
     samplers arrive as specs (``tq_stream.samplers.spec``). Every slot a reply names
     is granted to its unit before the reply is sent (``tq_stream.deploy.grants``);
-    ``owner_token`` authorizes this controller's admin calls to the units.
+    ``owner_token`` authorizes this controller's admin calls to the units. With
+    ``checkpoint_path`` its metadata is written there every ``checkpoint_interval``
+    seconds, and a controller started where such a file exists resumes from it
+    (``deploy.meta_checkpoint``).
     """
 
     RPC_METHODS = Controller.RPC_METHODS | frozenset({
         "attach_units", "units", "ping", "state_dict", "load_state_dict", "drop_unit",
-        "server_stats", "clear_partition"})
+        "server_stats", "clear_partition", "unit_lost"})
     RPC_INLINE = Controller.RPC_INLINE | frozenset({"ping", "server_stats"})
     RPC_ADMIN = frozenset({"attach_units", "drop_unit", "state_dict", "load_state_dict",
-                           "clear_partition"})
+                           "clear_partition", "unit_lost"})
 
     def __init__(self, n_units: int, sampler_modules: Sequence[str] = (),
-                 unit_client: Any = None, owner_token: str | None = None) -> None:
+                 unit_client: Any = None, owner_token: str | None = None,
+                 unit_timeout: float | None = DEFAULT_UNIT_TIMEOUT,
+                 checkpoint_path: str | None = None,
+                 checkpoint_interval: float | None = None) -> None:
         super().__init__(n_units, free=self._free_remote)
         self._unit_addresses: list[dict[str, Any]] = []
+        self._unit_pids: dict[int, int] = {}  # the process serving each unit, last seen
+        self._unit_timeout = unit_timeout
+        self._watch: UnitWatch | None = None
         self._unit_clients: list[Any] = []
         self._make_client = unit_client
         self._owner_token = owner_token
@@ -205,9 +220,19 @@ class ControllerService(Controller):
         # A unix address this controller is also served at, for clients on its host
         # (set by ``deploy.server.serve``; None when there is none).
         self.local_address: str | None = None
+        self._init_recovery(checkpoint_path, checkpoint_interval)
+
+    FREE_TIMEOUT = 5.0  # seconds a free may wait for its unit (it runs inside an ack)
 
     def _free_remote(self, unit: int, partition: str, slots: np.ndarray) -> None:
-        self._unit_clients[unit].call("free", {"partition": partition, "slots": slots})
+        """Free slots in a unit. A unit that is lost or missed its last heartbeat is
+        not called (the free is retried later), and a call waits ``FREE_TIMEOUT`` at
+        most, so an ack never waits long for a dead unit."""
+        if unit in self._dead or (self._watch is not None and self._watch.silent(unit)):
+            raise StateError(f"storage unit {unit} is not answering its heartbeat")
+        timeout = min(self.FREE_TIMEOUT, self._unit_timeout or self.FREE_TIMEOUT)
+        self._unit_clients[unit].call("free", {"partition": partition, "slots": slots},
+                                      timeout=timeout)
 
     def _send_grant(self, unit: int, partition: str, slots: int) -> None:
         if not self._attached.is_set():
@@ -223,7 +248,41 @@ class ControllerService(Controller):
         self._unit_addresses = list(units)
         self._unit_clients = [self._make_client(nearest(u)) for u in units]
         self._grants.forget_all()
+        with self._cond:
+            self._unit_pids = {i: int(u.get("pid", -1)) for i, u in enumerate(units)}
+        self._reconcile(self._unit_clients)  # after a restart from a checkpoint
         self._attached.set()
+        if self._watch is None and self._unit_timeout is not None:
+            self._watch = UnitWatch(self, lambda: list(self._unit_clients),
+                                    self._unit_timeout)
+
+    def unit_may_be_dead(self, unit: int) -> bool:
+        """False if ``unit``'s process runs on this host and is alive (only slow)."""
+        with self._cond:
+            info = self._unit_addresses[unit] if unit < len(self._unit_addresses) else {}
+            pid = self._unit_pids.get(unit, -1)
+        if info.get("host") != host_id() or pid <= 0:
+            return True  # another host: the missed heartbeats decide
+        return not process_alive(pid)
+
+    def unit_answered(self, unit: int, pid: int) -> None:
+        """The watch heard from ``unit``'s process ``pid``: a new pid is a replacement
+        (its rows died with the old process), so drop them if that has not happened
+        yet and take the unit back."""
+        with self._cond:
+            known = self._unit_pids.get(unit)
+            if known == pid and unit not in self._dead:
+                return
+            self._unit_pids[unit] = pid
+        if known != pid:
+            self.unit_lost(unit)
+        self.unit_back(unit)
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+        self._stop_recovery()
+        super().close()
 
     # ------------------------------------------------------- placement grants
     def _grants_cover(self, partition: str, n: int) -> bool:
@@ -263,8 +322,12 @@ class ControllerService(Controller):
         return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Load the controller's state, then grant the units the slots it places."""
+        """Load the controller's state, then grant the units the slots it places (a
+        controller restarting from its own checkpoint loads before the surviving units
+        attach: they still hold their grants, and later placements grant as usual)."""
         super().load_state_dict(state)
+        if not self._attached.is_set():
+            return
         with self._cond:
             ends = [(name, u, part.slot_end(u)) for name, part in self._parts.items()
                     for u in range(self.n_units)]
@@ -297,33 +360,23 @@ class ControllerService(Controller):
         Returns:
             rows dropped per partition.
         """
-        check_positive("unit", unit, allow_zero=True)
-        if unit >= self.n_units:
-            raise ConfigError(f"unit must be < {self.n_units}, got {unit}")
+        self._check_unit(unit)
         if info is not None and self._unit_addresses and \
                 info.get("address") != self._unit_addresses[unit]["address"]:
             raise ConfigError(f"info must keep unit {unit}'s address "
                               f"{self._unit_addresses[unit]['address']!r}, got {info!r}")
-        dropped: dict[str, int] = {}
-        self._grants.forget_unit(unit)  # the new unit starts empty, with no grants
         with self._cond:
+            pid = None if info is None else info.get("pid")
+            if pid is not None and self._unit_pids.get(unit) == pid \
+                    and unit not in self._dead:
+                return {}  # the watch already took this very process back
+            self._grants.forget_unit(unit)  # the new unit starts empty, with no grants
             if info is not None and self._unit_addresses:
                 self._unit_addresses[unit] = dict(info)
-            for name, part in self._parts.items():
-                # Spare rows there are taken back too: nothing to free in the new unit.
-                spare = np.flatnonzero(part.spare & (part.unit[: part.size] == unit))
-                for u, slots in part.release_spares(spare):
-                    part.give_slots(u, slots)
-                rows = np.flatnonzero(part.used & (part.unit[: part.size] == unit))
-                if not len(rows):
-                    continue
-                for task in self._tasks[name].values():
-                    lost = int(np.isin(task.state[rows], (NEW, LEASED)).sum())
-                    if lost:
-                        task.discards[UNIT_LOST] += lost
-                for u, slots in self._release_rows(part, rows):
-                    part.give_slots(u, slots)
-                dropped[name] = len(rows)
+            if pid is not None:
+                self._unit_pids[unit] = int(pid)
+            dropped = self._drop_rows_of(unit)
+            self._dead.discard(unit)
             self._cond.notify_all()
         logger.warning("storage unit %d went down and was replaced by an empty one; rows "
                        "lost per partition (discarded as %r): %s", unit, UNIT_LOST, dropped)
@@ -336,7 +389,13 @@ class ControllerService(Controller):
 
     def ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": host_id(), "units": len(self._unit_addresses),
-                "local": self.local_address}
+                "local": self.local_address, "recovery": self.recovery,
+                "dead_units": sorted(self._dead)}
+
+    def unit_back(self, unit: int) -> None:
+        """A new, empty unit serves as ``unit``: it holds no grants yet."""
+        self._grants.forget_unit(unit)
+        super().unit_back(unit)
 
     def server_stats(self) -> dict[str, Any]:
         """The controller process: its pid and the RPC calls it served."""
@@ -345,7 +404,12 @@ class ControllerService(Controller):
     def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
                       dp_size: int = 1, replicas: int = 1, lease_timeout: float = 300.0,
                       drop_last: bool = False, sampler: Any = None) -> None:
+        args = {"partition": partition, "task": task, "fields": list(fields),
+                "batch_size": batch_size, "dp_size": dp_size, "replicas": replicas,
+                "lease_timeout": lease_timeout, "drop_last": drop_last, "sampler": sampler}
         if isinstance(sampler, dict):
             sampler = from_spec(sampler, self._sampler_modules)
         super().register_task(partition, task, fields, batch_size, dp_size, replicas,
                               lease_timeout, drop_last, sampler)
+        if sampler is None or isinstance(args["sampler"], dict):
+            self._remember(args)

@@ -1,0 +1,117 @@
+"""UnitLogic: which storage units are alive, and what happens to a dead one's rows.
+
+A storage unit's rows die with it (there is no replica). When a unit is declared
+lost (``unit_lost``: its process died, its node left, or it missed its heartbeats),
+the controller
+
+- drops every row stored there: each task counts the rows it had not finished
+  (neither acked nor discarded) as discarded with reason ``"unit_lost"``, and the
+  loss is logged at WARNING;
+- removes those rows from formed shares: a rank whose whole share was lost is
+  told so with an empty batch (``get_meta`` returns no rows, ``end=False``) and a
+  loader goes on with its next step instead of waiting;
+- places no new rows there (``_live_units``) until the unit is back
+  (``unit_back``: a restarted or replacement unit, empty).
+
+Called by the deployment (a monitor, the owner); ``self`` is the Controller.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from tq_stream.controller.partition import PartitionMeta
+from tq_stream.controller.task import LEASED, NEW, TaskState
+from tq_stream.errors import ConfigError, StateError, check_positive
+
+UNIT_LOST = "unit_lost"  # discard reason of rows whose storage unit died
+logger = logging.getLogger(__name__)
+
+
+class UnitLogic:
+    """Mixin of Controller; see the module docstring."""
+
+    n_units: int
+    _parts: dict[str, PartitionMeta]
+    _tasks: dict[str, dict[str, TaskState]]
+    _dead: set[int]
+    _unfreed: list[tuple[int, str, np.ndarray]]
+
+    def _check_unit(self, unit: object) -> int:
+        check_positive("unit", unit, allow_zero=True)
+        if unit >= self.n_units:  # type: ignore[operator]
+            raise ConfigError(f"unit must be < {self.n_units}, got {unit}")
+        return unit  # type: ignore[return-value]
+
+    def _live_units(self) -> np.ndarray:
+        """Units new rows may be placed on (ascending)."""
+        live = [u for u in range(self.n_units) if u not in self._dead]
+        if not live:
+            raise StateError(f"a storage unit must be alive to place rows, but all "
+                             f"{self.n_units} are lost (waiting for a restart)")
+        return np.asarray(live, dtype=np.int32)
+
+    def dead_units(self) -> list[int]:
+        with self._cond:  # type: ignore[attr-defined]
+            return sorted(self._dead)
+
+    def unit_lost(self, unit: int) -> dict[str, int]:
+        """Storage unit ``unit`` is gone: drop its rows, place nothing there until
+        ``unit_back``. Returns rows dropped per partition (none if already lost)."""
+        self._check_unit(unit)
+        with self._cond:  # type: ignore[attr-defined]
+            if unit in self._dead:
+                return {}
+            self._dead.add(unit)
+            dropped = self._drop_rows_of(unit)
+            # Frees still pending there have nothing left to free.
+            unfreed = self._unfreed
+            for u, part_name, slots in unfreed:
+                if u == unit and part_name in self._parts:
+                    self._parts[part_name].give_slots(u, slots)
+            self._unfreed = [f for f in unfreed if f[0] != unit]
+        logger.warning("storage unit %d is lost: dropped its rows %s; no new rows go "
+                       "there until it is back", unit, dropped or "(none)")
+        return dropped
+
+    def unit_back(self, unit: int) -> None:
+        """A new, empty storage unit serves as ``unit``: rows may be placed there again."""
+        self._check_unit(unit)
+        with self._cond:  # type: ignore[attr-defined]
+            if unit in self._dead:
+                self._dead.discard(unit)
+                logger.warning("storage unit %d is back (empty)", unit)
+            self._cond.notify_all()  # type: ignore[attr-defined]
+
+    def _drop_rows_of(self, unit: int) -> dict[str, int]:
+        """Forget every row stored in ``unit`` (lock held); rows dropped per partition."""
+        dropped: dict[str, int] = {}
+        for name, part in self._parts.items():
+            # Spare rows there are taken back too: there is nothing to free.
+            spare = np.flatnonzero(part.spare & (part.unit[: part.size] == unit))
+            for u, slots in part.release_spares(spare):
+                part.give_slots(u, slots)
+            rows = np.flatnonzero(part.used & (part.unit[: part.size] == unit))
+            if len(rows):
+                self._lose_rows(name, part, rows)
+                dropped[name] = len(rows)
+        self._cond.notify_all()  # type: ignore[attr-defined]
+        return dropped
+
+    def _lose_rows(self, name: str, part: PartitionMeta, rows: np.ndarray) -> None:
+        """Rows whose bytes are gone (lock held): each task counts those it had not
+        finished as discarded ``unit_lost``; shares that held them shrink; their slots
+        are reusable at once (there is nothing left to free)."""
+        for task in self._tasks[name].values():
+            lost = int(np.isin(task.state[rows], (NEW, LEASED)).sum())
+            if lost:
+                task.discards[UNIT_LOST] += lost
+            for rec in task.steps.values():
+                rec.lost.update(r for r, s in enumerate(rec.shares) if np.isin(s, rows).any())
+        for u, slots in self._release_rows(part, rows):  # type: ignore[attr-defined]
+            part.give_slots(u, slots)
+
+
+__all__ = ["UNIT_LOST", "UnitLogic"]

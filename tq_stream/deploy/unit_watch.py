@@ -1,0 +1,96 @@
+"""UnitWatch: the controller's heartbeat to its storage units.
+
+A daemon thread in the controller's process pings every attached unit every
+``timeout / 4`` seconds. A unit that has not answered for ``timeout`` seconds
+(its process died, its node left, a connection that is refused or hangs) is
+declared lost (``Controller.unit_lost``: its rows are dropped, counted
+``unit_lost``, no new rows go there), unless it runs on this host and its
+process is still alive: a unit that is only slow (a loaded machine) keeps its
+rows. A unit that answers with another pid than before was replaced at the same
+address (restarted by the local owner, or by Ray after ``max_restarts``): its old
+rows are dropped if that has not happened yet, and it takes new rows again
+(``Controller.unit_back``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tq_stream.errors import check_timeout
+
+DEFAULT_UNIT_TIMEOUT = 10.0  # seconds without an answer before a unit is lost
+logger = logging.getLogger(__name__)
+
+
+class UnitWatch:
+    """Pings ``clients()`` (one RPC client per unit) from a daemon thread.
+
+    Args:
+        service: the ControllerService (``unit_lost``, ``unit_back``, ``_unit_pid``).
+        clients: returns the current unit clients (re-read each round: units may be
+            re-attached).
+        timeout: seconds without an answer before a unit is declared lost.
+    """
+
+    def __init__(self, service: Any, clients: Callable[[], list[Any]],
+                 timeout: float = DEFAULT_UNIT_TIMEOUT) -> None:
+        self.timeout = check_timeout("unit_timeout", timeout)
+        self._service = service
+        self._clients = clients
+        self._stop = threading.Event()
+        self._last_ok: dict[int, float] = {}
+        self._silent: set[int] = set()  # units whose last ping failed
+        self._thread = threading.Thread(target=self._run, daemon=True, name="tq-unit-watch")
+        self._thread.start()
+
+    def _run(self) -> None:
+        interval = self.timeout / 4
+        while not self._stop.wait(interval):
+            clients = self._clients()
+            for i, client in enumerate(clients):
+                if self._stop.is_set():
+                    return
+                self._check(i, client, interval)
+
+    def _check(self, unit: int, client: Any, interval: float) -> None:
+        now = time.monotonic()
+        last = self._last_ok.setdefault(unit, now)
+        try:
+            info = client.call("ping", timeout=max(0.05, min(interval, 2.0)))
+        except Exception as exc:  # noqa: BLE001 — any failure is a missed heartbeat
+            self._silent.add(unit)
+            if now - last >= self.timeout and self._service.unit_may_be_dead(unit):
+                logger.warning("storage unit %d did not answer for %.1f s (%s)", unit,
+                               now - last, exc)
+                try:
+                    self._service.unit_lost(unit)
+                except Exception:  # a closed controller: the loop ends soon
+                    logger.debug("marking unit %d lost failed", unit, exc_info=True)
+            return
+        self._last_ok[unit] = time.monotonic()
+        self._silent.discard(unit)
+        try:
+            self._service.unit_answered(unit, int(info.get("pid", -1)))
+        except Exception:
+            logger.debug("recording unit %d's answer failed", unit, exc_info=True)
+
+    def silent(self, unit: int) -> bool:
+        """True if ``unit`` did not answer its last ping."""
+        return unit in self._silent
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+
+def process_alive(pid: int) -> bool:
+    """True if process ``pid`` of this host runs (a zombie counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
