@@ -155,7 +155,7 @@ class StreamingDataset(IterableDataset):
         if self._router is not None:  # loader steps of its own numbering: from state
             return self.start_step, frozenset()
         where = self.stream.client().first_unfinished(self.partitions[0], self.task,
-                                                      self.dp_rank)
+                                                      self.dp_rank, self.replica)
         return int(where["step"]), frozenset(int(s) for s in where["skip"])
 
     def _steps(self, plan: tuple[int, frozenset[int]]) -> Iterator[int]:
