@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -34,6 +35,8 @@ from torch.utils.data import DataLoader
 from tq_stream.datasets.batch import batch_meta, loader_step, select_rows
 from tq_stream.datasets.streaming import StreamingDataset
 from tq_stream.errors import ConfigError, LeaseError, check_positive
+
+logger = logging.getLogger(__name__)
 
 
 def _identity(batch: Any) -> Any:
@@ -102,16 +105,27 @@ class StreamingDataLoader:
             self._holds.append(ds.stream._keeper().hold(p, ds.task, ds.session,
                                                         ds.lease_timeout))
         batches = iter(DataLoader(ds, **self._kwargs))
-        while True:
-            self.ack()  # before waiting: the end of a stream waits for every ack
-            try:
-                batch = next(batches)
-            except StopIteration:
-                return
-            self._unacked.append(batch)
-            self._next_step = loader_step(batch) + 1
-            self._rows[batch_meta(batch).partition] += len(batch_meta(batch))
-            yield batch
+        try:
+            while True:
+                self.ack()  # before waiting: the end of a stream waits for every ack
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                self._unacked.append(batch)
+                self._next_step = loader_step(batch) + 1
+                self._rows[batch_meta(batch).partition] += len(batch_meta(batch))
+                yield batch
+        finally:
+            self._cancel(ds.session)
+
+    def _cancel(self, session: str) -> None:
+        """End the iteration's waits in every worker, so workers stop by themselves
+        when the loop stops (torch's shutdown would wait for each, then kill it)."""
+        try:
+            self._client._controller.cancel(session=session)
+        except Exception as exc:  # a closed stream: nothing waits any more
+            logger.debug("cancelling loader session %s: %s", session, exc)
 
     def ack(self, batch: TensorDict | None = None) -> None:
         """Ack ``batch`` (default: every batch yielded and not yet acked)."""
