@@ -36,3 +36,13 @@ def test_grpo_torchrun():
     assert r["trained"] == 256 and r["duplicates"] == 0 and r["lost"] == 0
     assert r["replicas_identical"]  # TP peers got the same rows in the same order
     assert r["discarded"] == {}  # producers paced by reserve: nothing went stale
+
+
+@pytest.mark.timeout(120)
+def test_pipeline_stages():
+    r = run("-m", "examples.pipeline_stages")
+    tasks = ["ref_logp", "advantage", "actor"]
+    assert r["rows_per_task"] == dict.fromkeys(tasks, 128)
+    assert r["duplicates"] == dict.fromkeys(tasks, 0)
+    assert r["lost"] == dict.fromkeys(tasks, 0)
+    assert r["rows_left"] == 0  # freed once the last declared consumer acked
