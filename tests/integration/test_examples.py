@@ -46,3 +46,13 @@ def test_pipeline_stages():
     assert r["duplicates"] == dict.fromkeys(tasks, 0)
     assert r["lost"] == dict.fromkeys(tasks, 0)
     assert r["rows_left"] == 0  # freed once the last declared consumer acked
+
+
+@pytest.mark.timeout(120)
+def test_async_offpolicy():
+    r = run("-m", "examples.async_offpolicy")
+    assert r["produced"] == 192
+    assert r["duplicates"] == 0 and r["lost"] == 0
+    assert set(r["discarded"]) <= {"stale", "tail"}  # reasons, counted by the controller
+    assert r["trained"] + sum(r["discarded"].values()) == r["produced"]
+    assert r["steps"] == -(-r["trained"] // 8)  # one version bump per step
