@@ -19,8 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def run(*args: str, timeout: float = 150) -> dict:
     """Runs a command from the repository root; returns its ``RESULT {...}`` line."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    try:
+        proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:  # show how far it got
+        out = (exc.stdout or b"").decode()[-3000:] + (exc.stderr or b"").decode()[-6000:]
+        raise AssertionError(f"{args} ran longer than {timeout} s:\n{out}") from None
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert len(lines) == 1, proc.stdout[-3000:]

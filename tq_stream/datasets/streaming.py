@@ -255,6 +255,7 @@ class StreamingDataset(IterableDataset):
         thread.start()
         single = get_worker_info() is None
         last = None
+        ended = False  # the prefetch thread finished by itself: no wait to cancel
         try:
             while True:
                 if self.auto_ack and last is not None:  # before waiting: the end of a
@@ -268,8 +269,10 @@ class StreamingDataset(IterableDataset):
                         f"{self.timeout}s (+5 s) from the prefetch thread") from None
                 room.release()
                 if item is _END:
+                    ended = True
                     return
                 if isinstance(item, _Failure):
+                    ended = True
                     raise item.exc
                 last = item
                 if single:
@@ -277,10 +280,10 @@ class StreamingDataset(IterableDataset):
                 yield item
         finally:
             stop.set()
-            self._stop(client, out, thread, last)
+            self._stop(client, out, thread, last, cancel=not ended)
 
     def _stop(self, client: Any, out: queue.Queue, thread: threading.Thread,
-              last: TensorDict | None) -> None:
+              last: TensorDict | None, cancel: bool = True) -> None:
         """End an iteration: ack its last batch (when iterated directly), cancel the
         prefetch thread's wait, hand back what it fetched ahead. Runs when a generator
         is closed or collected, so it reports failures (a closed stream, a dead
@@ -288,7 +291,8 @@ class StreamingDataset(IterableDataset):
         try:
             if self.auto_ack and last is not None:
                 client.ack(batch_meta(last))
-            client.cancel()
+            if cancel:  # the session is shared by every DataLoader worker: cancel it
+                client.cancel()  # only when stopped early, never at the end of the stream
             self._drain(out, client)
             # the thread ends within one get_data once cancelled; joining it means no
             # stale prefetch can claim a step a new iterator reads
