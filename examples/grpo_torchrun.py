@@ -24,9 +24,11 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import shutil
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -220,8 +222,8 @@ def run_phase(rank: int, phase: int, ckpt: str) -> tuple[list[str], dict]:
         stream = tq.init(mode="local", storage_units=2, restore=restore)
         if phase == 1:  # declared consumers: a row is freed once both are done with it
             stream.create_partition(PART, consumers=["old_logp", "actor"])
-        progress = json.load(open(f"{ckpt}/progress.json")) if phase == 2 else \
-            {"prompts": 0, "version": 0}
+        progress = json.loads(Path(f"{ckpt}/progress.json").read_text()) if phase == 2 \
+            else {"prompts": 0, "version": 0}
         _SHARED["version"] = ctx.Value("i", progress["version"])
         stop, written, stage_rows = ctx.Event(), ctx.Value("i", progress["prompts"]), \
             ctx.Value("i", 0)
@@ -246,8 +248,8 @@ def run_phase(rank: int, phase: int, ckpt: str) -> tuple[list[str], dict]:
             p.join(timeout=30)
         if phase == 1:  # a snapshot that matches the producer's progress
             stream.save(f"{ckpt}/stream")
-            json.dump({"prompts": written.value, "version": CKPT_STEP},
-                      open(f"{ckpt}/progress.json", "w"))
+            Path(f"{ckpt}/progress.json").write_text(
+                json.dumps({"prompts": written.value, "version": CKPT_STEP}))
         stats = stream.stats()[PART]
         stats["stage_rows"] = stage_rows.value
     dist.barrier()
@@ -267,6 +269,7 @@ def main(rank: int, world: int) -> dict:
     dist.destroy_process_group()
     if rank != 0:
         return {}
+    shutil.rmtree(ckpt[0])
     replica0 = [keys for r, keys in enumerate(per_rank) if r % REPLICAS == 0]
     everything = [k for keys in replica0 for k in keys]
     tasks = stats2["tasks"]
