@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tq_stream.deploy.grants import MIN_GRANT, SlotGrants, SlotLimits
-from tq_stream.errors import AuthError, ConfigError
+from tq_stream.errors import AuthError, ConfigError, StateError
 from tq_stream.transport.dispatch import OWNER_ARG, Dispatcher
 
 TOKEN = "t" * 32
@@ -16,12 +16,12 @@ TOKEN = "t" * 32
 
 def test_a_unit_accepts_only_granted_slots_and_grants_only_grow():
     limits = SlotLimits()
-    with pytest.raises(ConfigError, match=r"below 0\), got slot 0"):
+    with pytest.raises(StateError, match=r"below 0\), got slot 0"):
         limits.check("p", np.array([0]))
     limits.grant("p", 10)
     limits.check("p", np.array([0, 9]))
     limits.grant("p", 4)  # smaller: no change
-    with pytest.raises(ConfigError, match=r"partition 'p' of this unit \(below 10\), got slot 10"):
+    with pytest.raises(StateError, match=r"partition 'p' of this unit \(below 10\), got slot 10"):
         limits.check("p", np.array([3, 10]))
     limits.check("q", np.array([], dtype=np.int64))  # nothing to write, nothing to check
     with pytest.raises(ConfigError, match="slots must be an int"):

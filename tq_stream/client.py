@@ -90,11 +90,13 @@ class Client:
         hold.set_lease(float(d.get("lease_timeout", self._stream.config.lease_timeout)))
         return BatchMeta.from_dict({**d, "session": self.session})
 
-    def first_unfinished(self, partition: str, task: str, dp_rank: int = 0) -> dict[str, Any]:
+    def first_unfinished(self, partition: str, task: str, dp_rank: int = 0,
+                         replica: int | None = None) -> dict[str, Any]:
         """Where a reader of ``dp_rank`` resumes: ``{"step": the first step its rank has
-        not fully acked, "skip": later steps already acked}``."""
+        not fully acked (or ``replica`` has not acked), "skip": later steps already
+        acked}``."""
         where: dict[str, Any] = self._controller.first_unfinished(
-            partition=partition, task=task, dp_rank=dp_rank)
+            partition=partition, task=task, dp_rank=dp_rank, replica=replica)
         return where
 
     def cancel(self) -> None:

@@ -59,8 +59,14 @@ class Ragged:
         return Ragged(values, offsets)
 
     def to_nested(self) -> torch.Tensor:
-        """A jagged-layout nested tensor sharing ``values``."""
-        return torch.nested.nested_tensor_from_jagged(self.values, offsets=self.offsets)
+        """A jagged-layout nested tensor sharing ``values``. Its row-length bounds are
+        given: without them, ``to_padded_tensor`` pads to the total length."""
+        if not len(self):
+            return torch.nested.nested_tensor_from_jagged(self.values, offsets=self.offsets)
+        lengths = self.lengths
+        return torch.nested.nested_tensor_from_jagged(
+            self.values, offsets=self.offsets, min_seqlen=int(lengths.min()),
+            max_seqlen=int(lengths.max()))
 
     def to_padded(self, pad_value: float = 0) -> torch.Tensor:
         """A dense ``[n, max_len, *tail]`` tensor, rows padded at the end."""

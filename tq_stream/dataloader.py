@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -36,6 +37,8 @@ from tq_stream.datasets.minibatch import minibatches
 from tq_stream.datasets.streaming import StreamingDataset
 from tq_stream.datasets.workers import check_start_method
 from tq_stream.errors import ConfigError, StateError, TQError, check_positive
+
+logger = logging.getLogger(__name__)
 
 
 def _identity(batch: Any) -> Any:
@@ -114,28 +117,39 @@ class StreamingDataLoader:
             self._holds.append(ds.stream._keeper().hold(p, ds.task, ds.session,
                                                         ds.lease_timeout))
         batches = iter(DataLoader(ds, **self._kwargs))
-        while True:
-            self.ack()  # before waiting: the end of a stream waits for every ack
-            try:
-                batch = next(batches)
-            except StopIteration:
-                return
-            except (RuntimeError, OSError) as exc:
-                if not self.num_workers or isinstance(exc, TQError):
-                    raise
-                _stop_workers(batches)  # torch's SIGCHLD handler would raise again later
-                raise StateError(
-                    f"a DataLoader worker of task {ds.task!r} (rank {ds.dp_rank}) failed "
-                    f"({type(exc).__name__}: {exc}); iterate the loader again to resume at "
-                    f"the first unfinished step (acked batches are not read again)"
-                ) from exc
-            if self._pin:
-                batch = copy_meta(batch, batch.pin_memory())
-            self._unacked.append(batch)
-            self._next_step = loader_step(batch) + 1
-            self._yielded = True
-            self._rows[batch_meta(batch).partition] += len(batch_meta(batch))
-            yield batch
+        try:
+            while True:
+                self.ack()  # before waiting: the end of a stream waits for every ack
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                except (RuntimeError, OSError) as exc:
+                    if not self.num_workers or isinstance(exc, TQError):
+                        raise
+                    _stop_workers(batches)  # torch's SIGCHLD handler would raise later
+                    raise StateError(
+                        f"a DataLoader worker of task {ds.task!r} (rank {ds.dp_rank}) "
+                        f"failed ({type(exc).__name__}: {exc}); iterate the loader again "
+                        f"to resume at the first unfinished step (acked batches are not "
+                        f"read again)") from exc
+                if self._pin:
+                    batch = copy_meta(batch, batch.pin_memory())
+                self._unacked.append(batch)
+                self._next_step = loader_step(batch) + 1
+                self._yielded = True
+                self._rows[batch_meta(batch).partition] += len(batch_meta(batch))
+                yield batch
+        finally:
+            self._cancel(ds.session)
+
+    def _cancel(self, session: str) -> None:
+        """End the iteration's waits in every worker, so workers stop by themselves
+        when the loop stops (torch's shutdown would wait for each, then kill it)."""
+        try:
+            self._client._controller.cancel(session=session)
+        except Exception as exc:  # a closed stream: nothing waits any more
+            logger.debug("cancelling loader session %s: %s", session, exc)
 
     def __len__(self) -> int:
         """Batches per epoch: see ``StreamingDataset.__len__``."""

@@ -158,13 +158,14 @@ class ConsumingLogic:
             state.renewed += len(rec.claims)
             return len(rec.claims)
 
-    def first_unfinished(self, partition: str, task: str, dp_rank: int = 0) -> dict[str, Any]:
+    def first_unfinished(self, partition: str, task: str, dp_rank: int = 0,
+                         replica: int | None = None) -> dict[str, Any]:
         """Where a reader of ``dp_rank`` resumes: ``{"step": first step not acked by every
-        replica, "skip": later steps already done}``."""
+        replica (or by ``replica``), "skip": later steps already done}``."""
         with self._cond:
             _, state = self._task(partition, task)
-            _check_ids(state, dp_rank, 0)
-            return state.first_unfinished(dp_rank)
+            _check_ids(state, dp_rank, 0 if replica is None else replica)
+            return state.first_unfinished(dp_rank, replica)
 
     def cancel(self, session: str) -> None:
         """End every wait of ``session`` now (its get_meta returns None); later waits of

@@ -57,9 +57,9 @@ class StepRecord:
     lost: set[int] = field(default_factory=set)  # ranks whose share lost rows with a unit
 
     def share_done(self, rank: int, full: int, acks: np.ndarray) -> bool:
-        """Every replica acked every row of rank's share."""
+        """Every replica whose bit is in ``full`` acked every row of rank's share."""
         share = self.shares[rank]
-        return bool((acks[share] == full).all())
+        return bool(((acks[share] & full) == full).all())
 
 
 @dataclass(frozen=True)
@@ -196,11 +196,12 @@ class TaskState:
     def claimed_count(self) -> int:
         return sum(len(rec.shares[r]) for rec in self.steps.values() for (r, _q) in rec.claims)
 
-    def first_unfinished(self, rank: int) -> dict[str, Any]:
+    def first_unfinished(self, rank: int, replica: int | None = None) -> dict[str, Any]:
         """Where a (re)starting reader of ``rank`` resumes: the first step whose share
-        for ``rank`` some replica has not acked, and the later formed steps whose
-        share is already done (to skip)."""
-        full = self.full_acks
+        for ``rank`` some replica (or ``replica``, if given) has not acked, and the
+        later formed steps whose share is already done (to skip). A replica never
+        reads again a step it acked itself, even while its peers have not."""
+        full = self.full_acks if replica is None else 1 << replica
         open_, done = [], []
         for s in sorted(self.steps):
             rec = self.steps[s]

@@ -189,7 +189,7 @@ class StreamingDataset(IterableDataset[TensorDict]):
         if self._router is not None:  # loader steps of its own numbering: from state
             return self.start_step, frozenset()
         where = self.stream.client().first_unfinished(self.partitions[0], self.task,
-                                                      self.dp_rank)
+                                                      self.dp_rank, self.replica)
         return int(where["step"]), frozenset(int(s) for s in where["skip"])
 
     def _steps(self, plan: tuple[int, frozenset[int]]) -> Iterator[int]:
@@ -415,6 +415,7 @@ class StreamingDataset(IterableDataset[TensorDict]):
                     finished = True
                     return
                 if isinstance(item, _Failure):
+                    finished = True
                     raise item.exc
                 pending.append(item)
                 if single:

@@ -137,8 +137,10 @@ class RemoteController:
               session: str = "") -> int:
         return self._call("renew", partition=partition, task=task, step=step, session=session)
 
-    def first_unfinished(self, partition: str, task: str, dp_rank: int = 0) -> dict[str, Any]:
-        return self._call("first_unfinished", partition=partition, task=task, dp_rank=dp_rank)
+    def first_unfinished(self, partition: str, task: str, dp_rank: int = 0,
+                         replica: int | None = None) -> dict[str, Any]:
+        return self._call("first_unfinished", partition=partition, task=task, dp_rank=dp_rank,
+                          replica=replica)
 
     def cancel(self, session: str) -> None:
         self._call("cancel", session=session)

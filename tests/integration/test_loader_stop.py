@@ -1,0 +1,59 @@
+"""Stopping a loader with DataLoader workers ends their waits (found by the GRPO
+example: after a `break`, each worker sat in its long-poll until torch's shutdown
+gave up on it after 5 s and killed it)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+import torch
+from tq_fixtures import local_stream
+
+import tq_stream as tq
+
+__all__ = ["local_stream"]
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+def test_workers_exit_by_themselves_when_the_loop_stops(local_stream, monkeypatch):
+    # torch joins each worker for this long, then kills it: make "then" never come
+    # within the test's bound, so only workers that end by themselves pass
+    monkeypatch.setattr(torch.utils.data._utils, "MP_STATUS_CHECK_INTERVAL", 600.0)
+    keys = [f"s{i}" for i in range(2)]
+    local_stream.writer("stop").put(keys, {"x": torch.arange(2.0)})  # one step only
+    ds = tq.StreamingDataset(local_stream, "stop", "t", ["x"], batch_size=2, timeout=60)
+    loader = tq.StreamingDataLoader(ds, num_workers=2, multiprocessing_context="fork")
+    before = set(mp.active_children())
+    it = iter(loader)
+    assert tq.batch_meta(next(it)).keys == tuple(keys)
+    workers = [p for p in mp.active_children() if p not in before]
+    assert len(workers) == 2  # both wait for a step that will not come within 60 s
+    it.close()  # a `break` out of the training loop
+    assert [p.is_alive() for p in workers] == [False, False]
+
+
+def test_a_worker_that_reached_the_end_does_not_cancel_the_others(local_stream, monkeypatch):
+    """DataLoader workers share their iteration's session. Worker 0 reaching the end
+    of the stream cancelled that session, so worker 1's wait for the last step came
+    back empty and the step was never yielded (the GRPO example hung: one replica
+    trained one step fewer than its DP peer)."""
+    from types import SimpleNamespace
+
+    from tq_stream.datasets import streaming
+
+    keys = [f"e{i}" for i in range(8)]
+    local_stream.writer("end").put(keys, {"x": torch.arange(8.0)})
+    local_stream.close_partition("end")  # 4 steps of 2 rows, then the end
+    ds = tq.StreamingDataset(local_stream, "end", "t", ["x"], batch_size=2, timeout=10,
+                             prefetch=1)
+    ds.session, ds.plan = "shared-session", (0, frozenset())
+
+    def as_worker(i: int) -> list[int]:
+        monkeypatch.setattr(streaming, "get_worker_info",
+                            lambda: SimpleNamespace(id=i, num_workers=2))
+        return [tq.batch_meta(b).step for b in ds]
+
+    assert as_worker(0) == [0, 2]  # then the end
+    assert as_worker(1) == [1, 3]  # same session, after worker 0 ended
