@@ -34,10 +34,11 @@ class Rates(TypedDict):
     acked: float
 
 
-class _LeaseCounters(TypedDict, total=False):
-    renewed: int  # lease renewals
-    expired: int  # leases that ran out (their rows went back to the queue)
-    redelivered: int  # rows handed out again after an expiry or a release
+class _LeaseCounters(TypedDict):
+    renewed: int  # claims renewed by consumers' heartbeats
+    expired: int  # rows whose reader's claim ran out (its process stopped renewing)
+    redelivered: int  # rows handed out again (same step and rank) after an expiry,
+    # a release or a replaced consumer
 
 
 class TaskStats(_LeaseCounters):
@@ -45,11 +46,13 @@ class TaskStats(_LeaseCounters):
 
     fields: list[str]
     available: int  # rows ready for this task and not handed out (gauge)
-    leased: int  # rows handed out and not acked yet (gauge)
-    handed_out: int  # rows handed out so far (counter; a redelivery counts again)
+    leased: int  # rows in formed steps not acked by every replica yet (gauge)
+    claimed: int  # rows of shares a live consumer session reads now (gauge)
+    handed_out: int  # rows handed out for the first time (counter; see redelivered)
     acked: int  # rows acked by every replica (counter)
     discarded: dict[str, int]  # rows dropped without delivery, by reason (counters)
     next_step: int
+    first_unacked: list[int]  # per DP rank: the first step it has not fully acked
     version: int | None
     ended: bool
     at: float  # epoch seconds when these figures were read
@@ -72,6 +75,9 @@ class PartitionStats(TypedDict):
     rows: int  # live rows (gauge)
     capacity: int | None
     closed: bool
+    consumers: list[str] | None  # declared consumer tasks (None: not declared)
+    held: dict[str, int]  # live rows not yet finished, per declared consumer (or
+    # {"undeclared": rows} for a partition whose rows stay until cleared)
     rows_created: int  # rows ever created (counter)
     fields: dict[str, str]  # field -> schema description
     blocked_seconds: BlockedSeconds
