@@ -50,7 +50,8 @@ class StepLogic:
         return Candidates(
             index=index, ready_time=part.write_time[index], dp_size=dp_size,
             closed=part.closed, pending=self._pending(part, state) if part.closed else 0,
-            version=state.version_at(step), step=step, partition=part.name,
+            version=state.version, turn_version=state.version_at(step), step=step,
+            partition=part.name,
             _tags=tags.get, _has_tag=tags.columns.__contains__,
         )
 

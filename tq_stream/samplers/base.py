@@ -40,6 +40,8 @@ class Candidates:
         closed: True when the partition will receive no new rows.
         pending: rows not yet ready for the task that may still become ready.
         version: the consumer's current policy version (None if never set).
+        turn_version: the version the consumer will hold when it reads this step
+            (predicted for a step formed ahead of its turn; = ``version`` otherwise).
         step: the step number being selected.
         partition: the partition name.
     """
@@ -50,6 +52,7 @@ class Candidates:
     closed: bool = False
     pending: int = 0
     version: int | None = None
+    turn_version: int | None = None
     step: int = 0
     partition: str = ""
     _tags: Callable[[str, np.ndarray], np.ndarray] | None = field(default=None, repr=False)
@@ -84,6 +87,7 @@ class Candidates:
             closed=self.closed,
             pending=self.pending,
             version=self.version,
+            turn_version=self.turn_version,
             step=self.step,
             partition=self.partition,
             _tags=self._tags,

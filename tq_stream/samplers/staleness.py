@@ -111,19 +111,43 @@ class StalenessSampler(Sampler):
 
     def sample(self, candidates: Candidates, batch_size: int) -> Selection:
         fresh, discard = self._filter(candidates)
-        return self.inner.sample(fresh, batch_size).with_discard(discard)
+        return self.inner.sample(self._in_time(fresh), batch_size).with_discard(discard)
 
     def tail(self, candidates: Candidates, batch_size: int) -> Selection:
+        """The closed partition's last steps: rows that would be stale at their turn
+        will never be in time any more, so they are discarded as stale."""
         fresh, discard = self._filter(candidates)
-        return self.inner.tail(fresh, batch_size).with_discard(discard)
+        in_time = self._in_time(fresh)
+        if in_time.count < fresh.count:
+            late = fresh.index[~np.isin(fresh.index, in_time.index)]
+            discard = {**discard, "stale": np.concatenate(
+                [discard.get("stale", np.zeros(0, np.int64)), late])}
+        return self.inner.tail(in_time, batch_size).with_discard(discard)
 
-    def _filter(self, candidates: Candidates) -> tuple[Candidates, dict[str, np.ndarray]]:
-        if candidates.version is None or candidates.count == 0:
-            return candidates, {}
+    def _born(self, candidates: Candidates) -> np.ndarray:
         born = numeric_tag(candidates.tag(self.version_tag), self.version_tag)
         if self.start_version_tag is not None:
             start = candidates.tag(self.start_version_tag)
             born = np.minimum(born, numeric_tag(start, self.start_version_tag))
+        return born
+
+    def _in_time(self, candidates: Candidates) -> Candidates:
+        """The candidates still within the bound when the consumer reads this step (a
+        step formed ahead of its turn, see ``Candidates.turn_version``). The others are
+        not discarded: fresh now, they wait, and are discarded only once they are stale
+        for the current version; the step waits for newer rows instead (prefetch is
+        limited by the bound)."""
+        turn = candidates.turn_version
+        if turn is None or candidates.version is None or turn <= candidates.version \
+                or candidates.count == 0:
+            return candidates
+        late = self._born(candidates) < turn - self.max_staleness
+        return candidates.subset(~late) if late.any() else candidates
+
+    def _filter(self, candidates: Candidates) -> tuple[Candidates, dict[str, np.ndarray]]:
+        if candidates.version is None or candidates.count == 0:
+            return candidates, {}
+        born = self._born(candidates)
         # NaN compares False, so missing versions are caught separately, not as stale.
         stale = born < candidates.version - self.max_staleness
         lost = np.isnan(born) if born.dtype.kind == "f" else None
