@@ -5,15 +5,13 @@ bytes move. Embedded versions: tests/test_delivery_traps.py."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import signal
 import threading
 import time
 
 import pytest
 import torch
-from tq_fixtures import kill, local_stream
-from tq_workers import consume_and_die, values
+from tq_fixtures import killed_consumer, local_stream
+from tq_workers import values
 
 import tq_stream as tq
 from tq_stream.errors import SchemaError, WaitTimeout
@@ -69,20 +67,7 @@ def test_a_fresh_loader_takes_over_a_killed_consumer(local_stream):
     local_stream.writer(part).put(ks, {"x": values(ks)})
     local_stream.close_partition(part)
     local_stream.client().register_task(part, "t", ["x"], batch_size=4, lease_timeout=1.0)
-    ctx = mp.get_context("spawn")
-    recv, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=consume_and_die, args=(local_stream, part, send))
-    child.start()
-    send.close()
-    try:
-        assert recv.poll(75), "the consumer never reported its batch"
-        held = recv.recv()
-        child.join(10)
-        assert child.exitcode == -signal.SIGKILL
-    finally:
-        if child.is_alive():
-            kill(child.pid)
-            child.join(5)
+    held = killed_consumer(local_stream, part)
     ds = tq.StreamingDataset(local_stream, part, "t", ["x"], batch_size=4, timeout=30,
                              lease_timeout=1.0)
     batches = [tq.batch_meta(b) for b in tq.StreamingDataLoader(ds)]

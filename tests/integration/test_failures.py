@@ -3,9 +3,7 @@ controller that is gone, and garbage on the sockets."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import random
-import signal
 import socket
 import struct
 import time
@@ -14,8 +12,16 @@ import numpy as np
 import pytest
 import torch
 import zmq
-from tq_fixtures import alive, kill, local_stream, segments_of, start_local, wait_gone
-from tq_workers import consume_and_die, values
+from tq_fixtures import (
+    alive,
+    kill,
+    killed_consumer,
+    local_stream,
+    segments_of,
+    start_local,
+    wait_gone,
+)
+from tq_workers import values
 
 import tq_stream as tq
 from tq_stream.deploy.services import UNIT_LOST
@@ -38,20 +44,7 @@ def test_rows_of_a_killed_consumer_are_delivered_again_after_the_lease(local_str
     client = local_stream.client()
     client.register_task(part, "t", ["x"], batch_size=4, lease_timeout=lease)
     local_stream.writer(part).put(keys, {"x": values(keys)})
-    ctx = mp.get_context("spawn")
-    recv, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=consume_and_die, args=(local_stream, part, send))
-    child.start()
-    send.close()
-    try:
-        assert recv.poll(75), "the consumer never reported its batch"
-        held = recv.recv()
-        child.join(10)
-        assert child.exitcode == -signal.SIGKILL
-    finally:
-        if child.is_alive():
-            kill(child.pid)
-            child.join(5)
+    held = killed_consumer(local_stream, part)
     leased_at = time.monotonic()
     other = client.get_meta(part, "t", step=1, timeout=10)  # the rows nobody holds
     assert set(other.keys) == set(keys) - set(held)

@@ -9,6 +9,7 @@ which core tests import by its module name ``conftest``.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing as mp
 import os
 import signal
 import time
@@ -123,3 +124,25 @@ def two_node_cluster() -> Iterator[list[str]]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def killed_consumer(stream: tq.Stream, partition: str) -> list[str]:
+    """Run ``tq_workers.consume_and_die`` in a spawned process: it takes step 0 of task
+    "t", reports its keys and dies by SIGKILL holding the lease. Returns those keys."""
+    from tq_workers import consume_and_die
+
+    ctx = mp.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=consume_and_die, args=(stream, partition, send))
+    child.start()
+    send.close()
+    try:
+        assert recv.poll(75), "the consumer never reported its batch"
+        held = recv.recv()
+        child.join(10)
+        assert child.exitcode == -signal.SIGKILL
+    finally:
+        if child.is_alive():
+            kill(child.pid)
+            child.join(5)
+    return held
