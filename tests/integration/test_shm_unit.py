@@ -209,3 +209,39 @@ def test_concurrent_reader_never_accepts_a_torn_or_reused_row(unit):
         stop.set()
         writer.join(5)
     assert accepted > 0, (accepted, rejected, torn)
+
+
+def test_an_emptied_partition_keeps_its_stores_within_the_budget():
+    """Stores of a partition whose rows were all freed stay for its next rows (a
+    same-host writer's layout stays valid) while they fit in keep_bytes; the oldest
+    such partition goes when another needs the room, and a drop keeps nothing."""
+    before = set(segments_of([ME]))
+    u = ShmUnit(keep_bytes=48 << 10)  # slabs hold 16 rows at least: "a" takes 4 KiB
+    try:
+        u.put("a", one(0), {"x": torch.ones(1, 64)}, one(1))
+        stores = int(u._epoch[1])
+        segs_a = set(segments_of([ME])) - before
+        u.free("a", one(0))
+        assert "a" in u._parts and set(segments_of([ME])) - before == segs_a
+        assert int(u._epoch[1]) == stores  # writers' layouts of "a" stay writable
+        assert u.nbytes() == 0 and u.stats()["partitions"] == {}
+        with pytest.raises(StateError):  # its freed slot holds nothing
+            u.get("a", one(0), ["x"], one(1))
+        u.put("a", one(0), {"x": torch.full((1, 64), 2.0)}, one(2))
+        assert u.get("a", one(0), ["x"], one(2))["x"].eq(2).all()
+        assert u.nbytes() > 0 and "a" not in u._warm
+        u.free("a", one(0))
+        # A larger partition (44 KiB) empties: both do not fit, the older one goes.
+        u.put("b", one(0), {"y": torch.ones(1, 700)}, one(3))
+        u.free("b", one(0))
+        assert "b" in u._parts and "a" not in u._parts
+        assert not set(segments_of([ME])) & segs_a or u._idle  # a's slabs: kept or gone
+        u.drop("b")
+        assert "b" not in u._parts and not u._warm
+        # A partition too large for the budget never stays.
+        u.put("c", one(0), {"z": torch.ones(1, 40000)}, one(4))
+        u.free("c", one(0))
+        assert "c" not in u._parts
+    finally:
+        u.close()
+    assert set(segments_of([ME])) <= before

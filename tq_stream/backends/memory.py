@@ -182,10 +182,22 @@ class MemoryUnit(StorageUnit):
             slots = slots[slots < part.live.shape[0]]
             part.live[slots] = False
             if not part.live.any():
-                self._stores_may_go()
-                if not part.live.any():  # checked again: a same-host writer may have come
-                    part.gen.retire()
-                    del self._parts[partition]  # every row gone: return all slab memory
+                self._emptied(partition, part)
+
+    def _emptied(self, partition: str, part: _PartitionStore) -> None:
+        """Called with the lock held when the last row of ``partition`` was freed: its
+        stores go (all slab memory returned; ``ShmUnit`` may keep them for reuse)."""
+        self._drop_store(partition, part)
+
+    def _drop_store(self, partition: str, part: _PartitionStore) -> bool:
+        """Drop the stores of ``partition`` if it holds no row (lock held); False if a
+        same-host writer wrote a row into them meanwhile (they stay then)."""
+        self._stores_may_go()
+        if part.live.any():  # checked after the hook: a same-host writer may have come
+            return False
+        part.gen.retire()
+        del self._parts[partition]
+        return True
 
     def drop(self, partition: str) -> None:
         with self._lock:
@@ -207,14 +219,17 @@ class MemoryUnit(StorageUnit):
             return out
 
     def nbytes(self) -> int:
+        """Bytes of the stores of partitions that hold rows (stores an emptied
+        partition keeps for reuse are not counted, see ``ShmUnit``)."""
         with self._lock:
-            return sum(s.nbytes() for p in self._parts.values() for s in p.fields.values())
+            return sum(s.nbytes() for p in self._parts.values() if p.live.any()
+                       for s in p.fields.values())
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
             parts = {name: {"rows": int(p.live.sum()),
                             "fields": {f: s.nbytes() for f, s in p.fields.items()}}
-                     for name, p in self._parts.items()}
+                     for name, p in self._parts.items() if p.live.any()}
         nbytes = sum(sum(p["fields"].values()) for p in parts.values())
         return {"nbytes": nbytes, "partitions": parts}
 

@@ -150,9 +150,13 @@ class ShmUnit(DirectWrites, MemoryUnit):
             this many bytes in all (not counted by ``nbytes``), for the partition's
             next rows; 0 (the default) unlinks them at once.
 
-    Kept segments serve streaming: a consumer that keeps up with a few rows at a time
-    empties a partition again and again, and a new segment costs a file, a mapping in
-    the unit and in every reader, and a new layout epoch. A kept segment is reused
+    Kept stores and segments serve streaming: a consumer that keeps up with a few rows
+    at a time empties a partition again and again. So the stores of a partition whose
+    last row was freed stay (``warm``) while they fit in ``keep_bytes`` with the kept
+    segments (oldest evicted first): a same-host writer's layout of them stays valid,
+    and its next small put makes no call to the unit (``SameHostUnit``). A store that
+    did go costs, when made again, a file, a mapping in the unit and in every reader
+    and a new layout epoch, unless its segment was kept. A kept segment is reused
     only by the store it served last (same partition and field), and only while that
     store does not exist; so a reader's layout that maps it is right again once it is
     reused, and needs no new epoch. Invariants: at most one kept segment per
@@ -166,6 +170,10 @@ class ShmUnit(DirectWrites, MemoryUnit):
         self._segments: dict[int, _Segment] = {}  # data_ptr of a slab -> its segment
         self._idle: dict[tuple[str, str], _Segment] = {}  # kept segments, oldest first
         self._idle_bytes = 0
+        # Emptied partitions whose stores stay for their next rows, oldest first, and
+        # their bytes (guarded by ``_lock``; see the class docstring).
+        self._warm: OrderedDict[str, int] = OrderedDict()
+        self._garbage = False  # stores were dropped: their segments wait for ``_collect``
         self._seg_lock = threading.Lock()
         # The layout epoch: one int64 in its own segment, bumped whenever a segment is
         # created or unlinked, so a reader may reuse a layout while the epoch it was
@@ -270,16 +278,50 @@ class ShmUnit(DirectWrites, MemoryUnit):
             with self._wcond:  # growing a slab must not move a direct write in progress
                 self._wait_growth(partition, np.asarray(slots, dtype=np.int64), columns)
                 super().put(partition, slots, columns, generations)
+                if partition in self._warm:  # it holds rows again
+                    with self._lock:
+                        self._warm.pop(partition, None)
         finally:
             if self._allocs != allocs:  # a slab grew: its old segment is garbage now
                 self._collect()
 
     def free(self, partition: str, slots: np.ndarray) -> None:
         super().free(partition, slots)
-        if partition not in self._parts:  # its last rows went: so did its slabs
+        if self._garbage:  # stores went (this partition's or warm ones): so did slabs
+            self._garbage = False
             self._collect()
 
+    def _drop_store(self, partition: str, part: Any) -> bool:
+        dropped = super()._drop_store(partition, part)
+        self._garbage = self._garbage or dropped
+        return dropped
+
+    def _emptied(self, partition: str, part: Any) -> None:
+        # Lock held. Keep the stores for the partition's next rows if they fit with the
+        # kept segments; the oldest other warm partitions go to make room.
+        nbytes = sum(s.nbytes() for s in part.fields.values()) + \
+            part.gen.data.nbytes + part.live_flags.nbytes
+        self._warm.pop(partition, None)
+        while self._warm and sum(self._warm.values()) + nbytes + self._idle_bytes \
+                > self.keep_bytes:
+            self._evict_warm(next(iter(self._warm)))
+        if nbytes + self._idle_bytes <= self.keep_bytes:
+            self._warm[partition] = nbytes
+        else:
+            self._drop_store(partition, part)
+
+    def _evict_warm(self, partition: str) -> None:
+        """Drop the stores a warm partition kept (lock held); it may hold rows again,
+        written by a same-host writer (then they stay). Its segments are collected by
+        the caller's ``free``."""
+        self._warm.pop(partition)
+        part = self._parts.get(partition)
+        if part is not None:
+            self._drop_store(partition, part)
+
     def drop(self, partition: str) -> None:
+        with self._lock:
+            self._warm.pop(partition, None)
         super().drop(partition)
         with self._lock, self._seg_lock:  # a dropped partition keeps no segments
             for key in [k for k in self._idle if k[0] == partition]:
@@ -333,6 +375,8 @@ class ShmUnit(DirectWrites, MemoryUnit):
 
     def close(self) -> None:
         super().close()
+        with self._lock:
+            self._warm.clear()
         with self._seg_lock:
             for seg in [*self._segments.values(), *self._idle.values()]:
                 seg.unlink()
