@@ -100,6 +100,21 @@ def test_a_replica_acking_twice_counts_once(stream):
     assert c.ack(c.get_meta(P, "t", 0, replica=1)) == 2
 
 
+def test_an_ack_sent_again_after_its_step_finished_is_a_no_op(stream):
+    """A loader whose ack was interrupted (the reply lost) sends it again; by then every
+    rank had acked the step and it is gone: nothing to do, not a LeaseError."""
+    put_rows(stream, keys_of("k", 4))
+    c = stream.client()
+    c.register_task(P, "t", ["x"], batch_size=2)
+    m = c.get_meta(P, "t", 0)
+    assert c.ack(m) == 2 and c.ack(m) == 0
+    assert stream.stats()[P]["tasks"]["t"]["acked"] == 2
+    never = c.get_meta(P, "t", 1)
+    with pytest.raises(LeaseError, match="step 5 of task 't' is not open"):
+        c._controller.ack(partition=P, task="t", step=5, dp_rank=0, index=never.index,
+                          generation=never.generation)  # a step never formed
+
+
 def test_replicas_stay_identical_when_a_lease_expires_after_one_acked(stream, clock):
     put_rows(stream, keys_of("k", 8))
     c = stream.client()

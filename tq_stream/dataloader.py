@@ -119,8 +119,11 @@ class StreamingDataLoader:
         batches = iter(DataLoader(ds, **self._kwargs))
         try:
             while True:
-                self.ack()  # before waiting: the end of a stream waits for every ack
                 try:
+                    # Acks come before waiting: the end of a stream waits for every ack.
+                    # torch's SIGCHLD handler raises a worker's death in whatever this
+                    # thread runs, the ack as well as the fetch.
+                    self.ack()
                     batch = next(batches)
                 except StopIteration:
                     return

@@ -55,8 +55,14 @@ def test_a_client_without_the_owner_token_gets_auth_error(owner, method, token):
     assert torch.equal(_rows(owner, keys), values(keys))  # nothing changed
 
 
-@pytest.mark.parametrize("method,args", [("grant", {"partition": "auth", "slots": 2**30}),
-                                         ("drop", {"partition": "auth"})])
+@pytest.mark.parametrize("method,args", [
+    ("grant", {"partition": "auth", "slots": 2**30}),
+    ("drop", {"partition": "auth"}),
+    # files on the unit's host: read one of the stranger's choosing, write another
+    ("load_rows", {"path": "/etc", "save": "x", "unit": 0}),
+    ("save_rows", {"request": {"path": "/tmp", "save": "x", "unit": 0, "partitions": {}}}),
+    ("held", {}),  # every row's slot and token
+])
 def test_unit_admin_calls_need_the_owner_token(owner, method, args):
     keys = ["auth_2"]
     owner.writer("auth").put(keys, {"x": values(keys)})

@@ -122,6 +122,8 @@ class ConsumingLogic:
         with self._cond:
             part, state = self._task(partition, task)
             _check_ids(state, dp_rank, replica)
+            if step not in state.steps and 0 <= step < state.next_step:
+                return 0  # every rank acked the step already: an ack sent again
             rows = self._held_rows(part, state, step, dp_rank, index, generation, "ack")
             done = self._ack_rows(state, step, dp_rank, replica, rows)
             freed = self._finish_rows(part, done)

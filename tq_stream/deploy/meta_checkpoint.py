@@ -31,6 +31,7 @@ import numpy as np
 from tq_stream.backends.base import occupancy
 from tq_stream.errors import StateError, check_timeout
 from tq_stream.serialization import decode, encode
+from tq_stream.transport.dispatch import OWNER_ARG
 
 MAGIC = b"TQMETA1\n"
 _LEN = struct.Struct("<Q")
@@ -169,7 +170,8 @@ class Recovery:
         lost = orphaned = 0
         for unit, client in enumerate(clients):
             try:
-                held = client.call("held", timeout=30.0)
+                held = client.call("held", {OWNER_ARG: self._owner_token},  # type: ignore[attr-defined]
+                                   timeout=30.0)
             except Exception as exc:  # noqa: BLE001 — a unit that does not answer is lost
                 logger.warning("unit %d did not answer after the restart: %s", unit, exc)
                 lost += sum(self.unit_lost(unit).values())  # type: ignore[attr-defined]
@@ -189,7 +191,8 @@ class Recovery:
                 client.call("free", {"partition": name, "slots": slots})
                 orphaned += len(slots)
             for name in unknown:
-                client.call("drop", {"partition": name})
+                client.call("drop", {"partition": name,
+                                     OWNER_ARG: self._owner_token})  # type: ignore[attr-defined]
                 orphaned += len(held[name]["slots"])
         self.recovery.update(rows_lost=lost, slots_freed=orphaned,
                              reconcile_seconds=time.perf_counter() - started)

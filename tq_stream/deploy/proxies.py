@@ -211,11 +211,23 @@ def _array(values: np.ndarray | None) -> np.ndarray | None:
 
 
 class RemoteUnit(StorageUnit):
-    """A storage unit in another process, reached through an RpcClient."""
+    """A storage unit in another process, reached through an RpcClient.
 
-    def __init__(self, rpc: Any, timeout: float) -> None:
+    ``owner_token``: sent with the unit's admin calls (``drop``, ``save_rows``,
+    ``load_rows``); a handle without it gets AuthError from them.
+    """
+
+    def __init__(self, rpc: Any, timeout: float, owner_token: str | None = None) -> None:
         self._rpc = rpc
         self._timeout = timeout
+        self._owner_token = owner_token
+
+    def _admin(self, method: str, args: dict[str, Any], timeout: float) -> Any:
+        if self._owner_token is None:
+            raise AuthError(f"{method} is an admin call of a storage unit: only the process "
+                            "that started the deployment (its owner) may make it, and this "
+                            "handle is not it")
+        return self._rpc.call(method, {**args, OWNER_ARG: self._owner_token}, timeout=timeout)
 
     def put(self, partition: str, slots: np.ndarray, columns: dict[str, Column],
             generations: np.ndarray | None = None) -> None:
@@ -235,7 +247,7 @@ class RemoteUnit(StorageUnit):
                        timeout=self._timeout)
 
     def drop(self, partition: str) -> None:
-        self._rpc.call("drop", {"partition": partition}, timeout=self._timeout)
+        self._admin("drop", {"partition": partition}, self._timeout)
 
     def nbytes(self) -> int:
         return self._rpc.call("nbytes", {}, timeout=self._timeout)
@@ -244,12 +256,13 @@ class RemoteUnit(StorageUnit):
         return self._rpc.call("ping", {}, timeout=self._timeout)
 
     def save_rows(self, request: dict[str, Any]) -> dict[str, Any]:
-        return self._rpc.call("save_rows", {"request": request},
-                              timeout=max(self._timeout, UNIT_FILE_TIMEOUT))
+        return self._admin("save_rows", {"request": request},
+                           max(self._timeout, UNIT_FILE_TIMEOUT))
 
     def load_rows(self, path: str, save: str, unit: int) -> dict[str, Any]:
-        return self._rpc.call("load_rows", {"path": path, "save": save, "unit": unit},
-                              timeout=max(self._timeout, UNIT_FILE_TIMEOUT))
+        return self._admin("load_rows", {"path": path, "save": save, "unit": unit},
+                           max(self._timeout, UNIT_FILE_TIMEOUT))
+
     def stats(self, timeout: float | None = None) -> dict[str, Any]:
         return self._rpc.call("stats", {}, timeout=timeout or self._timeout)
 

@@ -82,7 +82,8 @@ class RemoteBackend:
                     units = []
                     for info in infos:
                         address = info["address"] if self._curve is not None else nearest(info)
-                        unit = RemoteUnit(self._rpc(address), self._config.timeout)
+                        unit = RemoteUnit(self._rpc(address), self._config.timeout,
+                                          self._owner_token)
                         units.append(SameHostUnit(unit) if info["host"] == here else unit)
                     self._units = units
         return self._units

@@ -79,7 +79,9 @@ class UnitService:
     RPC_METHODS = frozenset({"put", "get", "free", "drop", "nbytes", "ping", "layout",
                              "prepare_write", "finish_write", "save_rows", "load_rows", "stats",
                              "grant", "held"})
-    RPC_ADMIN = frozenset({"drop", "grant"})
+    # Owner-only: what changes placement or every row, and what touches files or lists
+    # every row (a client could otherwise read or write files of its choosing).
+    RPC_ADMIN = frozenset({"drop", "grant", "save_rows", "load_rows", "held"})
     # The unit's lock guards only copies, so every method may run on the server's IO
     # thread; large transfers go to worker threads (``INLINE_BYTES``/``INLINE_ROWS``), so
     # a bulk copy never delays small requests and several copies run in parallel.

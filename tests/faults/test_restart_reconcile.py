@@ -1,0 +1,50 @@
+"""A controller restarted from its checkpoint reconciles with the units: a partition
+created after the checkpoint (the units hold its rows, the checkpoint does not know
+it) is dropped from the units by the controller, an owner-only call."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from fault_kit import check_no_leftovers, faulty_local, kill, wait_until
+from fault_workers import values
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def test_a_partition_created_after_the_checkpoint_is_dropped_from_the_units():
+    stream = faulty_local(checkpoint_interval=0.5, restart_controller=True)
+    old = list(stream._owner.pids)
+    try:
+        kept = [f"a_{i}" for i in range(8)]
+        stream.writer("known").put(kept, {"x": values(kept)})
+        path = stream._owner.checkpoint_path
+        assert wait_until(lambda: os.path.exists(path), 10.0), "no checkpoint written"
+        mark = os.stat(path).st_mtime_ns
+        assert wait_until(lambda: os.stat(path).st_mtime_ns != mark, 10.0)  # holds "known"
+        late = [f"b_{i}" for i in range(8)]
+        stream.writer("late").put(late, {"x": values(late)})  # after that checkpoint
+        kill(old[-1])
+        assert wait_until(lambda: stream._owner.restarts, 30.0), "no restart"
+        info = stream._owner.restarts[0]
+        assert info["recovery"]["slots_freed"] == 8, info  # the late partition's rows
+        assert all("late" not in u.held() for u in _owner_units(stream))
+        assert stream.kv.get_batch(kept, partition="known")["x"].equal(values(kept))
+    finally:
+        check_no_leftovers(stream, old)
+
+
+def _owner_units(stream):
+    """The units, asked directly with the owner's token (``held`` is owner-only)."""
+    from tq_stream.deploy.proxies import OWNER_ARG
+
+    class Held:
+        def __init__(self, unit):
+            self._unit = getattr(unit, "_remote", unit)
+
+        def held(self):
+            return self._unit._rpc.call("held", {OWNER_ARG: stream._owner.owner_token},
+                                        timeout=10)
+
+    return [Held(u) for u in stream._units()]
