@@ -256,8 +256,7 @@ def test_ack_of_rows_not_held(stream):
     with pytest.raises(ConfigError, match="ack needs a meta from get_meta"):
         client.ack(kv_meta)
     assert client.ack(m0) == 2
-    with pytest.raises(LeaseError, match="step 0 of task 't'"):
-        client.ack(m0)  # twice
+    assert client.ack(m0) == 0  # twice (its first reply lost): nothing to do
     with pytest.raises(LeaseError):
         client.release(m0)
 

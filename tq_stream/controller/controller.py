@@ -92,6 +92,10 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         "cancel", "task_rows", "dead_units",
     })
 
+    # Methods that may wait long, by who waits (a server caps each class: see
+    # ``tq_stream.transport.wait_slots``).
+    RPC_WAITS = {"get_meta": "consume", "reserve": "produce", "admit": "produce"}
+
     def __init__(self, n_units: int = 1, free: FreeFn = _no_free) -> None:
         self.n_units = check_positive("n_units", n_units)
         self._free = free

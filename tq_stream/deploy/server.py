@@ -38,6 +38,10 @@ EXIT_GRACE = 10.0  # seconds the whole stop may take before the process exits an
 MAX_MESSAGE = {"controller": 64 << 20, "unit": 4 << 30}
 WORKERS = {"controller": 128, "unit": 16}  # threads running one server's requests (a waiting
 # consumer's get_meta is one long-poll that holds a controller worker for its whole wait)
+# Long-polls of each wait class (``ControllerService.RPC_WAITS``) that run at once: the
+# other 16 workers always serve calls that never wait (puts, acks), and more waiting
+# consumers than the cap are parked without a thread (``transport.wait_slots``).
+WAIT_CAPS = {"controller": {"consume": 96, "produce": 16}}
 
 # Segments of emptied partitions a served unit keeps for their next rows (ShmUnit):
 # streaming consumers that keep up empty a partition after nearly every row.
@@ -116,7 +120,8 @@ def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, .
                                      owner_token=owner_token, unit_timeout=unit_timeout,
                                      checkpoint=checkpoint)
     bounds = {"workers": WORKERS[role], "backlog": 1024, "owner_token": owner_token,
-              "max_message": max_message or MAX_MESSAGE[role]}
+              "max_message": max_message or MAX_MESSAGE[role],
+              "wait_caps": WAIT_CAPS.get(role)}
     try:
         servers = [rpc_server(service, address, curve_secret_key=curve_secret_key,
                               allow_insecure=allow_insecure, **bounds)]

@@ -69,9 +69,10 @@ class Dispatcher:
     The handler declares ``RPC_METHODS: frozenset[str]``; only those public
     methods can be called, each with keyword arguments that must bind to its
     signature. An optional ``RPC_INLINE: frozenset[str]`` (a subset) names the
-    methods that never wait, and ``RPC_ADMIN: frozenset[str]`` (a subset) the
-    methods only the owner may call (see the module docstring). The table is built
-    once, so a typo in the allowlist fails at construction and no attribute
+    methods that never wait, ``RPC_ADMIN: frozenset[str]`` (a subset) the
+    methods only the owner may call (see the module docstring), and ``RPC_WAITS``
+    (method -> wait class) the methods that may wait long (``transport.wait_slots``).
+    The table is built once, so a typo in the allowlist fails at construction and no attribute
     lookup ever depends on received data. Safe to share between threads: the
     table is immutable, and the only other state is a cache of argument names
     known to bind.
@@ -121,6 +122,15 @@ class Dispatcher:
                               f"{type(owner_token).__name__} of length "
                               f"{len(owner_token) if isinstance(owner_token, str) else '-'}")
         self.admin: frozenset[str] = admin
+        waits = getattr(handler, "RPC_WAITS", {})
+        if not isinstance(waits, Mapping) or not set(waits) <= methods or \
+                not all(isinstance(c, str) for c in waits.values()):
+            raise ConfigError(
+                f"{self.handler_name}.RPC_WAITS must map names in RPC_METHODS to wait "
+                f"classes (str), got {waits!r}"
+            )
+        # Methods that may wait long, and their class (see ``transport.wait_slots``).
+        self.waits: dict[str, str] = dict(waits)
         self._owner = owner_token
         # (method, *argument names) that bound to the signature before; sets are safe to
         # share between threads under the GIL (an add racing a lookup only repeats a bind).

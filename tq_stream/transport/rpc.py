@@ -6,6 +6,7 @@ address alone decides the transport, in every process that receives it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from tq_stream.errors import ConfigError
@@ -27,16 +28,21 @@ def rpc_client(address: str, *, timeout: float, curve_server_key: bytes | None =
 
 def rpc_server(handler: Any, address: str, *, workers: int, backlog: int,
                curve_secret_key: bytes | None = None, owner_token: str | None = None,
-               max_message: int | None = None, allow_insecure: bool = False) -> Any:
+               max_message: int | None = None, allow_insecure: bool = False,
+               wait_caps: Mapping[str, int] | None = None) -> Any:
     """A started server of ``handler`` at ``address`` (``.address``, ``.close(timeout)``).
 
     ``workers`` bounds the calls either server runs at once, ``backlog`` the calls
     that may wait for a worker; ``owner_token`` authorizes admin calls
     (``tq_stream.transport.dispatch``; None: no admin call is served);
     ``max_message`` bounds the bytes of one request (None: the server's default);
-    ``allow_insecure`` lets a zmq server bind a non-loopback tcp address without CURVE.
+    ``allow_insecure`` lets a zmq server bind a non-loopback tcp address without CURVE;
+    ``wait_caps`` bounds the calls of each wait class that run at once (the others are
+    parked, see ``tq_stream.transport.wait_slots``).
     """
-    bound = {} if max_message is None else {"max_message": max_message}
+    bound: dict[str, Any] = {"wait_caps": wait_caps}
+    if max_message is not None:
+        bound["max_message"] = max_message
     if isinstance(address, str) and address.startswith(UNIX):
         if curve_secret_key is not None:
             raise ConfigError(f"curve needs the zmq transport (tcp/ipc), got address "

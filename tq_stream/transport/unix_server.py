@@ -32,6 +32,7 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from tq_stream.errors import ClosedError, ConfigError, check_positive, check_timeout
@@ -45,6 +46,7 @@ from tq_stream.transport.unix_frames import (
     TimedOut,
     send_message,
 )
+from tq_stream.transport.wait_slots import WaitSlots, resumed
 
 logger = logging.getLogger(__name__)
 
@@ -98,15 +100,17 @@ def _bind(sock: socket.socket, path: str) -> None:
 
 
 class _Conn:
-    """One accepted connection: its socket, its reader, when it was last active."""
+    """One accepted connection: its socket, its reader, when it was last active, and
+    the request it holds while parked (``WaitSlots``)."""
 
-    __slots__ = ("last", "queued", "reader", "sock")
+    __slots__ = ("last", "parked", "queued", "reader", "sock")
 
     def __init__(self, sock: socket.socket, max_bytes: int, pool: BufferPool) -> None:
         self.sock = sock
         self.reader = Reader(sock, max_bytes, pool)
         self.last = time.monotonic()
         self.queued = self.last  # when it was last handed to the workers
+        self.parked: tuple[Any, float] | None = None  # (request, received)
 
     def close(self) -> None:
         self.reader.close()
@@ -155,13 +159,17 @@ class UnixRpcServer:
         idle_timeout: seconds an idle connection stays open.
         max_message: bytes one request may announce.
         owner_token: the token admin calls must carry (None: no admin call is served).
+        wait_caps: requests of each wait class of the handler (``RPC_WAITS``) that may
+            run at once; more are parked without a thread (``transport.wait_slots``).
     """
 
     def __init__(self, handler: Any, address: str, *, workers: int = 16,
                  max_connections: int = MAX_CONNECTIONS, idle_timeout: float = IDLE_TIMEOUT,
-                 max_message: int = MAX_MESSAGE, owner_token: str | None = None) -> None:
+                 max_message: int = MAX_MESSAGE, owner_token: str | None = None,
+                 wait_caps: Mapping[str, int] | None = None) -> None:
         path = unix_path(address)
         self._dispatch = Dispatcher(handler, owner_token)
+        self._waits = WaitSlots(self._dispatch.waits, wait_caps)
         self._workers_n = check_positive("workers", workers)
         self._max = check_positive("max_connections", max_connections)
         self._idle_timeout = check_timeout("idle_timeout", idle_timeout)
@@ -238,6 +246,7 @@ class UnixRpcServer:
                 conn.sock.shutdown(socket.SHUT_RDWR)  # ends a read or send in progress
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        self._waits.drain()  # parked requests: their connections close below
         with self._lock:
             conns = list(self._open)
             self._open.clear()
@@ -350,25 +359,35 @@ class UnixRpcServer:
             if conn is None or self._closed:
                 return
             try:
-                self._serve_one(conn, conn.queued)
+                if conn.parked is not None:  # its slot was handed to it: answer it
+                    (request, received), conn.parked = conn.parked, None
+                    self._answer(conn, resumed(request, received), received)
+                elif not self._serve_one(conn, conn.queued):
+                    continue  # parked: the connection waits with its request
                 # The same caller's next request, if it comes soon and other workers are
                 # free for everyone else, is served here: no hop through the IO thread.
                 while not self._closed and self._idle_workers > 0 and \
                         _readable(conn.sock, STICKY):
-                    self._serve_one(conn, None)
+                    if not self._serve_one(conn, None):
+                        break
+                else:
+                    self._give_back(conn)
             except (FrameError, OSError) as exc:
                 logger.debug("connection to %s ended: %s", self.address, exc)
                 self._forget(conn)
-                continue
-            if self._closed:
-                self._forget(conn)
-                continue
-            self._returned.append(conn)
-            self._wake()
 
-    def _serve_one(self, conn: _Conn, queued: float | None) -> None:
-        """Read one request from ``conn``, run it, reply. A request that waited for a
-        worker (since ``queued``) longer than its caller's timeout is not run.
+    def _give_back(self, conn: _Conn) -> None:
+        """Hand an idle connection back to the IO thread (or close it when closing)."""
+        if self._closed:
+            self._forget(conn)
+            return
+        self._returned.append(conn)
+        self._wake()
+
+    def _serve_one(self, conn: _Conn, queued: float | None) -> bool:
+        """Read one request from ``conn``, run it, reply; False if it was parked instead
+        (``WaitSlots``: the connection is no longer this worker's). A request that
+        waited for a worker (since ``queued``) longer than its caller's timeout is not run.
 
         Raises:
             FrameError, OSError: the connection broke or stalled: drop it.
@@ -379,8 +398,28 @@ class UnixRpcServer:
             raise FrameError(f"request stalled for {READ_TIMEOUT} s") from exc
         received = time.monotonic() if queued is None else queued
         request, reply = read_request(frames, self.address)
-        if request is not None:
-            reply = run_request(self._dispatch, request, received, False, self.address)
+        if request is None:
+            self._send(conn, reply)
+            return True
+        conn.parked = (request, received)
+        if not self._waits.take(request[1], conn):
+            return False
+        conn.parked = None
+        self._answer(conn, request, received)
+        return True
+
+    def _answer(self, conn: _Conn, request: Any, received: float) -> None:
+        """Run a request that holds its wait slot (if its method has one) and reply; the
+        slot then goes to the oldest parked request of its class, on a worker."""
+        try:
+            self._send(conn, run_request(self._dispatch, request, received, False,
+                                         self.address))
+        finally:
+            parked = self._waits.release(request[1])
+            if parked is not None:
+                self._work.put(parked)
+
+    def _send(self, conn: _Conn, reply: Any) -> None:
         if reply is not None and not self._closed:
             conn.sock.settimeout(SEND_TIMEOUT)
             send_message(conn.sock, reply)

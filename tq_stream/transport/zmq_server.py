@@ -7,7 +7,7 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import zmq
@@ -20,6 +20,7 @@ from tq_stream.transport.replies import (
     read_request,
     run_request,
 )
+from tq_stream.transport.wait_slots import WaitSlots, resumed
 from tq_stream.transport.zmq_security import (
     Key,
     check_bind,
@@ -75,6 +76,8 @@ class RpcServer:
             ``.address`` is the actual bound endpoint.
         workers: threads running handler methods.
         backlog: requests that may wait for a worker.
+        wait_caps: requests of each wait class of the handler (``RPC_WAITS``) that may
+            run at once; more are parked without a thread (``transport.wait_slots``).
         curve_secret_key: serve CURVE-encrypted; clients need the public key
             (``zmq_security.public_key(secret)``).
         curve_client_keys: with a secret key, admit only these client public keys.
@@ -97,6 +100,7 @@ class RpcServer:
         owner_token: str | None = None,
         max_message: int = MAX_MESSAGE,
         allow_insecure: bool = False,
+        wait_caps: Mapping[str, int] | None = None,
     ) -> None:
         if not isinstance(address, str) or "://" not in address:
             raise ConfigError(
@@ -104,6 +108,7 @@ class RpcServer:
                 f"got {address!r}"
             )
         self._dispatch = Dispatcher(handler, owner_token)
+        self._waits = WaitSlots(self._dispatch.waits, wait_caps)
         self._workers_n = check_positive("workers", workers)
         self._backlog = check_positive("backlog", backlog)
         max_message = check_positive("max_message", max_message)
@@ -295,16 +300,27 @@ class RpcServer:
                 item = self._work.get()
                 if item is _STOP:
                     return
-                identity, request, received = item
-                reply = run_request(self._dispatch, request, received, False, self.address)
-                # After close() the IO thread is gone and a send would wait for sndtimeo.
-                if reply is not None and not self._closed:
+                admitted = False
+                while item is not None:
+                    identity, request, received = item
+                    if not admitted and not self._waits.take(request[1], item):
+                        break  # parked: a worker finishing a wait of its class runs it
+                    run = resumed(request, received) if admitted else request
                     try:
-                        send_frames(push, [identity, b"", *reply])
-                    except zmq.ZMQError as exc:
-                        logger.warning("reply from %s dropped: %s", self.address, exc)
+                        self._reply(push, identity, run, received)
+                    finally:  # the slot goes to the oldest parked request of its class
+                        item, admitted = self._waits.release(request[1]), True
         finally:
             self._group.release(push)
+
+    def _reply(self, push: Any, identity: Any, request: Any, received: float) -> None:
+        reply = run_request(self._dispatch, request, received, False, self.address)
+        # After close() the IO thread is gone and a send would wait for sndtimeo.
+        if reply is not None and not self._closed:
+            try:
+                send_frames(push, [identity, b"", *reply])
+            except zmq.ZMQError as exc:
+                logger.warning("reply from %s dropped: %s", self.address, exc)
 
     # ------------------------------------------------------------------ handling
 
