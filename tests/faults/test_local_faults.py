@@ -25,7 +25,7 @@ from fault_kit import (
     wait_gone,
     wait_until,
 )
-from fault_workers import produce_forever, train, values
+from fault_workers import produce_forever, put_and_hang, train, values
 
 import tq_stream as tq
 from tq_stream.errors import KeyConflictError, StateError, WaitTimeout
@@ -372,16 +372,28 @@ def test_a_stopped_but_living_unit_keeps_its_rows():
         assert set(ledger.delivered) == set(ledger.unit_of) and ledger.lost("t") == 0
 
 
-@pytest.mark.xfail(strict=True, raises=WaitTimeout,
-                   reason="not handled yet: rows a producer reserved and never committed "
-                          "stay pending, so a closed partition does not end (docs/design.md "
-                          "Failures)")
 def test_a_producer_killed_between_reserve_and_commit_does_not_block_the_end():
+    """The producer's reserved rows are held under its session: once its heartbeat
+    stops (lease_timeout=2 s here) they are aborted and their slots freed, and the
+    closed partition ends with every committed row."""
     with _filled(8, close=False) as (stream, ledger, _old):
-        schemas = {"x": {"kind": "dense", "dtype": "float32", "shape": [3]}}
-        stream._backend.controller().reserve(partition=P, keys=["dead_0"], schemas=schemas,
-                                             timeout=5.0)  # ... and the producer died
+        ctx = mp.get_context("spawn")
+        recv, send = ctx.Pipe()
+        child = ctx.Process(target=put_and_hang, args=(stream, P, send))
+        child.start()
+        try:
+            assert recv.poll(60) and recv.recv() == "reserved"
+            assert len(stream.kv.list(partition=P)) == 16  # 8 committed + 8 reserved
+            kill(child.pid)
+            child.join(10)
+        finally:
+            if child.is_alive():
+                kill(child.pid)
+                child.join(5)
         stream.close_partition(P)
-        ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=4, timeout=3.0)
-        for _ in ledger.take(tq.StreamingDataLoader(ds)):
+        ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=4, timeout=15.0)
+        for _ in ledger.take(_checked(tq.StreamingDataLoader(ds))):
             pass
+        ledger.check("t", dead_unit=None)
+        assert set(ledger.delivered) == set(ledger.unit_of)
+        assert stream.stats()[P]["rows"] == 0  # all acked; the reserved rows aborted

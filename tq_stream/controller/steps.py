@@ -207,7 +207,8 @@ class StepLogic:
         return state.next_step  # form a new step
 
     def _next_wake(self, state: TaskState) -> float:
-        return max(0.01, min(60.0, state.soonest_expiry() - time.time()))
+        soonest = min(state.soonest_expiry(), self._reservations.soonest())  # type: ignore[attr-defined]
+        return max(0.01, min(60.0, soonest - time.time()))
 
     def _no_lease(self, state: TaskState, step: int, what: str) -> LeaseError:
         return LeaseError(
