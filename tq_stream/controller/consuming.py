@@ -126,6 +126,9 @@ class ConsumingLogic:
             part, state = self._task(partition, task)
             _check_ids(state, dp_rank, replica)
             rows = self._held_rows(part, state, step, dp_rank, index, generation, "ack")
+            if self._journal is not None and len(rows):  # durable before the reply
+                self._journal.acked(partition, task, step, dp_rank, replica, rows,
+                                    part.generation[rows])
             done = self._ack_rows(state, step, dp_rank, replica, rows)
             freed = self._finish_rows(part, done)
             self._cond.notify_all()

@@ -110,6 +110,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         self._timings = Timings()  # metrics: waits, hand-out latency, rates
         self._dead: set[int] = set()  # storage units lost and not back (units.py)
         self._reservations = Reservations()  # rows reserved, not committed (reservations.py)
+        self._journal: Any = None  # records delivery changes (deploy/ack_journal.py) if set
 
     # ------------------------------------------------------------ partitions
     def _part(self, partition: str, create: bool = False, by_put: bool = False) -> PartitionMeta:
