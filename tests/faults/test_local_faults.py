@@ -333,6 +333,42 @@ def test_a_killed_controller_restarts_from_its_checkpoint():
         check_no_leftovers(stream, old)
 
 
+def test_acks_after_the_last_checkpoint_survive_a_controller_restart():
+    """Steps acked after the last checkpoint are in the ack journal: the restarted
+    controller replays them, so those rows are never delivered again. A second
+    declared consumer ("later") has not read them yet, so their bytes stay stored:
+    without the journal the restarted controller would hand them to "t" again."""
+    stream = faulty_local(checkpoint_interval=5.0, restart_controller=True)
+    old = list(stream._owner.pids)
+    try:
+        stream.create_partition(P, consumers=["t", "later"])
+        ledger = Ledger(stream, P)
+        _put_in_eights(ledger, _keys("a", 0, 32))
+        ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=4, prefetch=1)
+        stream.client().register_task(P, "t", ["x"], batch_size=4,  # as the loader will
+                                      lease_timeout=CONFIG.lease_timeout)
+        _await_checkpoint(stream)  # the next one is 5 s away
+        loader = tq.StreamingDataLoader(ds)
+        batches = ledger.take(_checked(loader))
+        for _ in range(3):
+            next(batches)
+        loader.ack()  # 12 rows acked after the checkpoint
+        acked = set(ledger.delivered)
+        kill(old[-1])
+        assert wait_until(lambda: stream._owner.restarts, 30.0), "no restart"
+        info = stream._owner.restarts[0]
+        assert info["recovery"]["journal"]["acked"] == 12
+        assert info["recovery"]["rows_lost"] == 0
+        stream.close_partition(P)
+        rest = [k for b in batches for k in tq.batch_meta(b).keys]
+        assert not set(rest) & acked, "an acked row was delivered again"
+        ledger.check("t", dead_unit=None)
+        assert set(ledger.delivered) == set(ledger.unit_of)
+        print("controller restart with journal:", info)
+    finally:
+        check_no_leftovers(stream, old)
+
+
 def test_a_loader_waiting_on_a_controller_that_restarts_carries_on():
     """The controller dies while the loader's prefetch waits for the next step (one
     long-poll in flight): the wait is asked again of the restarted controller."""
