@@ -79,6 +79,8 @@ class Reservations:
             return
         keep = []
         for r in held:
+            if len(r.index) == len(index) and np.array_equal(r.index, index):
+                continue  # the usual commit: exactly the rows its reserve created
             mask = ~np.isin(r.index, index)
             if mask.all():
                 keep.append(r)
