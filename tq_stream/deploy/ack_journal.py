@@ -28,7 +28,7 @@ place: they are replayed on top of the older checkpoint).
 Durability: each record is one ``os.write`` of an unbuffered file, so it is in
 the kernel's page cache before the reply: a killed controller process (SIGKILL,
 OOM) loses nothing. There is no fsync per record (it would cost a disk flush
-per ack, ~0.1-10 ms): an operating-system crash or power loss may lose the last
+per ack): an operating-system crash or power loss may lose the last
 records, but the units' bytes live in memory and die with the machine anyway.
 
 Damage: a torn last record of a file (a write cut short) is ignored; a record
