@@ -92,6 +92,7 @@ class Checkpointer:
         self.interval = check_timeout("checkpoint_interval", interval)
         self._snapshot = snapshot
         self._written = written  # called with the state once its file is safely written
+        self._one_at_a_time = threading.Lock()  # the thread and a restart's first write
         self._stop = threading.Event()
         self.written = 0
         self.last_seconds = 0.0  # how long the last checkpoint took
@@ -105,10 +106,11 @@ class Checkpointer:
     def write_now(self) -> None:
         started = time.perf_counter()
         try:
-            state = self._snapshot()
-            write(self.path, state)
-            if self._written is not None:
-                self._written(state)
+            with self._one_at_a_time:  # an older state must not overwrite a newer one
+                state = self._snapshot()
+                write(self.path, state)
+                if self._written is not None:
+                    self._written(state)
         except Exception as exc:  # noqa: BLE001 — logged, retried next interval
             logger.warning("controller checkpoint to %r failed: %s", self.path, exc)
             return
