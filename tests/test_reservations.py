@@ -34,6 +34,14 @@ def _commit(stream: tq.Stream, place: dict, keys: list[str]) -> None:
                                         schemas=schemas_of(dense_batch(keys)))
 
 
+def _expiry_checked(stream: tq.Stream) -> None:
+    """Make the controller check reservations for expiry, as any blocking reserve or
+    get_meta wait does (here: a put to another partition)."""
+    ctrl = stream._backend.controller()
+    n = len(ctrl.list_rows("other")) if "other" in ctrl.partitions() else 0
+    put_rows(stream, [f"o{n}"], "other")
+
+
 def _drain(stream: tq.Stream, timeout: float = 5.0) -> list[str]:
     ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=4, timeout=timeout)
     return [k for b in tq.StreamingDataLoader(ds) for k in tq.batch_meta(b).keys]
@@ -65,7 +73,8 @@ def test_aborted_slots_are_freed_in_the_unit_and_placed_again(stream, clock):
     assert ctrl.renew(partition=P, task="", session="dead") == 0
     ctrl.stats()  # nothing expires on a read...
     assert freed == []
-    stream.client().cancel()  # ... the next wait or put does
+    _expiry_checked(stream)  # ... the next wait or put does
+    assert sorted(sum(freed, [])) == sorted(place["slot"].tolist())
     put_rows(stream, ["b_0", "b_1"], P)
     assert sorted(sum(freed, [])) == sorted(place["slot"].tolist())
     again = stream.kv.meta(["b_0", "b_1"], partition=P)
@@ -79,7 +88,7 @@ def test_the_heartbeat_keeps_a_slow_put_alive(stream, clock):
     for _ in range(4):  # 16 s in all, renewed every 4 s
         clock.advance(4)
         assert ctrl.renew(partition=P, task="", session="live") == 1
-        stream.client().cancel()  # any expiry check runs
+        _expiry_checked(stream)
     _commit(stream, place, ["slow_0"])
     assert [r["key"] for r in stream.kv.list(partition=P)] == ["slow_0"]
     assert ctrl.renew(partition=P, task="", session="live") == 0  # committed: not held
