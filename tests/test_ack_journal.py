@@ -252,3 +252,48 @@ def test_without_checkpoint_interval_there_is_no_journal(tmp_path):
     path = str(tmp_path / "c.tqmeta")
     a = _controller(path, interval=None)
     assert a._journal is None and journal_files(path) == []
+
+
+def test_replay_keeps_each_ranks_share_and_acks(tmp_path):
+    path = str(tmp_path / "c.tqmeta")
+    a = _controller(path)
+    a.create_partition(P, consumers=["t"])
+    a.register_task(P, "t", ["x"], batch_size=2, dp_size=2)
+    place = a.reserve(P, [f"k{i}" for i in range(8)], SCHEMA)
+    a.commit(P, place["index"], place["generation"], SCHEMA)
+    a._checkpointer.write_now()
+    r0 = a.get_meta(P, "t", step=0, dp_rank=0, timeout=2.0, session="s0")
+    r1 = a.get_meta(P, "t", step=0, dp_rank=1, timeout=2.0, session="s1")
+    a.ack(P, "t", 0, 0, r0["index"], r0["generation"])  # rank 1 has not acked
+    b = _controller(path, attach=False)
+    assert b.first_unfinished(P, "t", dp_rank=0)["step"] == 1
+    assert b.first_unfinished(P, "t", dp_rank=1)["step"] == 0
+    again = b.get_meta(P, "t", step=0, dp_rank=1, timeout=2.0, session="s2")
+    assert again["keys"] == r1["keys"]
+    b.close_partition(P)
+    rest = []
+    for step in range(1, 10):
+        metas = [b.get_meta(P, "t", step=step, dp_rank=r, timeout=2.0, session=f"x{r}")
+                 for r in range(2)]
+        if metas[0]["end"]:
+            break
+        rest += [k for m in metas for k in m["keys"]]
+    assert not set(rest) & set(r0["keys"] + r1["keys"]) and len(rest) == 4
+
+
+def test_replay_restores_an_end_step_and_its_tail_discard(tmp_path):
+    path = str(tmp_path / "c.tqmeta")
+    a = _controller(path)
+    a.create_partition(P, consumers=["t"])
+    a.register_task(P, "t", ["x"], batch_size=2, drop_last=True)
+    place = a.reserve(P, [f"k{i}" for i in range(5)], SCHEMA)
+    a.commit(P, place["index"], place["generation"], SCHEMA)
+    a._checkpointer.write_now()
+    acked = _drain(a, 0)  # 2 steps, the 5th row discarded as "tail", then the end
+    assert len(acked) == 4
+    b = _controller(path, attach=False)
+    assert b.recovery["journal"]["ended"] == 1 and b.recovery["journal"]["discarded"] == 1
+    assert _take(b, 2)["end"]
+    stats = b.stats()[P]["tasks"]["t"]
+    assert stats["acked"] == 4 and stats["discarded"] == {"tail": 1}
+    assert b.stats()[P]["rows"] == 0
