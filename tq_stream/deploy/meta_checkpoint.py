@@ -173,8 +173,10 @@ class Recovery:
             return state
 
     def _checkpoint_written(self, state: dict[str, Any]) -> None:
-        if "journal" in state:
-            self._journal.drop_before(state["journal"])  # type: ignore[has-type]
+        """The checkpoint of ``state`` is safely written: the journal files it covers go."""
+        journal = self._journal  # type: ignore[has-type]
+        if journal is not None and "journal" in state:
+            journal.drop_before(state["journal"])
 
     def _restore(self, path: str) -> None:
         started = time.perf_counter()
