@@ -338,7 +338,7 @@ def test_acks_after_the_last_checkpoint_survive_a_controller_restart():
     controller replays them, so those rows are never delivered again. A second
     declared consumer ("later") has not read them yet, so their bytes stay stored:
     without the journal the restarted controller would hand them to "t" again."""
-    stream = faulty_local(checkpoint_interval=5.0, restart_controller=True)
+    stream = faulty_local(checkpoint_interval=8.0, restart_controller=True)
     old = list(stream._owner.pids)
     try:
         stream.create_partition(P, consumers=["t", "later"])
@@ -347,7 +347,7 @@ def test_acks_after_the_last_checkpoint_survive_a_controller_restart():
         ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=4, prefetch=1)
         stream.client().register_task(P, "t", ["x"], batch_size=4,  # as the loader will
                                       lease_timeout=CONFIG.lease_timeout)
-        _await_checkpoint(stream)  # the next one is 5 s away
+        _await_checkpoint(stream)  # the next one is 8 s away
         loader = tq.StreamingDataLoader(ds)
         batches = ledger.take(_checked(loader))
         for _ in range(3):
