@@ -10,6 +10,11 @@ within ``lease_timeout`` seconds.
 
 A Hold is released by ``close()`` or when it is garbage-collected, so a loader
 that is simply dropped stops renewing too.
+
+Producers have sessions too (``producer_session``): one per process, stream and
+partition, held for the stream's life; its heartbeat keeps the rows its puts
+reserved and have not committed yet (``controller/reservations.py``), so a
+producer killed in the middle of a put frees them within its lease.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import uuid
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -65,6 +71,19 @@ class LeaseKeeper:
         self._stopped = False
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
+        self._producers: dict[str, Hold] = {}  # partition -> this process's producer hold
+        self._producer_id = uuid.uuid4().hex
+
+    def producer_session(self, partition: str, lease_timeout: float) -> str:
+        """This process's producer session on ``partition``, renewed from now on with
+        the controller's producer heartbeat (``renew(task="")``)."""
+        with self._lock:
+            h = self._producers.get(partition)
+        if h is None:
+            h = self.hold(partition, "", f"w-{self._producer_id}", lease_timeout)
+            with self._lock:
+                h = self._producers.setdefault(partition, h)
+        return h.key[2]
 
     def hold(self, partition: str, task: str, session: str, lease_timeout: float) -> Hold:
         """Start renewing ``session``'s leases on ``(partition, task)``."""

@@ -133,6 +133,10 @@ class Writer:
         extra: dict[str, Any] = {} if expect is None else {"expect": expect}
         if spares is not None and spares.wanted():
             extra["spare"] = spares.wanted()
+        if expect is None:  # rows may be created: hold them under this process's session
+            lease = self._stream.config.lease_timeout
+            extra["session"] = self._stream._keeper().producer_session(self.partition, lease)
+            extra["lease"] = lease
         place = ctrl.reserve(partition=self.partition, keys=keys, schemas=schemas,
                              unit=self._unit, timeout=timeout, **extra)
         if spares is not None:

@@ -50,3 +50,18 @@ def produce_forever(stream: tq.Stream, partition: str, out: Connection) -> None:
         stream.writer(partition).put(keys, {"x": values(keys)})
         out.send(keys)
         i += 8
+
+
+def put_and_hang(stream: tq.Stream, partition: str, out: Connection) -> None:
+    """A producer stopped between ``reserve`` and ``commit``: its put of ``dead_0..7``
+    reserves the rows, reports "reserved" and never stores the bytes (the test kills
+    this process meanwhile)."""
+    from tq_stream import placement
+
+    def hang(*args: object, **kwargs: object) -> None:
+        out.send("reserved")
+        out.recv()  # blocks until the test kills this process
+
+    placement.store = hang  # type: ignore[assignment]
+    keys = [f"dead_{j}" for j in range(8)]
+    stream.writer(partition).put(keys, {"x": values(keys)})

@@ -25,7 +25,7 @@ from fault_kit import (
     wait_gone,
     wait_until,
 )
-from fault_workers import produce_forever, train, values
+from fault_workers import produce_forever, put_and_hang, train, values
 
 import tq_stream as tq
 from tq_stream.errors import KeyConflictError, StateError, WaitTimeout
@@ -333,6 +333,42 @@ def test_a_killed_controller_restarts_from_its_checkpoint():
         check_no_leftovers(stream, old)
 
 
+def test_acks_after_the_last_checkpoint_survive_a_controller_restart():
+    """Steps acked after the last checkpoint are in the ack journal: the restarted
+    controller replays them, so those rows are never delivered again. A second
+    declared consumer ("later") has not read them yet, so their bytes stay stored:
+    without the journal the restarted controller would hand them to "t" again."""
+    stream = faulty_local(checkpoint_interval=8.0, restart_controller=True)
+    old = list(stream._owner.pids)
+    try:
+        stream.create_partition(P, consumers=["t", "later"])
+        ledger = Ledger(stream, P)
+        _put_in_eights(ledger, _keys("a", 0, 32))
+        ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=4, prefetch=1)
+        stream.client().register_task(P, "t", ["x"], batch_size=4,  # as the loader will
+                                      lease_timeout=CONFIG.lease_timeout)
+        _await_checkpoint(stream)  # the next one is 8 s away
+        loader = tq.StreamingDataLoader(ds)
+        batches = ledger.take(_checked(loader))
+        for _ in range(3):
+            next(batches)
+        loader.ack()  # 12 rows acked after the checkpoint
+        acked = set(ledger.delivered)
+        kill(old[-1])
+        assert wait_until(lambda: stream._owner.restarts, 30.0), "no restart"
+        info = stream._owner.restarts[0]
+        assert info["recovery"]["journal"]["acked"] == 12
+        assert info["recovery"]["rows_lost"] == 0
+        stream.close_partition(P)
+        rest = [k for b in batches for k in tq.batch_meta(b).keys]
+        assert not set(rest) & acked, "an acked row was delivered again"
+        ledger.check("t", dead_unit=None)
+        assert set(ledger.delivered) == set(ledger.unit_of)
+        print("controller restart with journal:", info)
+    finally:
+        check_no_leftovers(stream, old)
+
+
 def test_a_loader_waiting_on_a_controller_that_restarts_carries_on():
     """The controller dies while the loader's prefetch waits for the next step (one
     long-poll in flight): the wait is asked again of the restarted controller."""
@@ -372,16 +408,28 @@ def test_a_stopped_but_living_unit_keeps_its_rows():
         assert set(ledger.delivered) == set(ledger.unit_of) and ledger.lost("t") == 0
 
 
-@pytest.mark.xfail(strict=True, raises=WaitTimeout,
-                   reason="not handled yet: rows a producer reserved and never committed "
-                          "stay pending, so a closed partition does not end (docs/design.md "
-                          "Failures)")
 def test_a_producer_killed_between_reserve_and_commit_does_not_block_the_end():
+    """The producer's reserved rows are held under its session: once its heartbeat
+    stops (lease_timeout=2 s here) they are aborted and their slots freed, and the
+    closed partition ends with every committed row."""
     with _filled(8, close=False) as (stream, ledger, _old):
-        schemas = {"x": {"kind": "dense", "dtype": "float32", "shape": [3]}}
-        stream._backend.controller().reserve(partition=P, keys=["dead_0"], schemas=schemas,
-                                             timeout=5.0)  # ... and the producer died
+        ctx = mp.get_context("spawn")
+        recv, send = ctx.Pipe()
+        child = ctx.Process(target=put_and_hang, args=(stream, P, send))
+        child.start()
+        try:
+            assert recv.poll(60) and recv.recv() == "reserved"
+            assert len(stream.kv.list(partition=P)) == 16  # 8 committed + 8 reserved
+            kill(child.pid)
+            child.join(10)
+        finally:
+            if child.is_alive():
+                kill(child.pid)
+                child.join(5)
         stream.close_partition(P)
-        ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=4, timeout=3.0)
-        for _ in ledger.take(tq.StreamingDataLoader(ds)):
+        ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=4, timeout=15.0)
+        for _ in ledger.take(_checked(tq.StreamingDataLoader(ds))):
             pass
+        ledger.check("t", dead_unit=None)
+        assert set(ledger.delivered) == set(ledger.unit_of)
+        assert stream.stats()[P]["rows"] == 0  # all acked; the reserved rows aborted

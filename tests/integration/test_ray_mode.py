@@ -282,3 +282,36 @@ def test_the_folder_of_a_killed_actor_is_swept_by_the_next_start(ray_cluster):
         assert _round_trip(again)
     finally:
         again.close()
+
+
+def test_a_producer_killed_between_reserve_and_commit_does_not_block_the_end_in_ray_mode(
+        ray_cluster):
+    """A Ray task's put reserves its rows and hangs before storing the bytes; the task's
+    process is killed: its session's heartbeat stops, the reserved rows are aborted after
+    its lease (2 s), and the closed partition ends with the committed rows."""
+    import ray
+
+    def reserve_and_hang(stream: tq.Stream) -> None:
+        import time
+
+        from tq_stream import placement
+
+        placement.store = lambda *args, **kwargs: time.sleep(3600)
+        stream.writer("dead").put(["d_0", "d_1"], {"x": torch.zeros(2, 1)})
+
+    stream = tq.init(mode="ray", storage_units=1, allow_insecure_tcp=True,
+                     config=tq.StreamConfig(timeout=60, lease_timeout=2.0))
+    try:
+        stream.create_partition("dead", consumers=["t"])
+        stream.writer("dead").put([f"a_{i}" for i in range(4)], {"x": torch.ones(4, 1)})
+        ref = ray.remote(num_cpus=0)(reserve_and_hang).remote(stream)
+        assert wait_until(lambda: len(stream.kv.list(partition="dead")) == 6, 60), \
+            "the task never reserved its rows"
+        ray.cancel(ref, force=True)  # kills the task's worker process
+        stream.close_partition("dead")
+        ds = tq.StreamingDataset(stream, "dead", "t", ["x"], batch_size=2, timeout=30)
+        keys = [k for b in tq.StreamingDataLoader(ds) for k in tq.batch_meta(b).keys]
+        assert sorted(keys) == [f"a_{i}" for i in range(4)]
+        assert stream.stats()["dead"]["rows"] == 0
+    finally:
+        stream.close()

@@ -18,8 +18,10 @@ from typing import Any
 import numpy as np
 
 from tq_stream.controller.partition import PartitionMeta
+from tq_stream.controller.reservations import WRITER_TASK
 from tq_stream.controller.task import MAX_REPLICAS, TaskState
 from tq_stream.errors import ConfigError, WaitTimeout, check_positive, check_timeout
+from tq_stream.transport.dispatch import WouldBlock, may_block
 
 MAX_CANCELLED = 1024  # cancelled sessions remembered
 
@@ -35,7 +37,7 @@ def _check_ids(state: TaskState, dp_rank: Any, replica: Any) -> None:
                           f"{cfg.replicas} of task {state.name!r}), got {replica!r}")
 
 
-def _check_session(name: str, value: Any) -> str:
+def check_session(name: str, value: Any) -> str:
     if not isinstance(value, str) or len(value) > 256:
         raise ConfigError(f"{name} must be a str of at most 256 characters, got {value!r:.80}")
     return value
@@ -65,8 +67,8 @@ class ConsumingLogic:
         if step is not None:
             check_positive("step", step, allow_zero=True)
         check_timeout("timeout", timeout)
-        _check_session("session", session)
-        _check_session("consumer", consumer)
+        check_session("session", session)
+        check_session("consumer", consumer)
         deadline = time.monotonic() + timeout
         with self._cond:
             part, state = self._task(partition, task)
@@ -74,6 +76,7 @@ class ConsumingLogic:
             while True:
                 if session and session in self._cancelled:
                     return None
+                self._abort_reservations()  # a dead producer's rows must not hold the end
                 meta = self._try_step(part, state, step, dp_rank, replica, session, consumer)
                 if meta is not None:
                     self._timings.waited(partition, task, deadline - timeout)
@@ -125,6 +128,9 @@ class ConsumingLogic:
             if step not in state.steps and 0 <= step < state.next_step:
                 return 0  # every rank acked the step already: an ack sent again
             rows = self._held_rows(part, state, step, dp_rank, index, generation, "ack")
+            if self._journal is not None and len(rows):  # durable before the reply
+                self._journal.acked(partition, task, step, dp_rank, replica, rows,
+                                    part.generation[rows])
             done = self._ack_rows(state, step, dp_rank, replica, rows)
             freed = self._finish_rows(part, done)
             self._cond.notify_all()
@@ -145,9 +151,13 @@ class ConsumingLogic:
     def renew(self, partition: str, task: str, step: int | None = None,
               session: str = "") -> int:
         """Keep leases alive: every claim of ``session`` (the heartbeat), or, with
-        ``step``, every claim on that step. Returns how many claims were renewed."""
-        _check_session("session", session)
+        ``step``, every claim on that step. Returns how many claims were renewed.
+        ``task=""`` is a producer's heartbeat: it renews the rows ``session`` reserved
+        on ``partition`` and not committed yet (returns how many)."""
+        check_session("session", session)
         with self._cond:
+            if task == WRITER_TASK:
+                return self._renew_writes(partition, session)
             _, state = self._task(partition, task)
             now = time.time()
             if step is None:
@@ -171,11 +181,16 @@ class ConsumingLogic:
 
     def cancel(self, session: str) -> None:
         """End every wait of ``session`` now (its get_meta returns None); later waits of
-        that session return None at once."""
-        _check_session("session", session)
+        that session return None at once. Rows a producer ``session`` reserved and did
+        not commit are aborted (``reservations.py``)."""
+        check_session("session", session)
         if not session:
             raise ConfigError("session must be a non-empty str to cancel, got ''")
         with self._cond:
+            if self._reservations.held_by(session):
+                if not may_block():
+                    raise WouldBlock  # frees storage through the units: a worker thread
+                self._abort_reservations(session)
             self._cancelled[session] = time.monotonic()
             while len(self._cancelled) > MAX_CANCELLED:
                 self._cancelled.pop(next(iter(self._cancelled)))

@@ -24,9 +24,14 @@ import numpy as np
 from tq_stream.columns import FieldSchema
 from tq_stream.controller.access import AccessLogic
 from tq_stream.controller.admission import AdmissionLogic
-from tq_stream.controller.consuming import ConsumingLogic
+from tq_stream.controller.consuming import ConsumingLogic, check_session
 from tq_stream.controller.counts import CountLogic
 from tq_stream.controller.partition import PartitionMeta
+from tq_stream.controller.reservations import (
+    DEFAULT_WRITE_LEASE,
+    ReservationLogic,
+    Reservations,
+)
 from tq_stream.controller.spares import SpareLogic, check_spare
 from tq_stream.controller.steps import StepLogic
 from tq_stream.controller.task import MAX_REPLICAS, TaskConfig, TaskState
@@ -64,7 +69,7 @@ def _no_free(unit: int, partition: str, slots: np.ndarray) -> None:
 
 
 class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLogic,
-                 CountLogic, UnitLogic):
+                 CountLogic, UnitLogic, ReservationLogic):
     """The metadata service of one deployment.
 
     Args:
@@ -108,6 +113,8 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         self._unfreed: list[tuple[int, str, np.ndarray]] = []  # frees to retry
         self._timings = Timings()  # metrics: waits, hand-out latency, rates
         self._dead: set[int] = set()  # storage units lost and not back (units.py)
+        self._reservations = Reservations()  # rows reserved, not committed (reservations.py)
+        self._journal: Any = None  # records delivery changes (deploy/ack_journal.py) if set
 
     # ------------------------------------------------------------ partitions
     def _part(self, partition: str, create: bool = False, by_put: bool = False) -> PartitionMeta:
@@ -178,7 +185,8 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
     # ----------------------------------------------------------------- writes
     def reserve(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
                 unit: int = -1, timeout: float = 60.0,
-                expect: Sequence[int] | None = None, spare: int = 0) -> dict[str, Any]:
+                expect: Sequence[int] | None = None, spare: int = 0, session: str = "",
+                lease: float = DEFAULT_WRITE_LEASE) -> dict[str, Any]:
         """Validate a put and place its rows; new rows wait for capacity.
 
         A closed partition takes no new rows, but fields of its existing rows can
@@ -189,6 +197,10 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
                 BatchMeta): no row is created, and rows freed meanwhile are an error.
             spare: also place this many spare rows for the caller's next puts (see
                 ``commit_new``); none when the partition has a capacity or with ``expect``.
+            session, lease: the producer's session: the rows created stay reserved
+                while it renews them (``renew(task="", session=...)``) at least every
+                ``lease`` seconds, and ``timeout + lease`` seconds at most; then they
+                are aborted (``reservations.py``).
         Returns:
             dict of ``index``, ``unit``, ``slot``, ``generation`` (arrays aligned
             with ``keys``), ``new`` (mask of rows created by this call) and
@@ -202,11 +214,15 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         if not schemas_:
             raise ConfigError("a put must write at least one field, got none")
         check_timeout("timeout", timeout)
+        check_timeout("lease", lease)
+        check_session("session", session)
         check_spare(spare)
         deadline = time.monotonic() + timeout
         with self._cond:
             part = self._part(partition, create=expect is None, by_put=True)
             while True:
+                if may_block():
+                    self._abort_reservations()  # a dead producer's rows hold capacity
                 part.check_schemas(schemas_, coerce=True)
                 idx = part.lookup(list(keys))
                 new = idx < 0
@@ -234,12 +250,15 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
                         f"partition {partition!r} stayed full ({part.live}/{cap} rows) for "
                         f"timeout={timeout}s; consumers must ack rows to free capacity"
                     )
-                self._timings.wait(self._cond, left, deadline - timeout, "capacity", partition, f"{part.live}/{cap} rows held")  # noqa: E501
+                wake = min(left, max(0.01, self._reservations.soonest() - time.time()))
+                self._timings.wait(self._cond, wake, deadline - timeout, "capacity", partition, f"{part.live}/{cap} rows held")  # noqa: E501
                 self._check_open()
             if n_new:
                 new_keys = [k for k, m in zip(keys, new.tolist(), strict=True) if m]
                 idx[new] = part.allocate(new_keys, self._place(unit, n_new))
                 self._grow_tasks(part)
+                self._hold_new(partition, idx[new], part.generation[idx[new]], session,
+                               lease, timeout)
             fixed = {f: part.schemas[f].to_dict() for f in schemas_ if f in part.schemas}
             out = {"index": idx, "unit": part.unit[idx], "slot": part.slot[idx],
                    "generation": part.generation[idx], "new": new, "schemas": fixed}
@@ -289,6 +308,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
             part = self._part(partition)
             self._check_generation(part, index, generation)
             self._mark_written(part, index, schemas_, tags)
+            self._reservations.settle(partition, index)
 
     def _mark_written(self, part: PartitionMeta, index: np.ndarray,
                       schemas_: dict[str, FieldSchema], tags: list | None) -> None:
@@ -338,6 +358,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
             for rec in task.steps.values():
                 rec.shares = [s[~np.isin(s, rows)] for s in rec.shares]
         freed = part.release(rows)
+        self._reservations.settle(part.name, rows)
         self._cond.notify_all()
         return freed
 
@@ -467,4 +488,5 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
             if self._parts:
                 raise StateError("load_state_dict must be called on an empty controller")
             self._parts, self._tasks = load_controller(state, self.n_units)
+            self._hold_restored()
             self._cond.notify_all()

@@ -42,6 +42,7 @@ class StepLogic:
     """Mixin of Controller; see the module docstring."""
 
     _tasks: dict[str, dict[str, TaskState]]
+    _journal: Any  # the ack journal (deploy/ack_journal.py), or None
 
     def _candidates(self, part: PartitionMeta, state: TaskState, dp_size: int,
                     step: int, limit: int | None = None) -> Candidates:
@@ -65,7 +66,11 @@ class StepLogic:
         n = 0
         freed: list = []
         for reason, rows in sel.discard.items():
-            done = state.discard(str(reason), np.asarray(rows, dtype=np.int64))
+            rows = np.asarray(rows, dtype=np.int64)
+            if self._journal is not None and len(rows):
+                self._journal.discarded(part.name, state.name, str(reason), rows,
+                                        part.generation[rows])
+            done = state.discard(str(reason), rows)
             events.discarded(part.name, state.name, str(reason), len(done))
             n += len(done)
             freed += self._finish_rows(part, done)
@@ -86,7 +91,11 @@ class StepLogic:
             )
 
     def _form(self, part: PartitionMeta, state: TaskState, sel: Selection) -> None:
-        state.lease(state.next_step, [np.asarray(s, dtype=np.int64) for s in sel.shares])
+        shares = [np.asarray(s, dtype=np.int64) for s in sel.shares]
+        if self._journal is not None:
+            self._journal.formed(part.name, state.name, state.next_step, shares,
+                                 [part.generation[s] for s in shares])
+        state.lease(state.next_step, shares)
         state.next_step += 1
         self._timings.handed_out(  # type: ignore[attr-defined]
             part.name, state.name, part.write_time[sel.rows], time.time())
@@ -128,6 +137,8 @@ class StepLogic:
         leftover = state.queue.ordered()
         if len(leftover):
             self._apply_discards(part, state, Selection.wait({"tail": leftover}))
+        if self._journal is not None:
+            self._journal.ended(part.name, state.name, step)
         state.steps[step] = StepRecord([np.zeros(0, np.int64)] * cfg.dp_size, end=True)
         state.ended = True
         state.next_step += 1
@@ -207,7 +218,8 @@ class StepLogic:
         return state.next_step  # form a new step
 
     def _next_wake(self, state: TaskState) -> float:
-        return max(0.01, min(60.0, state.soonest_expiry() - time.time()))
+        soonest = min(state.soonest_expiry(), self._reservations.soonest())  # type: ignore[attr-defined]
+        return max(0.01, min(60.0, soonest - time.time()))
 
     def _no_lease(self, state: TaskState, step: int, what: str) -> LeaseError:
         return LeaseError(

@@ -11,8 +11,11 @@ reconciles with what they hold (``reconcile``): a row of the checkpoint whose sl
 no longer holds its token (freed or overwritten after the checkpoint, or its unit
 restarted) is dropped and counted ``unit_lost``; a slot holding a token no row of the
 checkpoint has (written after the checkpoint: its key is unknown) is freed. So rows
-written after the last checkpoint are lost, and rows acked after it may be handed
-out again while their bytes are still stored (declared consumers free them on ack).
+written after the last checkpoint are lost. Acks (and steps formed, discards, task
+registrations) made after it are not: with ``interval`` set they are appended to
+the ack journal next to the checkpoint before their reply (``ack_journal``), and
+a restarted controller replays them on top of the checkpoint, so no acked row is
+handed out again.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from typing import Any
 import numpy as np
 
 from tq_stream.backends.base import occupancy
+from tq_stream.controller.journal_replay import replay
+from tq_stream.deploy.ack_journal import AckJournal, journal_files, read_records, rows_of
 from tq_stream.errors import StateError, check_timeout
 from tq_stream.serialization import decode, encode
 from tq_stream.transport.dispatch import OWNER_ARG
@@ -82,10 +87,13 @@ class Checkpointer:
     """
 
     def __init__(self, path: str, interval: float,
-                 snapshot: Callable[[], dict[str, Any]]) -> None:
+                 snapshot: Callable[[], dict[str, Any]],
+                 written: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.path = path
         self.interval = check_timeout("checkpoint_interval", interval)
         self._snapshot = snapshot
+        self._written = written  # called with the state once its file is safely written
+        self._one_at_a_time = threading.Lock()  # the thread and a restart's first write
         self._stop = threading.Event()
         self.written = 0
         self.last_seconds = 0.0  # how long the last checkpoint took
@@ -99,7 +107,11 @@ class Checkpointer:
     def write_now(self) -> None:
         started = time.perf_counter()
         try:
-            write(self.path, self._snapshot())
+            with self._one_at_a_time:  # an older state must not overwrite a newer one
+                state = self._snapshot()
+                write(self.path, state)
+                if self._written is not None:
+                    self._written(state)
         except Exception as exc:  # noqa: BLE001 — logged, retried next interval
             logger.warning("controller checkpoint to %r failed: %s", self.path, exc)
             return
@@ -137,17 +149,35 @@ class Recovery:
         if path and os.path.exists(path):
             self._restore(path)
         if path and interval:
-            self._checkpointer = Checkpointer(path, interval, self._checkpoint_state)
+            epochs = [e for e, _ in journal_files(path)]
+            self._journal = AckJournal(path, max(epochs, default=0) + 1)
+            self._checkpointer = Checkpointer(path, interval, self._checkpoint_state,
+                                              self._checkpoint_written)
+            if self._restored:  # the replayed journal goes into a checkpoint at once
+                self._checkpointer.write_now()
 
     def _remember(self, args: dict[str, Any]) -> None:
         """A task's registration, replayed by a restarted controller."""
         with self._cond:  # type: ignore[attr-defined]
             self._registrations[(args["partition"], args["task"])] = args
+            if self._journal is not None:  # type: ignore[has-type]
+                self._journal.registered(args)  # type: ignore[has-type]
 
     def _checkpoint_state(self) -> dict[str, Any]:
+        """The state, and (same lock hold) the journal switched to a new epoch: the
+        checkpoint covers exactly the records of the files before it."""
         with self._cond:  # type: ignore[attr-defined]
-            return {"controller": self.state_dict(),  # type: ignore[attr-defined]
-                    "registrations": list(self._registrations.values())}
+            state = {"controller": self.state_dict(),  # type: ignore[attr-defined]
+                     "registrations": list(self._registrations.values())}
+            if self._journal is not None:  # type: ignore[has-type]
+                state["journal"] = self._journal.rotate()  # type: ignore[has-type]
+            return state
+
+    def _checkpoint_written(self, state: dict[str, Any]) -> None:
+        """The checkpoint of ``state`` is safely written: the journal files it covers go."""
+        journal = self._journal  # type: ignore[has-type]
+        if journal is not None and "journal" in state:
+            journal.drop_before(state["journal"])
 
     def _restore(self, path: str) -> None:
         started = time.perf_counter()
@@ -155,8 +185,10 @@ class Recovery:
         self.load_state_dict(saved["controller"])  # type: ignore[attr-defined]
         for args in saved["registrations"]:
             self.register_task(**args)  # type: ignore[attr-defined]
+        replayed = self._replay_journal(path, saved.get("journal"))
         self._restored = True
-        self.recovery = {"checkpoint": path, "load_seconds": time.perf_counter() - started}
+        self.recovery = {"checkpoint": path, "load_seconds": time.perf_counter() - started,
+                         "journal": replayed}
         logger.warning("controller restarted from checkpoint %r (%d partitions)", path,
                        len(saved["controller"]["partitions"]))
 
@@ -198,6 +230,23 @@ class Recovery:
                              reconcile_seconds=time.perf_counter() - started)
         logger.warning("controller restart reconciled: %s", self.recovery)
 
+    def _replay_journal(self, path: str, epoch: int | None) -> dict[str, int]:
+        """Replay the journal files from ``epoch`` on (those of checkpoint ``path``)."""
+        total: dict[str, int] = {}
+        if epoch is None:  # a checkpoint written without a journal
+            return total
+        with self._cond:  # type: ignore[attr-defined]
+            for e, file in journal_files(path):
+                if e >= epoch:
+                    done = replay(self, read_records(file, e), rows_of, file)
+                    for k, v in done.items():
+                        total[k] = total.get(k, 0) + v
+        return total
+
     def _stop_recovery(self) -> None:
         if self._checkpointer is not None:
             self._checkpointer.stop()
+        if self._journal is not None:  # type: ignore[has-type]
+            with self._cond:  # type: ignore[attr-defined]
+                self._journal.close()  # type: ignore[has-type]
+                self._journal = None

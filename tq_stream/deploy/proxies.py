@@ -65,10 +65,15 @@ class RemoteController:
         return self._call("partitions")
 
     def reserve(self, partition: str, keys: Sequence[str], schemas: dict, unit: int = -1,
-                timeout: float = 60.0, expect: Any = None, spare: int = 0) -> dict[str, Any]:
+                timeout: float = 60.0, expect: Any = None, spare: int = 0,
+                session: str = "", lease: float | None = None) -> dict[str, Any]:
         extra: dict[str, Any] = {} if expect is None else {"expect": _array(expect)}
         if spare:
             extra["spare"] = spare
+        if session:
+            extra["session"] = session
+        if lease is not None:
+            extra["lease"] = lease
         return self._long_poll("reserve", timeout, partition=partition, keys=list(keys),
                                schemas=schemas, unit=unit, **extra)
 

@@ -24,6 +24,7 @@ import torch
 from tq_stream.backends.base import StorageUnit, check_slots
 from tq_stream.columns import Ragged
 from tq_stream.controller import Controller
+from tq_stream.controller.reservations import DEFAULT_WRITE_LEASE
 from tq_stream.controller.units import UNIT_LOST  # noqa: F401  (re-exported)
 from tq_stream.deploy.grants import SlotGrants, SlotLimits
 from tq_stream.deploy.meta_checkpoint import Recovery
@@ -301,13 +302,15 @@ class ControllerService(Controller, Recovery):
 
     def reserve(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
                 unit: int = -1, timeout: float = 60.0,
-                expect: Sequence[int] | None = None, spare: int = 0) -> dict[str, Any]:
+                expect: Sequence[int] | None = None, spare: int = 0, session: str = "",
+                lease: float = DEFAULT_WRITE_LEASE) -> dict[str, Any]:
         # On the IO thread, a reserve that could need a grant (a call to a unit) goes to
         # a worker; the lock keeps a worker's placements from racing the check.
         with self._cond:
             if not may_block() and not self._grants_cover(partition, _count(keys) + _count(spare)):
                 raise WouldBlock
-            out = super().reserve(partition, keys, schemas, unit, timeout, expect, spare)
+            out = super().reserve(partition, keys, schemas, unit, timeout, expect, spare,
+                                  session, lease)
         self._grant_placed(partition, out, out.get("spare"))
         return out
 
