@@ -259,3 +259,22 @@ def test_client_works_in_a_forked_child_and_after_pickling(client):
     assert client.call("echo", {"value": "parent again"}) == "parent again"
     with pickle.loads(pickle.dumps(client)) as copy:
         assert copy.call("echo", {"value": 5}) == 5
+
+
+@pytest.mark.timeout(30)  # the call's own timeout is 120 s: only the window ends it sooner
+def test_a_dead_server_fails_a_call_after_the_connect_window(tmp_path):
+    path = str(tmp_path / "dead")
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(path)  # its socket file stays, nothing listens: a killed server's
+    stale.close()
+    with UnixRpcClient(f"unix://{path}", timeout=120, connect_window=0.5) as c:
+        with pytest.raises(WaitTimeout, match=r"no server at .* \(ConnectionRefusedError\)"):
+            c.call("echo", {"value": 1})
+
+
+@pytest.mark.timeout(30)
+def test_an_address_whose_folder_is_gone_fails_at_once(tmp_path):
+    address = f"unix://{tmp_path}/gone/controller"
+    with UnixRpcClient(address, timeout=120) as c:
+        with pytest.raises(WaitTimeout, match="its folder does not exist"):
+            c.call("ping", {})

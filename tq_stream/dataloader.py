@@ -152,7 +152,8 @@ class StreamingDataLoader:
         try:
             self._client._controller.cancel(session=session)
         except Exception as exc:  # a closed stream: nothing waits any more
-            logger.debug("cancelling loader session %s: %s", session, exc)
+            if logger is not None:  # None while the interpreter shuts down
+                logger.debug("cancelling loader session %s: %s", session, exc)
 
     def __len__(self) -> int:
         """Batches per epoch: see ``StreamingDataset.__len__``."""

@@ -84,3 +84,26 @@ def test_a_worker_death_signalled_during_an_ack_is_the_loader_s_clear_error(loca
     rest = [k for b in loader for k in tq.batch_meta(b).keys]  # a new iteration resumes
     assert acks == [2] and not set(rest) & set(first)
     assert sorted(rest + list(first)) == sorted(keys)
+
+
+def test_a_script_that_ends_holding_an_iterator_exits_quietly(tmp_path):
+    """At interpreter exit the loader's generator is closed after module globals went
+    (its logger was None): "Exception ignored in: <generator ...>" was printed."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "hold.py"
+    script.write_text(
+        "import torch, tq_stream as tq\n"
+        "stream = tq.init(mode='local', storage_units=1)\n"
+        "stream.writer('p').put(['a', 'b'], {'x': torch.zeros(2, 3)})\n"
+        "loader = tq.StreamingDataLoader(tq.StreamingDataset(stream, 'p', 't', ['x'],\n"
+        "                                                    batch_size=1, timeout=5))\n"
+        "it = iter(loader)\n"
+        "next(it)\n"
+        "print('held')\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "held", done.stderr
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, \
+        done.stderr

@@ -471,3 +471,28 @@ def test_large_dense_puts_write_straight_into_shared_memory(local_stream):
         for u in units:
             del u._remote._rpc.call
             u._remote.__dict__.pop("put", None)
+
+
+def test_a_failed_start_raises_its_own_error_and_leaves_nothing(monkeypatch, tmp_path):
+    """A server that exits during start is the error the caller sees; the cleanup used to
+    fail first (AttributeError: no attribute '_stop') and leave the socket folder."""
+    import glob
+    import tempfile
+
+    from tq_stream.deploy import local
+    from tq_stream.errors import StateError
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    started = []
+
+    def fail(children, timeout):
+        started.extend(c.pid for c in children)
+        raise StateError("a tq_stream server (pid 1) exited during start with code 1")
+
+    monkeypatch.setattr(local, "_await_ready", fail)
+    with pytest.raises(StateError, match="exited during start"):
+        tq.init(mode="local", storage_units=2, checkpoint_interval=1.0)
+    assert started and glob.glob(str(tmp_path / "tq_*")) == []
+    for pid in started:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reaped: not left running

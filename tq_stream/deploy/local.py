@@ -242,6 +242,10 @@ class LocalDeployment:
         self._children: list[_Child] = []
         self._start_method = start_method
         self._closed = False
+        self._backend: Any = None
+        self._lock = threading.Lock()  # restart_unit: the watch thread or a caller
+        self._stop = threading.Event()
+        self._watch: threading.Thread | None = None
         try:
             for i in range(n_units):
                 addr = f"{_SCHEME[transport]}{self._ipc_dir}/unit{i}" if self._ipc_dir \
@@ -261,13 +265,9 @@ class LocalDeployment:
             self.close()
             raise
         self.address: str = self._children[-1].info["address"]  # type: ignore[index]
-        self._backend: Any = None
-        self._lock = threading.Lock()  # restart_unit: the watch thread or a caller
         self._restart_units = bool(restart_units)
         self._restart_controller = bool(restart_controller)
         self.restarts: list[dict[str, Any]] = []  # controller restarts: when, how long
-        self._stop = threading.Event()
-        self._watch: threading.Thread | None = None
 
     @property
     def pids(self) -> list[int]:

@@ -18,6 +18,10 @@ from tq_stream.errors import ConfigError
 from tq_stream.stream import Stream
 
 SPARE_RELEASE_TIMEOUT = 2.0  # seconds closing a stream waits to return its spare rows
+# Seconds a call keeps trying a storage unit that does not accept connections (a local
+# unit restarts at its address within this; a dead one fails the call here instead of
+# after the whole timeout, and a writer's put then goes to the live units).
+UNIT_CONNECT_WINDOW = 3.0
 
 
 class RemoteBackend:
@@ -39,10 +43,11 @@ class RemoteBackend:
         self._spares: dict[tuple[str, int], Any] = {}  # this process's SparePools
         self._spares_pid = os.getpid()
 
-    def _rpc(self, address: str) -> Any:
+    def _rpc(self, address: str, connect_window: float | None = None) -> Any:
         from tq_stream.transport.rpc import rpc_client
 
-        return rpc_client(address, timeout=self._config.timeout, curve_server_key=self._curve)
+        return rpc_client(address, timeout=self._config.timeout, curve_server_key=self._curve,
+                          connect_window=connect_window)
 
     def controller(self) -> Any:
         if self._ctrl is None:
@@ -82,8 +87,8 @@ class RemoteBackend:
                     units = []
                     for info in infos:
                         address = info["address"] if self._curve is not None else nearest(info)
-                        unit = RemoteUnit(self._rpc(address), self._config.timeout,
-                                          self._owner_token)
+                        unit = RemoteUnit(self._rpc(address, UNIT_CONNECT_WINDOW),
+                                          self._config.timeout, self._owner_token)
                         units.append(SameHostUnit(unit) if info["host"] == here else unit)
                     self._units = units
         return self._units

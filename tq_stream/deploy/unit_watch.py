@@ -44,6 +44,7 @@ class UnitWatch:
         self._stop = threading.Event()
         self._last_ok: dict[int, float] = {}
         self._silent: set[int] = set()  # units whose last ping failed
+        self._lost: set[int] = set()  # units declared lost and silent since (logged once)
         self._thread = threading.Thread(target=self._run, daemon=True, name="tq-unit-watch")
         self._thread.start()
 
@@ -63,16 +64,19 @@ class UnitWatch:
             info = client.call("ping", timeout=max(0.05, min(interval, 2.0)))
         except Exception as exc:  # noqa: BLE001 — any failure is a missed heartbeat
             self._silent.add(unit)
-            if now - last >= self.timeout and self._service.unit_may_be_dead(unit):
+            if unit not in self._lost and now - last >= self.timeout and \
+                    self._service.unit_may_be_dead(unit):
                 logger.warning("storage unit %d did not answer for %.1f s (%s)", unit,
                                now - last, exc)
                 try:
                     self._service.unit_lost(unit)
+                    self._lost.add(unit)  # once per outage: it stays lost until it answers
                 except Exception:  # a closed controller: the loop ends soon
                     logger.debug("marking unit %d lost failed", unit, exc_info=True)
             return
         self._last_ok[unit] = time.monotonic()
         self._silent.discard(unit)
+        self._lost.discard(unit)
         try:
             self._service.unit_answered(unit, int(info.get("pid", -1)))
         except Exception:

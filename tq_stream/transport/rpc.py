@@ -15,12 +15,15 @@ from tq_stream.transport.base import Transport
 UNIX = "unix://"
 
 
-def rpc_client(address: str, *, timeout: float, curve_server_key: bytes | None = None) -> Transport:
-    """A client for the server at ``address``."""
+def rpc_client(address: str, *, timeout: float, curve_server_key: bytes | None = None,
+               connect_window: float | None = None) -> Transport:
+    """A client for the server at ``address``; ``connect_window`` bounds how long a call
+    retries a unix server that does not accept (zmq reconnects in the background)."""
     if isinstance(address, str) and address.startswith(UNIX):
         from tq_stream.transport.unix_client import UnixRpcClient
 
-        return UnixRpcClient(address, timeout=timeout, curve_server_key=curve_server_key)
+        return UnixRpcClient(address, timeout=timeout, curve_server_key=curve_server_key,
+                             connect_window=connect_window)
     from tq_stream.transport.zeromq import RpcClient
 
     return RpcClient(address, timeout=timeout, curve_server_key=curve_server_key)

@@ -52,10 +52,11 @@ class _Pool:
     returned, so a late reply dies with it.
     """
 
-    def __init__(self, path: str, max_idle: int) -> None:
+    def __init__(self, path: str, max_idle: int, connect_window: float | None = None) -> None:
         self.pid = os.getpid()
         self._path = path
         self._max_idle = max_idle
+        self._window = connect_window
         self._lock = threading.Lock()
         self._idle: list[_Conn] = []
         self._closed = False
@@ -74,6 +75,8 @@ class _Pool:
             conn.sock.close()
 
     def _connect(self, deadline: float, address: str, method: str) -> _Conn:
+        if self._window is not None:
+            deadline = min(deadline, time.monotonic() + self._window)
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -82,9 +85,14 @@ class _Pool:
                 return _Conn(sock)
             except (FileNotFoundError, ConnectionRefusedError, TimeoutError) as exc:
                 sock.close()
+                if not os.path.isdir(os.path.dirname(self._path)):
+                    # The deployment's socket folder is gone: it stopped, nothing restarts.
+                    raise WaitTimeout(f"no server at {address} for {method!r}: its folder "
+                                      f"does not exist (the deployment stopped, or the "
+                                      f"address is wrong)") from None
                 # The server is starting or restarting. Nothing signals that a socket
                 # began to listen, so retry at a short interval, bounded by the call's
-                # deadline (as zmq reconnects in the background).
+                # deadline (as zmq reconnects in the background) and the connect window.
                 wait = min(RETRY_CONNECT, deadline - time.monotonic())
                 if wait <= 0:
                     raise WaitTimeout(f"no server at {address} for {method!r} before the "
@@ -123,10 +131,14 @@ class UnixRpcClient(Transport):
         timeout: default seconds per call.
         curve_server_key: must be None (unix sockets are not encrypted; use tcp).
         max_idle_sockets: connections kept open between calls.
+        connect_window: seconds a call keeps trying to reach a server that does not
+            accept (starting, restarting, or dead) before WaitTimeout; None: the
+            call's whole timeout. A server whose socket folder is gone fails at once.
     """
 
     def __init__(self, address: str, *, timeout: float = 30.0,
-                 curve_server_key: Any = None, max_idle_sockets: int = 64) -> None:
+                 curve_server_key: Any = None, max_idle_sockets: int = 64,
+                 connect_window: float | None = None) -> None:
         self._path = unix_path(address)
         if curve_server_key is not None:
             raise ConfigError("curve_server_key needs the zmq transport (tcp/ipc); unix "
@@ -134,13 +146,15 @@ class UnixRpcClient(Transport):
         self.address = address
         self.timeout = check_timeout("timeout", timeout)
         self._max_idle = check_positive("max_idle_sockets", max_idle_sockets)
+        self._window = None if connect_window is None else \
+            check_timeout("connect_window", connect_window)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._pool: _Pool | None = None
         self._closed = False
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self.address, self.timeout, self._max_idle))
+        return (_rebuild, (self.address, self.timeout, self._max_idle, self._window))
 
     def call(self, method: str, args: Mapping[str, Any] | None = None,
              timeout: float | None = None) -> Any:
@@ -232,12 +246,14 @@ class UnixRpcClient(Transport):
                 raise ClosedError(f"client for {self.address} is closed")
             if self._pool is None or self._pool.pid != os.getpid():
                 # The parent's connections are left alone (never used or closed here).
-                self._pool = _Pool(self._path, self._max_idle)
+                self._pool = _Pool(self._path, self._max_idle, self._window)
             return self._pool
 
     def _lock_is_inherited(self) -> bool:
         return self._pool is not None and self._pool.pid != os.getpid()
 
 
-def _rebuild(address: str, timeout: float, max_idle: int) -> UnixRpcClient:
-    return UnixRpcClient(address, timeout=timeout, max_idle_sockets=max_idle)
+def _rebuild(address: str, timeout: float, max_idle: int,
+             connect_window: float | None = None) -> UnixRpcClient:
+    return UnixRpcClient(address, timeout=timeout, max_idle_sockets=max_idle,
+                         connect_window=connect_window)
