@@ -199,6 +199,7 @@ def test_a_removed_node_s_unit_is_re_created_on_the_live_node(ray_cluster):
     stream = _start(restart_units=True)
     try:
         owner = stream._owner
+        assert owner.controller_node == head  # the driver's node: the controller stays
         unit = owner.unit_nodes.index(worker)
         stream.create_partition(P, consumers=["t"])
         ledger = Ledger(stream, P)

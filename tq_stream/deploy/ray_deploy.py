@@ -241,16 +241,16 @@ class RayDeployment:
                             curve: bool) -> tuple[dict[str, Any], dict[str, Any], str]:
         """The controller's checkpoint settings, its actor options and the checkpoint
         folder this made ("" if none). The controller runs on this driver's node (a
-        node that leaves takes the driver with it); with a checkpoint it must (the
-        file is there), and its socket folder is named after this process so that it
-        outlives a controller actor."""
+        node that leaves takes the driver with it; the checkpoint file is there); with
+        a checkpoint its socket folder is named after this process, so that it outlives
+        a controller actor."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        here = ray.get_runtime_context().get_node_id()
+        pinned = {"scheduling_strategy": NodeAffinitySchedulingStrategy(
+            ray.get_runtime_context().get_node_id(), soft=False)}  # soft: spills elsewhere
         if interval is None:
-            return {}, {"scheduling_strategy": NodeAffinitySchedulingStrategy(
-                here, soft=True)}, ""
+            return {}, pinned, ""
         folder = ""
         if path is None:
             folder = tempfile.mkdtemp(prefix="tq_ckpt_")
@@ -258,8 +258,7 @@ class RayDeployment:
         kwargs: dict[str, Any] = {"checkpoint": (path, interval)}
         if not curve:
             kwargs["local_dir"] = tempfile.mkdtemp(prefix=f"{_FOLDER}{os.getpid()}_")
-        return kwargs, {"scheduling_strategy": NodeAffinitySchedulingStrategy(
-            here, soft=False)}, folder
+        return kwargs, pinned, folder
 
     def attach(self, backend: Any) -> None:
         self._backend = backend
@@ -286,7 +285,7 @@ class RayDeployment:
             dropped = ctrl.unit_lost(i)  # before the new unit serves: no row goes there
             node = ray_recovery.unit_node(self._infos[i]["node"], self.unit_nodes)
             new = ray_recovery.create(self._actor_class, f"{self._name}_unit{i}",
-                                      self._namespace, node, True, self._unit_args, {})
+                                      self._namespace, node, self._unit_args, {})
             self._actors[i] = new
             self._infos[i] = ray_recovery.started(new, f"storage unit {i}",
                                                   timeout or self.start_timeout)
@@ -312,7 +311,7 @@ class RayDeployment:
             ray_recovery.kill(self._actors[-1])
             new = ray_recovery.create(
                 self._actor_class, f"{self._name}_controller", self._namespace,
-                self.controller_node, False, self._ctrl_args,
+                self.controller_node, self._ctrl_args,
                 {**self._ctrl_kwargs, "address": self.address})
             self._actors[-1] = new
             self._infos[-1] = ray_recovery.started(new, "controller",

@@ -10,14 +10,15 @@ the same way.
 
 - *A storage unit* whose actor died (Ray reports it dead), or that the controller
   declared lost (missed heartbeats) while its actor does not answer either, is
-  re-created under the same name and unit index: on its node if that node is alive
-  (a soft affinity: elsewhere if it turns out gone), else on the alive node holding the
-  fewest units. It serves at a new address; the controller drops the old unit's rows
-  (``unit_lost``), then calls the new one there (``drop_unit`` with its address record)
-  and places rows on it again. Clients learn of the move from the ``units_epoch`` of
-  the replies that place or hand out rows (``RemoteController``).
-- *The controller* (with a checkpoint) is pinned to the driver's node, where its
-  checkpoint file is, and re-created there at the same zmq address and unix socket,
+  re-created under the same name and unit index: on its node if Ray lists that node
+  alive, else on the alive node holding the fewest units (a node Ray has not declared
+  dead yet makes the attempt fail; the next look tries again). It serves at a new
+  address; the controller drops the old unit's rows (``unit_lost``), then calls the new
+  one there (``drop_unit`` with its address record) and places rows on it again.
+  Clients learn of the move from the ``units_epoch`` of the replies that place or hand
+  out rows (``RemoteController``).
+- *The controller* runs on the driver's node (with a checkpoint: where its
+  checkpoint file is) and is re-created there at the same zmq address and unix socket,
   so clients reconnect by themselves, as in local mode; the new actor loads the last
   checkpoint before serving, then the driver attaches the units and the controller
   reconciles with what they hold (``deploy.meta_checkpoint``).
@@ -81,10 +82,12 @@ def unit_node(old: str, unit_nodes: Sequence[str]) -> str:
     return min(alive, key=lambda n: held[n])
 
 
-def create(actor_class: Any, name: str, namespace: str, node: str, soft: bool,
-           args: tuple, kwargs: dict[str, Any]) -> Any:
-    """Start an actor named ``name`` on ``node``; waits (``NAME_TIMEOUT``) for a dead
-    actor of that name to release it."""
+def create(actor_class: Any, name: str, namespace: str, node: str, args: tuple,
+           kwargs: dict[str, Any]) -> Any:
+    """Start an actor named ``name`` on ``node`` (a hard affinity: Ray's soft one places
+    actors elsewhere even when the node is free); waits (``NAME_TIMEOUT``) for a dead
+    actor of that name to release it. On a node that turns out gone the actor dies and
+    the next look tries again on another."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     deadline = time.monotonic() + NAME_TIMEOUT
@@ -92,7 +95,7 @@ def create(actor_class: Any, name: str, namespace: str, node: str, soft: bool,
         try:
             return actor_class.options(
                 name=name, namespace=namespace,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=soft),
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             ).remote(*args, **kwargs)
         except ValueError:  # the name is still taken by the dead actor
             if time.monotonic() > deadline:
