@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -78,6 +79,7 @@ def main() -> None:
     finally:
         stream.close()
         ray.shutdown()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -299,8 +299,9 @@ class RayDeployment:
         attached again. Needs ``checkpoint_interval``.
 
         Returns:
-            what the restart found (``recovery``: rows lost, slots freed, seconds) and
-            ``seconds``, from this call to the new controller serving, units attached.
+            what the restart found (``recovery``: rows lost, slots freed, seconds),
+            ``start_seconds`` (from this call to the new actor serving) and ``seconds``
+            (to the units attached and reconciled).
         """
         if not self._ctrl_kwargs:
             raise ConfigError("restart_controller needs checkpoint_interval (a controller "
@@ -316,9 +317,10 @@ class RayDeployment:
             self._actors[-1] = new
             self._infos[-1] = ray_recovery.started(new, "controller",
                                                    timeout or self.start_timeout)
+            serving = time.monotonic() - begun  # a new Ray worker, imports, the load
             ctrl = self._backend.controller()
             ctrl.attach_units(self.unit_infos)
-            info = {"recovery": ctrl.ping().get("recovery", {}),
+            info = {"recovery": ctrl.ping().get("recovery", {}), "start_seconds": serving,
                     "seconds": time.monotonic() - begun}
             self.restarts.append(info)
             logger.warning("the controller actor died and was re-created: %s", info)
