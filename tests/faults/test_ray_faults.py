@@ -15,6 +15,7 @@ from fault_workers import values
 from tq_fixtures import two_node_cluster_of
 
 import tq_stream as tq
+from tq_stream.errors import ConfigError
 
 ray = pytest.importorskip("ray")
 
@@ -131,6 +132,8 @@ def test_a_killed_unit_actor_is_re_created_and_takes_rows_again(ray_cluster):
         batches = ledger.take(_checked(tq.StreamingDataLoader(ds)))
         for _ in range(2):
             next(batches)
+        with pytest.raises(ConfigError, match=r"i must be a unit index in \[0, 2\), got 2"):
+            stream._owner.restart_unit(2)
         old_pid, old_address = stream._owner.pids[1], stream._owner.unit_infos[1]["address"]
         kill(old_pid)
         assert wait_until(lambda: _replaced(stream, 1, old_pid), RECOVERY), "not re-created"
@@ -145,6 +148,11 @@ def test_a_killed_unit_actor_is_re_created_and_takes_rows_again(ray_cluster):
         assert set(after) <= set(ledger.delivered)
     finally:
         stream.close()
+
+
+def test_restart_controller_needs_a_checkpoint_in_ray_mode(ray_cluster):
+    with pytest.raises(ConfigError, match="restart_controller=True needs checkpoint_interval"):
+        _start(restart_controller=True)
 
 
 def test_a_killed_controller_actor_restarts_from_its_checkpoint(ray_cluster):
