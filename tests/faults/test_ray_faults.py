@@ -121,13 +121,32 @@ def _replaced(stream: tq.Stream, unit: int, old_pid: int) -> bool:
 
 def test_a_killed_unit_actor_is_re_created_and_takes_rows_again(ray_cluster):
     """restart_units=True: a unit actor that dies (SIGKILL) is re-created under the same
-    unit index at a new address; new rows go there and are delivered, only the old
-    unit's rows are lost."""
+    unit index at a new address; new rows go there (also from a producer actor that knew
+    the old address) and are delivered, only the old unit's rows are lost."""
+
+    class Producer:  # defined here: Ray ships it by value (the workers lack this module)
+        """Keeps the Stream it was given: its unit clients predate the move."""
+
+        def put(self, stream: tq.Stream | None, keys: list[str], x: torch.Tensor) -> list:
+            self._stream = stream or self._stream
+            for lo in range(0, len(keys), 8):
+                self._stream.writer(P).put(keys[lo : lo + 8], {"x": x[lo : lo + 8]})
+            return self._stream.kv.meta(keys, partition=P).unit.tolist()
+
     stream = _start(restart_units=True)
     try:
         stream.create_partition(P, consumers=["t"])
         ledger = Ledger(stream, P)
-        before = _put(ledger, "a", 32)
+        producer = ray.remote(num_cpus=0)(Producer).remote()
+
+        def produce(keys: list[str], first: bool = False) -> list[str]:
+            units = ray.get(producer.put.remote(stream if first else None, keys,
+                                                values(keys)), timeout=RECOVERY)
+            ledger.unit_of.update(zip(keys, units, strict=True))
+            return keys
+
+        before = _put(ledger, "a", 32) + produce([f"c_{i}" for i in range(16)], first=True)
+        assert {ledger.unit_of[k] for k in before} == {0, 1}
         ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=4)
         batches = ledger.take(_checked(tq.StreamingDataLoader(ds)))
         for _ in range(2):
@@ -140,12 +159,14 @@ def test_a_killed_unit_actor_is_re_created_and_takes_rows_again(ray_cluster):
         assert stream._owner.unit_infos[1]["address"] != old_address
         after = _put(ledger, "b", 32)
         assert 1 in {ledger.unit_of[k] for k in after}  # the new unit takes rows
+        moved = produce([f"d_{i}" for i in range(32)])
+        assert 1 in {ledger.unit_of[k] for k in moved}  # the producer found it too
         stream.close_partition(P)
         for _ in batches:
             pass
         missing = ledger.check("t", dead_unit=1)
-        assert missing <= set(before) and not missing & set(after)
-        assert set(after) <= set(ledger.delivered)
+        assert missing <= set(before) and not missing & set(after + moved)
+        assert set(after + moved) <= set(ledger.delivered)
     finally:
         stream.close()
 
