@@ -5,7 +5,8 @@ server a local child runs, bound to its node's IP, plus a unix-socket server for
 clients on its node (its ``local`` address; not with CURVE), and every client
 talks to it directly over the nearest of the two, so tensor bytes never go
 through Ray's object store or actor-call arguments. Units are spread one per
-node (round robin over the alive nodes when there are more units than nodes).
+node (round robin over the alive nodes when there are more units than nodes); the
+controller runs on the driver's node.
 Actors are named ``<name>_controller`` and ``<name>_unit<i>`` in ``namespace``;
 any Ray task or actor can ``tq.connect()`` (which looks the controller up by
 name) or simply receive the picklable Stream. Dead actors are re-created by this
