@@ -7,6 +7,7 @@ the cluster keeps one node)."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -238,9 +239,11 @@ def test_a_removed_node_s_unit_is_re_created_on_the_live_node(ray_cluster):
         next(batches)  # the task counts the rows lost from now on
         old_pid = owner.pids[unit]
         node = next(n for n in cluster.worker_nodes if n.node_id == worker)
+        removed = time.monotonic()
         cluster.remove_node(node, allow_graceful=False)
         assert wait_until(lambda: _replaced(stream, unit, old_pid), RECOVERY), \
             "not re-created"
+        print(f"node removed -> unit re-created: {time.monotonic() - removed:.1f} s")
         assert owner.unit_nodes[unit] == head
         after = _put(ledger, "b", 32)
         assert unit in {ledger.unit_of[k] for k in after}

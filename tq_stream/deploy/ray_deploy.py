@@ -267,11 +267,16 @@ class RayDeployment:
         if any(self._restart):
             self._watch = ray_recovery.RayWatch(self, *self._restart)
 
-    def restart_unit(self, i: int, timeout: float | None = None) -> dict[str, int]:
+    def restart_unit(self, i: int, timeout: float | None = None,
+                     elsewhere: bool = False) -> dict[str, int]:
         """Replace storage unit ``i`` by a new, empty actor (on its node if alive, else
         on the alive node holding the fewest units); the old actor is killed if it
         still runs. The controller drops the rows that lived there (counted as
         discarded, reason "unit_lost") and places rows on the new one.
+
+        Args:
+            elsewhere: prefer another node than the old one (it is suspect: the unit
+                stopped answering there without Ray reporting its actor dead).
 
         Returns:
             rows dropped per partition.
@@ -284,7 +289,7 @@ class RayDeployment:
             ray_recovery.kill(self._actors[i])
             ctrl = self._backend.controller()
             dropped = ctrl.unit_lost(i)  # before the new unit serves: no row goes there
-            node = ray_recovery.unit_node(self._infos[i]["node"], self.unit_nodes)
+            node = ray_recovery.unit_node(self._infos[i]["node"], self.unit_nodes, elsewhere)
             new = ray_recovery.create(self._actor_class, f"{self._name}_unit{i}",
                                       self._namespace, node, self._unit_args, {})
             self._actors[i] = new

@@ -11,8 +11,10 @@ the same way.
 - *A storage unit* whose actor died (Ray reports it dead), or that the controller
   declared lost (missed heartbeats) while its actor does not answer either, is
   re-created under the same name and unit index: on its node if Ray lists that node
-  alive, else on the alive node holding the fewest units (a node Ray has not declared
-  dead yet makes the attempt fail; the next look tries again). It serves at a new
+  alive and Ray reported the actor dead (its process died), else (its node left, or
+  Ray has not noticed yet) on the alive node holding the fewest units, another than
+  its own when there is one. An attempt on a node that turns out gone fails; the next
+  look tries again. It serves at a new
   address; the controller drops the old unit's rows (``unit_lost``), then calls the new
   one there (``drop_unit`` with its address record) and places rows on it again.
   Clients learn of the move from the ``units_epoch`` of the replies that place or hand
@@ -72,10 +74,12 @@ def probe(actors: Sequence[Any], timeout: float = PROBE_TIMEOUT) -> tuple[set[in
     return dead, answered
 
 
-def unit_node(old: str, unit_nodes: Sequence[str]) -> str:
-    """The node to re-create a unit on: its own if alive, else the alive node holding
-    the fewest units."""
+def unit_node(old: str, unit_nodes: Sequence[str], elsewhere: bool = False) -> str:
+    """The node to re-create a unit on: its own if alive (and not ``elsewhere``), else
+    the alive node holding the fewest units."""
     alive = alive_nodes()
+    if elsewhere and len(alive) > 1:
+        alive = [n for n in alive if n != old]
     if old in alive or not alive:
         return old
     held = Counter(unit_nodes)
@@ -168,14 +172,16 @@ class RayWatch:
                 return
         if not self._units:
             return
-        lost = {i for i in dead if i < n}
+        lost = {i for i in dead if i < n}  # Ray reports the actor dead
+        # Lost per the controller, no word from Ray: its node may be gone unnoticed yet.
+        silent: set[int] = set()
         with contextlib.suppress(Exception):  # a controller restarting: Ray's word only
-            lost |= set(d._backend.controller().dead_units()) - answered
-        for i in sorted(lost):
+            silent = set(d._backend.controller().dead_units()) - answered - lost
+        for i in sorted(lost | silent):
             if self._stop.is_set():
                 return
             try:
-                dropped = d.restart_unit(i)
+                dropped = d.restart_unit(i, elsewhere=i in silent)
                 logger.warning("storage unit %d died and was re-created; rows lost: %s", i,
                                dropped or "(none)")
             except Exception as exc:  # noqa: BLE001 — the start failed: try again
