@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -109,6 +110,14 @@ def two_node_cluster() -> Iterator[list[str]]:
     loopback bootstrap address to the node IP, so a cluster bound to 127.0.0.1 cannot be
     joined. Packets to the host's own IP never leave the machine either.
     """
+    with two_node_cluster_of() as (_cluster, nodes):
+        yield nodes
+
+
+@contextlib.contextmanager
+def two_node_cluster_of() -> Iterator[tuple[Any, list[str]]]:
+    """``two_node_cluster`` that also yields the ``Cluster`` (to remove a node): yields
+    (cluster, [head node id, worker node id])."""
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
@@ -120,7 +129,8 @@ def two_node_cluster() -> Iterator[list[str]]:
         cluster.wait_for_nodes(timeout=60)
         nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
         assert len(nodes) == 2, nodes
-        yield nodes
+        head = cluster.head_node.node_id
+        yield cluster, sorted(nodes, key=lambda n: n != head)
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -31,12 +31,30 @@ class RemoteController:
 
     ``owner_token``: the deployment owner's token, sent with admin calls only (a
     handle without it gets AuthError from them; see ``ControllerService.RPC_ADMIN``).
+    ``on_units_moved(epoch)`` is called when a reply that places or hands out rows
+    carries another ``units_epoch`` than the last one (a unit serves at a new address:
+    a Ray actor re-created; and on the first such reply); the backend then checks the
+    units' addresses again.
     """
 
-    def __init__(self, rpc: Any, timeout: float, owner_token: str | None = None) -> None:
+    def __init__(self, rpc: Any, timeout: float, owner_token: str | None = None,
+                 on_units_moved: Any = None) -> None:
         self._rpc = rpc
         self._timeout = timeout
         self._owner_token = owner_token
+        self._on_units_moved = on_units_moved
+        self._units_epoch: int | None = None
+
+    def _placed(self, reply: Any) -> Any:
+        """``reply`` without its ``units_epoch``, after telling the backend of a change."""
+        if not isinstance(reply, dict) or "units_epoch" not in reply:
+            return reply
+        epoch = reply.pop("units_epoch")
+        if epoch != self._units_epoch:  # the first one too: units may be known already
+            self._units_epoch = epoch
+            if self._on_units_moved is not None:
+                self._on_units_moved()
+        return reply
 
     def _call(self, method: str, timeout: float | None = None, **args: Any) -> Any:
         return self._rpc.call(method, args, timeout=timeout or self._timeout)
@@ -74,15 +92,16 @@ class RemoteController:
             extra["session"] = session
         if lease is not None:
             extra["lease"] = lease
-        return self._long_poll("reserve", timeout, partition=partition, keys=list(keys),
-                               schemas=schemas, unit=unit, **extra)
+        return self._placed(self._long_poll("reserve", timeout, partition=partition,
+                                            keys=list(keys), schemas=schemas, unit=unit,
+                                            **extra))
 
     def commit_new(self, partition: str, keys: Sequence[str], index: Any, generation: Any,
                    schemas: dict, tags: list | None = None, unit: int = -1,
                    spare: int = 0) -> dict[str, Any]:
-        return self._call("commit_new", partition=partition, keys=list(keys), index=index,
-                          generation=generation, schemas=schemas, tags=tags, unit=unit,
-                          spare=spare)
+        return self._placed(self._call("commit_new", partition=partition, keys=list(keys),
+                                       index=index, generation=generation, schemas=schemas,
+                                       tags=tags, unit=unit, spare=spare))
 
     def release_spares(self, partition: str, index: Any, generation: Any,
                        timeout: float | None = None) -> int:
@@ -124,9 +143,10 @@ class RemoteController:
     def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
                  timeout: float = 60.0, replica: int = 0, session: str = "",
                  consumer: str = "") -> dict[str, Any] | None:
-        return self._long_poll("get_meta", timeout, partition=partition, task=task, step=step,
-                               dp_rank=dp_rank, replica=replica, session=session,
-                               consumer=consumer)
+        return self._placed(self._long_poll("get_meta", timeout, partition=partition,
+                                            task=task, step=step, dp_rank=dp_rank,
+                                            replica=replica, session=session,
+                                            consumer=consumer))
 
     def ack(self, partition: str, task: str, step: int, dp_rank: int, index: Any,
             generation: Any, replica: int = 0) -> int:

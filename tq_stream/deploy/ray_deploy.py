@@ -5,10 +5,12 @@ server a local child runs, bound to its node's IP, plus a unix-socket server for
 clients on its node (its ``local`` address; not with CURVE), and every client
 talks to it directly over the nearest of the two, so tensor bytes never go
 through Ray's object store or actor-call arguments. Units are spread one per
-node (round robin over the alive nodes when there are more units than nodes).
+node (round robin over the alive nodes when there are more units than nodes); the
+controller runs on the driver's node.
 Actors are named ``<name>_controller`` and ``<name>_unit<i>`` in ``namespace``;
 any Ray task or actor can ``tq.connect()`` (which looks the controller up by
-name) or simply receive the picklable Stream.
+name) or simply receive the picklable Stream. Dead actors are re-created by this
+driver (``restart_units``, ``restart_controller``: ``deploy.ray_recovery``).
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ import os
 import secrets
 import shutil
 import tempfile
+import threading
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from tq_stream.errors import ConfigError, StateError, WaitTimeout, check_positive
+from tq_stream.deploy import ray_recovery
+from tq_stream.errors import ConfigError, StateError, WaitTimeout, check_positive, check_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +62,12 @@ class _Service:
     def __init__(self, role: str, units: int, sampler_modules: Sequence[str], shm: bool,
                  curve_secret: str, curve_server: str, owner_token: str,
                  max_message: int | None, loopback: bool,
-                 unit_timeout: float | None = None) -> None:
+                 unit_timeout: float | None = None, address: str | None = None,
+                 local_dir: str | None = None,
+                 checkpoint: tuple[str | None, float | None] = (None, None)) -> None:
+        """``address``: the zmq address to bind (default: a free port); ``local_dir``:
+        the folder of the unix socket (default: a new one); ``checkpoint``: the
+        controller's (path, interval), see ``deploy.meta_checkpoint``."""
         import ray
 
         from tq_stream.deploy.server import serve
@@ -67,13 +77,18 @@ class _Service:
         ip = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
         # Clients on this node reach the service over a unix socket (lower latency
         # than zmq); the folder is private to this user. Not with CURVE: unencrypted.
-        self._dir = None if curve_secret else tempfile.mkdtemp(prefix=f"{_FOLDER}{os.getpid()}_")
+        self._dir = None
+        if not curve_secret and local_dir is not None:
+            os.makedirs(local_dir, mode=0o700, exist_ok=True)
+            self._dir = local_dir
+        elif not curve_secret:
+            self._dir = tempfile.mkdtemp(prefix=f"{_FOLDER}{os.getpid()}_")
         self._server, self._stop, local = serve(
-            role, f"tcp://{ip}:0", units, tuple(sampler_modules), shm,
+            role, address or f"tcp://{ip}:0", units, tuple(sampler_modules), shm,
             curve_secret.encode() or None, curve_server.encode() or None,
             local_dir=self._dir, owner_token=owner_token, max_message=max_message,
             allow_insecure=True,  # RayDeployment checked the bind (see its Args)
-            unit_timeout=unit_timeout)
+            unit_timeout=unit_timeout, checkpoint=checkpoint)
         self._info = {"address": self._server.address, "pid": os.getpid(), "host": host_id(),
                       "node": ray.get_runtime_context().get_node_id(), "local": local}
 
@@ -84,12 +99,6 @@ class _Service:
         self._stop()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
-
-
-def _alive_nodes() -> list[str]:
-    import ray
-
-    return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
 
 
 class RayDeployment:
@@ -110,6 +119,13 @@ class RayDeployment:
             cluster without CURVE binds 127.0.0.1 only.
         unit_timeout: seconds the controller waits for a silent unit (its actor died,
             its node left) before its rows are lost and no new rows go there.
+        restart_units: re-create a storage unit whose actor died or whose node left
+            (empty, same unit index, a new address), from a watch thread in this process.
+        checkpoint_interval: seconds between checkpoints of the controller's metadata;
+            the controller is then pinned to this driver's node, where the file is
+            (``checkpoint_path``, default a file in a private temporary folder).
+        restart_controller: re-create a controller whose actor died, at the same
+            address, from its last checkpoint (needs ``checkpoint_interval``).
 
     A deployment whose driver ends without ``stream.close()`` is closed at exit.
     """
@@ -119,7 +135,10 @@ class RayDeployment:
                  shm: bool = True, curve: bool = False,
                  nodes: Sequence[str] | None = None, start_timeout: float = 120.0,
                  max_message: int | None = None, allow_insecure_tcp: bool = False,
-                 unit_timeout: float | None = None) -> None:
+                 unit_timeout: float | None = None, restart_units: bool = False,
+                 checkpoint_interval: float | None = None,
+                 checkpoint_path: str | None = None,
+                 restart_controller: bool = False) -> None:
         try:
             import ray
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -128,10 +147,20 @@ class RayDeployment:
                               "(pip install 'tq_stream[ray]'), got 'ray'") from None
         if max_message is not None:
             check_positive("max_message", max_message)
+        if checkpoint_interval is not None:
+            check_timeout("checkpoint_interval", checkpoint_interval)
+        if restart_controller and checkpoint_interval is None:
+            raise ConfigError("restart_controller=True needs checkpoint_interval (seconds "
+                              "between checkpoints of the controller), got None")
         self._actors: list[Any] = []
         self._infos: list[dict[str, Any]] = []
         self._backend: Any = None
         self._closed = False
+        self._lock = threading.Lock()  # restarts: the watch thread or a caller
+        self._watch: ray_recovery.RayWatch | None = None
+        self._restart = (bool(restart_units), bool(restart_controller))
+        self.start_timeout = start_timeout
+        self.restarts: list[dict[str, Any]] = []  # controller restarts: how long, found
         if not ray.is_initialized():
             ray.init(namespace=namespace)  # the servers' WARNINGs reach the driver
         self.owner_token = secrets.token_hex(16)
@@ -143,11 +172,11 @@ class RayDeployment:
             public, secret_b = generate_keys()
             self.curve_server_key, secret = public, secret_b.decode()
         server = (self.curve_server_key or b"").decode()
-        nodes = list(nodes) if nodes is not None else _alive_nodes()
+        nodes = list(nodes) if nodes is not None else ray_recovery.alive_nodes()
         if not nodes:
             raise StateError("a Ray cluster must have an alive node to place storage units")
         loopback = not curve and not allow_insecure_tcp
-        if loopback and len(_alive_nodes()) > 1:
+        if loopback and len(ray_recovery.alive_nodes()) > 1:
             raise ConfigError(
                 "curve must be True on a Ray cluster of several nodes (its servers listen on "
                 "the nodes' addresses, and anyone reaching them could read and write every "
@@ -158,15 +187,21 @@ class RayDeployment:
                            "" if loopback else " (allow_insecure_tcp: on every node)")
         actor = ray.remote(num_cpus=0, max_concurrency=4)(_Service)
         args = (shm, secret, server, self.owner_token, max_message, loopback)
+        self._name, self._namespace, self._actor_class = name, namespace, actor
+        self._unit_args = ("unit", 1, (), *args)
+        self._ctrl_args = ("controller", n_units, tuple(sampler_modules), *args, unit_timeout)
+        self._ctrl_kwargs, ctrl_options, self._ckpt_dir = self._checkpoint_options(
+            checkpoint_interval, checkpoint_path, bool(curve))
+        self.checkpoint_path = self._ctrl_kwargs.get("checkpoint", (None,))[0]
         try:
             for i in range(n_units):
                 strategy = NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=False)
                 self._actors.append(actor.options(
                     name=f"{name}_unit{i}", namespace=namespace, scheduling_strategy=strategy,
-                ).remote("unit", 1, (), *args))
+                ).remote(*self._unit_args))
             self._actors.append(actor.options(
-                name=f"{name}_controller", namespace=namespace,
-            ).remote("controller", n_units, tuple(sampler_modules), *args, unit_timeout))
+                name=f"{name}_controller", namespace=namespace, **ctrl_options,
+            ).remote(*self._ctrl_args, **self._ctrl_kwargs))
             try:
                 self._infos = ray.get([a.info.remote() for a in self._actors],
                                       timeout=start_timeout)
@@ -176,6 +211,7 @@ class RayDeployment:
                                   "killed)") from None
         except BaseException:
             self._kill()
+            self._remove_folders()
             raise
         self.address: str = self._infos[-1]["address"]
         _OPEN.add(self)
@@ -192,10 +228,113 @@ class RayDeployment:
     def unit_nodes(self) -> list[str]:
         return [i["node"] for i in self._infos[:-1]]
 
+    @property
+    def unit_infos(self) -> list[dict[str, Any]]:
+        """Each unit's address record (``address``, ``pid``, ``host``, ``local``)."""
+        return [{k: i[k] for k in ("address", "pid", "host", "local")}
+                for i in self._infos[:-1]]
+
+    @property
+    def controller_node(self) -> str:
+        return str(self._infos[-1]["node"])
+
+    def _checkpoint_options(self, interval: float | None, path: str | None,
+                            curve: bool) -> tuple[dict[str, Any], dict[str, Any], str]:
+        """The controller's checkpoint settings, its actor options and the checkpoint
+        folder this made ("" if none). The controller runs on this driver's node (a
+        node that leaves takes the driver with it; the checkpoint file is there); with
+        a checkpoint its socket folder is named after this process, so that it outlives
+        a controller actor."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        pinned = {"scheduling_strategy": NodeAffinitySchedulingStrategy(
+            ray.get_runtime_context().get_node_id(), soft=False)}  # soft: spills elsewhere
+        if interval is None:
+            return {}, pinned, ""
+        folder = ""
+        if path is None:
+            folder = tempfile.mkdtemp(prefix="tq_ckpt_")
+            path = os.path.join(folder, "controller.tqmeta")
+        kwargs: dict[str, Any] = {"checkpoint": (path, interval)}
+        if not curve:
+            kwargs["local_dir"] = tempfile.mkdtemp(prefix=f"{_FOLDER}{os.getpid()}_")
+        return kwargs, pinned, folder
+
     def attach(self, backend: Any) -> None:
         self._backend = backend
-        backend.controller().attach_units(
-            [{k: i[k] for k in ("address", "pid", "host", "local")} for i in self._infos[:-1]])
+        backend.controller().attach_units(self.unit_infos)
+        if any(self._restart):
+            self._watch = ray_recovery.RayWatch(self, *self._restart)
+
+    def restart_unit(self, i: int, timeout: float | None = None,
+                     elsewhere: bool = False) -> dict[str, int]:
+        """Replace storage unit ``i`` by a new, empty actor (on its node if alive, else
+        on the alive node holding the fewest units); the old actor is killed if it
+        still runs. The controller drops the rows that lived there (counted as
+        discarded, reason "unit_lost") and places rows on the new one.
+
+        Args:
+            elsewhere: prefer another node than the old one (it is suspect: the unit
+                stopped answering there without Ray reporting its actor dead).
+
+        Returns:
+            rows dropped per partition.
+        """
+        n = len(self._infos) - 1
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
+            raise ConfigError(f"i must be a unit index in [0, {n}), got {i!r}")
+        with self._lock:
+            self._check_open("restart_unit")
+            ray_recovery.kill(self._actors[i])
+            ctrl = self._backend.controller()
+            dropped = ctrl.unit_lost(i)  # before the new unit serves: no row goes there
+            node = ray_recovery.unit_node(self._infos[i]["node"], self.unit_nodes, elsewhere)
+            new = ray_recovery.create(self._actor_class, f"{self._name}_unit{i}",
+                                      self._namespace, node, self._unit_args, {})
+            self._actors[i] = new
+            self._infos[i] = ray_recovery.started(new, f"storage unit {i}",
+                                                  timeout or self.start_timeout)
+            for name, rows in ctrl.drop_unit(i, self.unit_infos[i]).items():
+                dropped[name] = dropped.get(name, 0) + rows
+            return dropped
+
+    def restart_controller(self, timeout: float | None = None) -> dict[str, Any]:
+        """Replace the controller (killed if it still runs) by a new actor on the same
+        node at the same address, which resumes from the last checkpoint; the units are
+        attached again. Needs ``checkpoint_interval``.
+
+        Returns:
+            what the restart found (``recovery``: rows lost, slots freed, seconds),
+            ``start_seconds`` (from this call to the new actor serving) and ``seconds``
+            (to the units attached and reconciled).
+        """
+        if not self._ctrl_kwargs:
+            raise ConfigError("restart_controller needs checkpoint_interval (a controller "
+                              "without a checkpoint has nothing to resume from), got None")
+        with self._lock:
+            self._check_open("restart_controller")
+            begun = time.monotonic()
+            ray_recovery.kill(self._actors[-1])
+            new = ray_recovery.create(
+                self._actor_class, f"{self._name}_controller", self._namespace,
+                self.controller_node, self._ctrl_args,
+                {**self._ctrl_kwargs, "address": self.address})
+            self._actors[-1] = new
+            self._infos[-1] = ray_recovery.started(new, "controller",
+                                                   timeout or self.start_timeout)
+            serving = time.monotonic() - begun  # a new Ray worker, imports, the load
+            ctrl = self._backend.controller()
+            ctrl.attach_units(self.unit_infos)
+            info = {"recovery": ctrl.ping().get("recovery", {}), "start_seconds": serving,
+                    "seconds": time.monotonic() - begun}
+            self.restarts.append(info)
+            logger.warning("the controller actor died and was re-created: %s", info)
+            return info
+
+    def _check_open(self, what: str) -> None:
+        if self._closed or self._backend is None:
+            raise StateError(f"{what} must be called on an open, attached deployment")
 
     def save(self, path: str) -> None:
         from tq_stream.deploy import snapshot
@@ -205,7 +344,10 @@ class RayDeployment:
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
+        if self._watch is not None:
+            self._watch.stop(timeout=self.start_timeout)
+        with self._lock:
+            self._closed = True
         _OPEN.discard(self)
         import ray
 
@@ -216,6 +358,13 @@ class RayDeployment:
                 ray.wait([a.stop.remote() for a in self._actors],
                          num_returns=len(self._actors), timeout=STOP_TIMEOUT)
         self._kill()
+        self._remove_folders()
+
+    def _remove_folders(self) -> None:
+        """The checkpoint and socket folders this process made for the controller."""
+        for folder in (self._ckpt_dir, self._ctrl_kwargs.get("local_dir")):
+            if folder:
+                shutil.rmtree(folder, ignore_errors=True)
 
     def _kill(self) -> None:
         import ray

@@ -39,6 +39,8 @@ class RemoteBackend:
         self._lock = threading.Lock()
         self._ctrl: Any = None
         self._units: list[Any] | None = None
+        self._unit_infos: list[dict[str, Any]] = []  # the addresses _units were made for
+        self._retired: list[Any] = []  # clients of units that moved, closed with this
         self._unit_hosts: list[bool] | None = None  # per unit: on this host?
         self._spares: dict[tuple[str, int], Any] = {}  # this process's SparePools
         self._spares_pid = os.getpid()
@@ -56,7 +58,8 @@ class RemoteBackend:
             with self._lock:
                 if self._ctrl is None:
                     self._ctrl = RemoteController(self._nearest_controller(),
-                                                  self._config.timeout, self._owner_token)
+                                                  self._config.timeout, self._owner_token,
+                                                  on_units_moved=self._units_moved)
         return self._ctrl
 
     def _nearest_controller(self) -> Any:
@@ -76,22 +79,42 @@ class RemoteBackend:
 
     def units(self) -> list[Any]:
         if self._units is None:
-            from tq_stream.deploy.local_read import SameHostUnit
-            from tq_stream.deploy.proxies import RemoteUnit
-            from tq_stream.deploy.services import host_id, nearest
-
             infos = self.controller().units()
-            here = host_id()
             with self._lock:
                 if self._units is None:
-                    units = []
-                    for info in infos:
-                        address = info["address"] if self._curve is not None else nearest(info)
-                        unit = RemoteUnit(self._rpc(address, UNIT_CONNECT_WINDOW),
-                                          self._config.timeout, self._owner_token)
-                        units.append(SameHostUnit(unit) if info["host"] == here else unit)
-                    self._units = units
+                    self._units = [self._unit_client(info) for info in infos]
+                    self._unit_infos = list(infos)
         return self._units
+
+    def _unit_client(self, info: dict[str, Any]) -> Any:
+        from tq_stream.deploy.local_read import SameHostUnit
+        from tq_stream.deploy.proxies import RemoteUnit
+        from tq_stream.deploy.services import host_id, nearest
+
+        address = info["address"] if self._curve is not None else nearest(info)
+        unit = RemoteUnit(self._rpc(address, UNIT_CONNECT_WINDOW), self._config.timeout,
+                          self._owner_token)
+        return SameHostUnit(unit) if info["host"] == host_id() else unit
+
+    def _units_moved(self) -> None:
+        """The controller's units changed address (a Ray unit actor re-created): new
+        clients for the units that moved; the others keep theirs. Clients of the old
+        addresses are closed with this backend (a call may still be using one)."""
+        if self._units is None:
+            self._unit_hosts = None
+            return
+        infos = self.controller().units()
+        with self._lock:
+            if self._units is None:
+                return
+            units = list(self._units)
+            for i, info in enumerate(infos):
+                old = self._unit_infos[i] if i < len(self._unit_infos) else None
+                if old is None or (old["address"], old.get("local")) != \
+                        (info["address"], info.get("local")):
+                    self._retired.append(units[i])
+                    units[i] = self._unit_client(info)
+            self._units, self._unit_infos, self._unit_hosts = units, list(infos), None
 
     def spares(self, partition: str, unit: int) -> Any:
         """The SparePool of this process for puts to ``partition`` placed by ``unit``."""
@@ -120,9 +143,9 @@ class RemoteBackend:
 
     def preferred_unit(self) -> int:
         """A unit on this host for writers to use, or -1 (spread over all units) when
-        every unit is on this host or none is. Units keep their address and host for
-        the deployment's life (a restarted unit too), so this asks the controller once
-        per process, not once per writer (``kv.put`` makes a writer per call)."""
+        every unit is on this host or none is. Units keep their host until one moves
+        (a Ray unit re-created on another node), so this asks the controller once per
+        process and move, not once per writer (``kv.put`` makes a writer per call)."""
         if self._unit_hosts is None:
             from tq_stream.deploy.services import host_id
 
@@ -138,7 +161,7 @@ class RemoteBackend:
 
     def close(self) -> None:
         self.release_spares()
-        for u in self._units or []:
+        for u in [*(self._units or []), *self._retired]:
             u.close()
         if self._ctrl is not None:
             self._ctrl.close()

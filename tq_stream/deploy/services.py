@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import threading
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -178,6 +179,13 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
+def units_epoch(units: Sequence[Mapping[str, Any]]) -> int:
+    """A number that changes when a unit moves to another address (CRC-32 of the
+    addresses, so a restarted controller gives the same number for the same units)."""
+    return zlib.crc32("\n".join(f"{u.get('address')} {u.get('local')}"
+                                for u in units).encode())
+
+
 def nearest(info: dict[str, Any]) -> str:
     """The address to call a server at from this process: its unix ``local`` address
     when it has one and runs on this host, else its ``address``."""
@@ -211,6 +219,7 @@ class ControllerService(Controller, Recovery):
                  checkpoint_interval: float | None = None) -> None:
         super().__init__(n_units, free=self._free_remote)
         self._unit_addresses: list[dict[str, Any]] = []
+        self._units_epoch = 0  # changes with the units' addresses (see ``units_epoch``)
         self._unit_pids: dict[int, int] = {}  # the process serving each unit, last seen
         self._unit_timeout = unit_timeout
         self._watch: UnitWatch | None = None
@@ -250,6 +259,7 @@ class ControllerService(Controller, Recovery):
             raise ConfigError(f"units must list {self.n_units} storage units, got {len(units)}")
         self._unit_addresses = list(units)
         self._unit_clients = [self._make_client(nearest(u)) for u in units]
+        self._units_epoch = units_epoch(units)
         self._grants.forget_all()
         with self._cond:
             self._unit_pids = {i: int(u.get("pid", -1)) for i, u in enumerate(units)}
@@ -312,7 +322,7 @@ class ControllerService(Controller, Recovery):
             out = super().reserve(partition, keys, schemas, unit, timeout, expect, spare,
                                   session, lease)
         self._grant_placed(partition, out, out.get("spare"))
-        return out
+        return {**out, "units_epoch": self._units_epoch}
 
     def commit_new(self, partition: str, keys: Sequence[str], index: np.ndarray,
                    generation: np.ndarray, schemas: Mapping[str, Any],
@@ -324,7 +334,7 @@ class ControllerService(Controller, Recovery):
             out = super().commit_new(partition, keys, index, generation, schemas, tags,
                                      unit, spare)
         self._grant_placed(partition, out.get("spare"))
-        return out
+        return {**out, "units_epoch": self._units_epoch}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Load the controller's state, then grant the units the slots it places (a
@@ -357,6 +367,10 @@ class ControllerService(Controller, Recovery):
         """Forget every row stored in storage unit ``unit``: its process died and a new,
         empty one serves in its place (``info``: the new unit's address record).
 
+        A new unit may serve at another address (a Ray actor re-created, maybe on
+        another node): this controller calls it there, and clients learn of it from
+        ``units_epoch`` in the replies that place or hand out rows.
+
         Each task counts the rows it had not consumed yet (not acked, not discarded) as
         discarded with reason ``UNIT_LOST``; the rows' slots are reusable at once (there is
         nothing to free in the new unit). Writers and readers that still hold those rows
@@ -366,10 +380,8 @@ class ControllerService(Controller, Recovery):
             rows dropped per partition.
         """
         self._check_unit(unit)
-        if info is not None and self._unit_addresses and \
-                info.get("address") != self._unit_addresses[unit]["address"]:
-            raise ConfigError(f"info must keep unit {unit}'s address "
-                              f"{self._unit_addresses[unit]['address']!r}, got {info!r}")
+        if info is not None and not isinstance(info.get("address"), str):
+            raise ConfigError(f"info must name the new unit's 'address', got {info!r}")
         with self._cond:
             pid = None if info is None else info.get("pid")
             if pid is not None and self._unit_pids.get(unit) == pid \
@@ -377,7 +389,7 @@ class ControllerService(Controller, Recovery):
                 return {}  # the watch already took this very process back
             self._grants.forget_unit(unit)  # the new unit starts empty, with no grants
             if info is not None and self._unit_addresses:
-                self._unit_addresses[unit] = dict(info)
+                self._readdress(unit, dict(info))
             if pid is not None:
                 self._unit_pids[unit] = int(pid)
             dropped = self._drop_rows_of(unit)
@@ -387,6 +399,26 @@ class ControllerService(Controller, Recovery):
                        "lost per partition (discarded as %r): %s", unit, UNIT_LOST, dropped)
         return dropped
 
+    def _readdress(self, unit: int, info: dict[str, Any]) -> None:
+        """Unit ``unit`` now serves as ``info`` (lock held): a new client if it moved."""
+        old = self._unit_addresses[unit]
+        self._unit_addresses[unit] = info
+        if nearest(info) != nearest(old):
+            retired, self._unit_clients[unit] = (self._unit_clients[unit],
+                                                 self._make_client(nearest(info)))
+            self._unit_clients = list(self._unit_clients)  # the watch reads a copy
+            retired.close()
+            if self._watch is not None:
+                self._watch.moved(unit)
+        self._units_epoch = units_epoch(self._unit_addresses)
+
+    def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
+                 timeout: float = 60.0, replica: int = 0, session: str = "",
+                 consumer: str = "") -> dict[str, Any] | None:
+        out = super().get_meta(partition, task, step, dp_rank, timeout, replica, session,
+                               consumer)
+        return None if out is None else {**out, "units_epoch": self._units_epoch}
+
     def units(self) -> list[dict[str, Any]]:
         if not self._attached.wait(timeout=30.0):
             raise StateError("storage units must attach within 30 s of the controller start")
@@ -395,7 +427,7 @@ class ControllerService(Controller, Recovery):
     def ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": host_id(), "units": len(self._unit_addresses),
                 "local": self.local_address, "recovery": self.recovery,
-                "dead_units": sorted(self._dead)}
+                "dead_units": sorted(self._dead), "units_epoch": self._units_epoch}
 
     def unit_back(self, unit: int) -> None:
         """A new, empty unit serves as ``unit``: it holds no grants yet."""

@@ -82,6 +82,11 @@ class UnitWatch:
         except Exception:
             logger.debug("recording unit %d's answer failed", unit, exc_info=True)
 
+    def moved(self, unit: int) -> None:
+        """``unit`` serves at a new address: its silence so far was the old one's."""
+        self._last_ok.pop(unit, None)
+        self._silent.discard(unit)
+
     def silent(self, unit: int) -> bool:
         """True if ``unit`` did not answer its last ping."""
         return unit in self._silent
