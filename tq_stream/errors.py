@@ -60,6 +60,11 @@ class WaitTimeout(TQError, TimeoutError):
     """A bounded wait expired before its condition held."""
 
 
+class Unreachable(WaitTimeout):
+    """No server accepted the connection before the deadline: the request was never sent
+    (so it had no effect, and may be sent again)."""
+
+
 class SerializationError(TQError):
     """A malformed, truncated or unsupported message."""
 

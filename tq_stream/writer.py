@@ -16,6 +16,8 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +28,17 @@ from tq_stream.backends.base import occupancy
 from tq_stream.columns import Column, FieldSchema, coerce
 from tq_stream.controller.tags import check_tags
 from tq_stream.convert import schemas_of, single_row, to_columns
-from tq_stream.errors import ConfigError, KeyConflictError, SchemaError, check_name
+from tq_stream.errors import (
+    ClosedError,
+    ConfigError,
+    KeyConflictError,
+    SchemaError,
+    StateError,
+    Unreachable,
+    check_name,
+)
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from tq_stream.stream import Stream
@@ -63,6 +75,17 @@ def _coerced(cols: dict[str, Column], fixed: dict[str, Any]) -> dict[str, Column
                               f"write), got ragged rows of lengths {lengths[:8]}")
         out[name] = col
     return out
+
+
+RETRY_PAUSE = 0.2  # seconds between puts placed on a unit that was down or replaced
+
+
+class UnitRefused(Exception):
+    """A storage unit did not take a put's bytes (internal: the put is made again)."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class Writer:
@@ -128,8 +151,33 @@ class Writer:
         spares = None if expect is not None else self._stream._spares(self.partition, self._unit)
         if spares is not None and spares.put(ctrl, self._stream._units(), keys, cols, tags):
             return  # bytes to spare rows (no call on the same host), then commit_new
-        schemas = schemas_of(cols)
         timeout = self._stream.config.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._write_placed(ctrl, spares, keys, cols, tags,
+                                   max(0.001, deadline - time.monotonic()), expect)
+                return
+            except UnitRefused as exc:
+                # Placed on a unit that died (its calls were never sent) or that was
+                # replaced (it refuses the slots): nothing of the put is visible, and the
+                # controller notices the unit within its unit_timeout, then places
+                # elsewhere (or grants the new process). Put again until the timeout.
+                if time.monotonic() + RETRY_PAUSE >= deadline:
+                    raise exc.cause from None
+                logger.info("put to partition %r placed on a unit that is down or was "
+                            "replaced (%s); putting again", self.partition, exc.cause)
+                time.sleep(RETRY_PAUSE)
+
+    def _write_placed(self, ctrl: Any, spares: Any, keys: list[str], cols: dict[str, Column],
+                      tags: list[dict[str, Any]] | None, timeout: float,
+                      expect: Any = None) -> None:
+        """One put through ``reserve``: place, store the bytes, commit (or abort).
+
+        Raises:
+            UnitRefused: a storage unit did not take the bytes (down or replaced).
+        """
+        schemas = schemas_of(cols)
         extra: dict[str, Any] = {} if expect is None else {"expect": expect}
         if spares is not None and spares.wanted():
             extra["spare"] = spares.wanted()
@@ -148,8 +196,14 @@ class Writer:
             if differ:  # most puts match their fields' fixed schemas: nothing to convert
                 cols = _coerced(cols, differ)
                 schemas = schemas_of(cols)
-            placement.store(self._stream._units(), self.partition, place["unit"],
-                            place["slot"], cols, occupancy(place["index"], place["generation"]))
+            try:
+                placement.store(self._stream._units(), self.partition, place["unit"],
+                                place["slot"], cols,
+                                occupancy(place["index"], place["generation"]))
+            except ClosedError:
+                raise
+            except (Unreachable, StateError) as exc:  # e.g. "slots must be ones the
+                raise UnitRefused(exc) from exc  # controller placed": a new process
             ctrl.commit(partition=self.partition, index=place["index"],
                         generation=place["generation"], schemas=schemas, tags=tags)
             if spares is not None:

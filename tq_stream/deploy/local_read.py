@@ -14,7 +14,7 @@ from tq_stream.backends.shm import ShmReader
 from tq_stream.backends.slabs import UNSET, fence
 from tq_stream.buffers import gather_rows, scatter_rows
 from tq_stream.columns import Column, dtype_from_name, dtype_name
-from tq_stream.errors import ConfigError, StateError
+from tq_stream.errors import ConfigError, StateError, WaitTimeout
 
 _READER = ShmReader()
 MAX_LAYOUTS = 256  # cached layouts per unit (a cache this full is cleared)
@@ -267,8 +267,8 @@ class SameHostUnit(StorageUnit):
             _forget(self._writes)
         try:
             layout = self._ask_layout(partition, fields, writable=True)
-        except StateError:  # a segment went between the layout call and mapping it
-            return None  # the put goes through the unit
+        except (StateError, WaitTimeout):  # a segment went meanwhile, or the unit broke
+            return None  # the put goes through the unit (which says what is wrong)
         if layout is None or set(layout.fields) != set(fields) or \
                 set(layout.flags) != set(fields) or layout.live is None or layout.tokens is None:
             return None

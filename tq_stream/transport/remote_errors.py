@@ -15,6 +15,9 @@ _CLASSES: dict[str, type[TQError]] = {
     for cls in vars(errors).values()
     if isinstance(cls, type) and issubclass(cls, TQError)
 }
+# A server that could not reach another server did run the caller's request: for the
+# caller that is a plain timeout, not "never sent".
+_CLASSES[errors.Unreachable.__name__] = errors.WaitTimeout
 
 
 def error_to_value(exc: BaseException, where: str) -> dict[str, str]:

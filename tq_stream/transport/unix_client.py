@@ -15,6 +15,7 @@ from tq_stream.errors import (
     ClosedError,
     ConfigError,
     SerializationError,
+    Unreachable,
     WaitTimeout,
     check_positive,
     check_timeout,
@@ -87,7 +88,7 @@ class _Pool:
                 sock.close()
                 if not os.path.isdir(os.path.dirname(self._path)):
                     # The deployment's socket folder is gone: it stopped, nothing restarts.
-                    raise WaitTimeout(f"no server at {address} for {method!r}: its folder "
+                    raise Unreachable(f"no server at {address} for {method!r}: its folder "
                                       f"does not exist (the deployment stopped, or the "
                                       f"address is wrong)") from None
                 # The server is starting or restarting. Nothing signals that a socket
@@ -95,7 +96,7 @@ class _Pool:
                 # deadline (as zmq reconnects in the background) and the connect window.
                 wait = min(RETRY_CONNECT, deadline - time.monotonic())
                 if wait <= 0:
-                    raise WaitTimeout(f"no server at {address} for {method!r} before the "
+                    raise Unreachable(f"no server at {address} for {method!r} before the "
                                       f"timeout ({type(exc).__name__})") from None
                 time.sleep(wait)
             except BaseException:

@@ -1,0 +1,36 @@
+"""A writer goes on through a storage unit's death: a put placed on the dead unit (its
+calls are never sent) or on the process that replaced it (it refuses the slots) is
+made again until the controller places it elsewhere or grants the new process. Found
+by a new user: the first put after a unit was killed failed (after 60 s without a
+restart: "no server at .../unit1"; at once with restart_units: "slots must be ones the
+controller placed")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fault_kit import check_no_leftovers, faulty_local, kill
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+@pytest.mark.parametrize("restart_units", [False, True], ids=["lost", "restarted"])
+def test_every_put_after_a_unit_dies_succeeds(restart_units):
+    stream = faulty_local(restart_units=restart_units)
+    old = list(stream._owner.pids)
+    try:
+        stream.create_partition("p", consumers=["t"])
+        w = stream.writer("p")
+        w.put([f"a{i}" for i in range(64)], {"x": torch.zeros(64, 3)})  # on both units
+        kill(old[1])
+        after = []
+        for k in range(6):  # placed by reserve, some on the dead unit at first
+            keys = [f"b{k}_{i}" for i in range(10)]
+            w.put(keys, {"x": torch.full((10, 3), float(k))})
+            after += keys
+        meta = stream.kv.meta(after, partition="p")
+        assert list(meta.keys) == after  # every row put after the kill is there
+        got = stream.kv.get_batch(after, partition="p")["x"][:, 0]
+        assert got.tolist() == [float(k) for k in range(6) for _ in range(10)]
+    finally:
+        check_no_leftovers(stream, old)
