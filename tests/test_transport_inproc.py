@@ -138,13 +138,25 @@ def test_bad_timeouts_are_rejected(timeout):
 TREE = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, TQError)]
 
 
-@pytest.mark.parametrize("cls", [c for c in TREE if c is not RemoteError], ids=lambda c: c.__name__)
+# Said by a client of its own call; from a server (which could not reach another
+# server while running the caller's request) they mean a plain timeout to the caller.
+LOCAL_ONLY = (errors.Unreachable, errors.ConnectionLost)
+
+
+@pytest.mark.parametrize("cls", [c for c in TREE if c is not RemoteError
+                                 and c not in LOCAL_ONLY], ids=lambda c: c.__name__)
 def test_every_tq_error_crosses_as_the_same_class(cls):
     value = error_to_value(cls("the message"), "tcp://server:1")
     again = error_from_value(value, "ignored")
     assert type(again) is cls
     assert str(again) == "the message"
     assert "raised at tcp://server:1" in again.__notes__[0]
+
+
+@pytest.mark.parametrize("cls", LOCAL_ONLY, ids=lambda c: c.__name__)
+def test_a_server_s_not_sent_or_lost_call_crosses_as_a_plain_timeout(cls):
+    again = error_from_value(error_to_value(cls("unit 1 gone"), "unix:///c"), "ignored")
+    assert type(again) is errors.WaitTimeout and str(again) == "unit 1 gone"
 
 
 def test_remote_and_foreign_errors_become_remote_error():

@@ -65,6 +65,11 @@ class Unreachable(WaitTimeout):
     (so it had no effect, and may be sent again)."""
 
 
+class ConnectionLost(WaitTimeout):
+    """The connection broke after the request was sent (the server went away): it may or
+    may not have run."""
+
+
 class SerializationError(TQError):
     """A malformed, truncated or unsupported message."""
 

@@ -80,8 +80,9 @@ def _coerced(cols: dict[str, Column], fixed: dict[str, Any]) -> dict[str, Column
 RETRY_PAUSE = 0.2  # seconds between puts placed on a unit that was down or replaced
 
 
-class UnitRefused(Exception):
-    """A storage unit did not take a put's bytes (internal: the put is made again)."""
+class PutAgain(Exception):
+    """A put had no visible effect and may be made again (internal): a storage unit did
+    not take its bytes, or a restarted controller no longer knew its rows."""
 
     def __init__(self, cause: Exception) -> None:
         super().__init__(str(cause))
@@ -153,21 +154,23 @@ class Writer:
             return  # bytes to spare rows (no call on the same host), then commit_new
         timeout = self._stream.config.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
+        left = timeout  # the caller's own figure first: a timeout error names it
         while True:
             try:
-                self._write_placed(ctrl, spares, keys, cols, tags,
-                                   max(0.001, deadline - time.monotonic()), expect)
+                self._write_placed(ctrl, spares, keys, cols, tags, left, expect)
                 return
-            except UnitRefused as exc:
+            except PutAgain as exc:
                 # Placed on a unit that died (its calls were never sent) or that was
-                # replaced (it refuses the slots): nothing of the put is visible, and the
-                # controller notices the unit within its unit_timeout, then places
-                # elsewhere (or grants the new process). Put again until the timeout.
+                # replaced (it refuses the slots), or committed to a controller restarted
+                # without the rows: nothing of the put is visible. The controller notices
+                # a dead unit within its unit_timeout, then places elsewhere (or grants
+                # the new process). Put again until the timeout.
                 if time.monotonic() + RETRY_PAUSE >= deadline:
                     raise exc.cause from None
-                logger.info("put to partition %r placed on a unit that is down or was "
-                            "replaced (%s); putting again", self.partition, exc.cause)
+                logger.info("put to partition %r had no effect (%s); putting again",
+                            self.partition, exc.cause)
                 time.sleep(RETRY_PAUSE)
+                left = max(0.001, deadline - time.monotonic())
 
     def _write_placed(self, ctrl: Any, spares: Any, keys: list[str], cols: dict[str, Column],
                       tags: list[dict[str, Any]] | None, timeout: float,
@@ -175,7 +178,8 @@ class Writer:
         """One put through ``reserve``: place, store the bytes, commit (or abort).
 
         Raises:
-            UnitRefused: a storage unit did not take the bytes (down or replaced).
+            PutAgain: a unit did not take the bytes (down or replaced), or the controller
+                no longer knew the rows at commit (it restarted).
         """
         schemas = schemas_of(cols)
         extra: dict[str, Any] = {} if expect is None else {"expect": expect}
@@ -203,9 +207,14 @@ class Writer:
             except ClosedError:
                 raise
             except (Unreachable, StateError) as exc:  # e.g. "slots must be ones the
-                raise UnitRefused(exc) from exc  # controller placed": a new process
-            ctrl.commit(partition=self.partition, index=place["index"],
-                        generation=place["generation"], schemas=schemas, tags=tags)
+                raise PutAgain(exc) from exc  # controller placed": a new process
+            try:
+                ctrl.commit(partition=self.partition, index=place["index"],
+                            generation=place["generation"], schemas=schemas, tags=tags)
+            except ClosedError:
+                raise
+            except StateError as exc:  # "rows ... were cleared meanwhile": the controller
+                raise PutAgain(exc) from exc  # restarted from a checkpoint without them
             if spares is not None:
                 spares.learn(schemas)  # fixed now: later small puts may skip reserve
         except BaseException:

@@ -10,6 +10,7 @@ ends a consumer's waiting ``get_meta`` early.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,11 +18,12 @@ import numpy as np
 
 from tq_stream.backends.base import StorageUnit
 from tq_stream.columns import Column
-from tq_stream.errors import AuthError, check_timeout
+from tq_stream.errors import AuthError, ConnectionLost, Unreachable, check_timeout
 from tq_stream.samplers.spec import to_spec
 from tq_stream.transport.dispatch import OWNER_ARG
 
 UNIT_FILE_TIMEOUT = 600.0  # seconds a unit may take to write or read its checkpoint file
+RETRY_PAUSE = 0.05  # seconds between calls to a controller that went away
 MARGIN = 5.0  # extra seconds a reply may take beyond the server-side wait (at most
 # the configured call timeout)
 
@@ -57,7 +59,27 @@ class RemoteController:
         return reply
 
     def _call(self, method: str, timeout: float | None = None, **args: Any) -> Any:
-        return self._rpc.call(method, args, timeout=timeout or self._timeout)
+        return self._again_if_lost(method, args, timeout or self._timeout)
+
+    def _again_if_lost(self, method: str, args: dict[str, Any], timeout: float,
+                       wait: float | None = None) -> Any:
+        """Call ``method``; if the controller went away with the call (ConnectionLost),
+        call it again, within ``timeout``, on the controller restarted at its address
+        (a call whose effect the old one may have made: acks are journaled and a repeated
+        one is a no-op; rows it placed or committed after its checkpoint are lost with
+        it). Without a restart the retries end with WaitTimeout naming the address.
+        ``wait``: the server-side wait of a long-poll, shortened on a retry."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if wait is not None:
+                args = {**args, "timeout": max(0.001, min(wait, left - (timeout - wait)))}
+            try:
+                return self._rpc.call(method, args, timeout=max(0.001, left))
+            except (ConnectionLost, Unreachable):  # Unreachable: hung up before it was sent
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(RETRY_PAUSE)
 
     def _admin(self, method: str, **args: Any) -> Any:
         if self._owner_token is None:
@@ -68,7 +90,7 @@ class RemoteController:
     def _long_poll(self, method: str, timeout: float, **args: Any) -> Any:
         timeout = check_timeout("timeout", timeout)
         margin = min(MARGIN, max(1.0, self._timeout))  # a short timeout: notice death soon
-        return self._rpc.call(method, {**args, "timeout": timeout}, timeout=timeout + margin)
+        return self._again_if_lost(method, args, timeout + margin, wait=timeout)
 
     # --- partitions and writes
     def create_partition(self, partition: str, capacity: int | None = None,

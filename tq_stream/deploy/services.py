@@ -46,6 +46,7 @@ def host_id() -> str:
 
 
 logger = logging.getLogger(__name__)
+ATTACH_WAIT = 30.0  # seconds a call that needs the units waits for them to attach
 
 
 def _slots(value: Any) -> np.ndarray:
@@ -242,13 +243,18 @@ class ControllerService(Controller, Recovery):
         most, so an ack never waits long for a dead unit."""
         if unit in self._dead or (self._watch is not None and self._watch.silent(unit)):
             raise StateError(f"storage unit {unit} is not answering its heartbeat")
+        if unit >= len(self._unit_clients):  # a restarted controller, units not back yet
+            raise StateError(f"storage unit {unit} is not attached yet")
         timeout = min(self.FREE_TIMEOUT, self._unit_timeout or self.FREE_TIMEOUT)
         self._unit_clients[unit].call("free", {"partition": partition, "slots": slots},
                                       timeout=timeout)
 
     def _send_grant(self, unit: int, partition: str, slots: int) -> None:
-        if not self._attached.is_set():
-            raise StateError("storage units must be attached before rows are placed")
+        # A restarted controller serves calls before its owner attached the units again
+        # (moments later): a placement waits for them.
+        if not self._attached.wait(timeout=ATTACH_WAIT):
+            raise StateError(f"storage units must be attached before rows are placed; "
+                             f"none were within {ATTACH_WAIT:g} s")
         self._unit_clients[unit].call("grant", {"partition": partition, "slots": slots,
                                                 OWNER_ARG: self._owner_token})
 
@@ -420,8 +426,9 @@ class ControllerService(Controller, Recovery):
         return None if out is None else {**out, "units_epoch": self._units_epoch}
 
     def units(self) -> list[dict[str, Any]]:
-        if not self._attached.wait(timeout=30.0):
-            raise StateError("storage units must attach within 30 s of the controller start")
+        if not self._attached.wait(timeout=ATTACH_WAIT):
+            raise StateError(f"storage units must attach within {ATTACH_WAIT:g} s of the "
+                             f"controller start")
         return self._unit_addresses
 
     def ping(self) -> dict[str, Any]:

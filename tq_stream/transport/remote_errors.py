@@ -18,6 +18,7 @@ _CLASSES: dict[str, type[TQError]] = {
 # A server that could not reach another server did run the caller's request: for the
 # caller that is a plain timeout, not "never sent".
 _CLASSES[errors.Unreachable.__name__] = errors.WaitTimeout
+_CLASSES[errors.ConnectionLost.__name__] = errors.WaitTimeout
 
 
 def error_to_value(exc: BaseException, where: str) -> dict[str, str]:

@@ -14,6 +14,7 @@ from typing import Any
 from tq_stream.errors import (
     ClosedError,
     ConfigError,
+    ConnectionLost,
     SerializationError,
     Unreachable,
     WaitTimeout,
@@ -195,7 +196,7 @@ class UnixRpcClient(Transport):
                 refusal = self._refusal(conn)
                 if refusal is not None:
                     return refusal
-                raise WaitTimeout(f"server at {self.address} closed the connection before "
+                raise Unreachable(f"server at {self.address} closed the connection before "
                                   f"{method!r} was sent") from None
             # A pooled connection whose server went away: nothing was received there.
             conn.sock.close()
@@ -210,8 +211,8 @@ class UnixRpcClient(Transport):
             raise WaitTimeout(f"no reply from {self.address} to {method!r} within "
                               f"{timeout:g} s") from None
         except FrameError as exc:
-            raise WaitTimeout(f"no reply from {self.address} to {method!r}: {exc}; the "
-                              f"server may or may not have run it") from None
+            raise ConnectionLost(f"no reply from {self.address} to {method!r}: {exc}; the "
+                                 f"server may or may not have run it") from None
         try:
             reply = decode(raw)
         except SerializationError as exc:
