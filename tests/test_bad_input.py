@@ -375,3 +375,11 @@ def test_a_partition_goes_only_when_its_last_failed_put_has_freed_its_slots():
     c = ctrl.reserve("q", ["c"], schema)
     ctrl.abort("q", c["index"], c["generation"])
     assert ctrl.partitions() == ["q"]  # created explicitly: kept while empty
+
+
+@pytest.mark.parametrize("mode", ["local", "ray"])
+def test_a_misspelt_init_option_is_named_before_anything_starts(mode):
+    # It was a raw TypeError from the deployment's constructor (a new user's typo).
+    with pytest.raises(ConfigError, match=rf"options of mode '{mode}' must be among .*"
+                                          r"'unit_timeout'.*got \['storage_unit'\]"):
+        tq.init(mode=mode, storage_unit=2)

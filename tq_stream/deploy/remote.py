@@ -8,6 +8,7 @@ fields straight from shared memory (``RemoteUnit`` + ``ShmReader``).
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 import threading
@@ -197,13 +198,16 @@ def start(mode: str, n_units: int, restore: str | None, config: StreamConfig,
           **options: Any) -> Stream:
     """Start a local or Ray deployment; the returned Stream owns it."""
     if mode == "local":
-        from tq_stream.deploy.local import LocalDeployment
-
-        owner: Any = LocalDeployment(n_units, **options)
+        from tq_stream.deploy.local import LocalDeployment as cls
     else:
-        from tq_stream.deploy.ray_deploy import RayDeployment
-
-        owner = RayDeployment(n_units, **options)
+        from tq_stream.deploy.ray_deploy import RayDeployment as cls  # type: ignore[assignment]
+    known = set(inspect.signature(cls).parameters) - {"n_units"}
+    unknown = sorted(set(options) - known)
+    if unknown:  # before anything starts, naming what the mode takes
+        raise ConfigError(f"options of mode {mode!r} must be among {sorted(known)}, got "
+                          f"{unknown} (storage_units, restore, config and metrics_port "
+                          f"are tq.init's own)")
+    owner: Any = cls(n_units, **options)
     try:
         backend = RemoteBackend(owner.address, config, owner.curve_server_key,
                                 owner.owner_token)
