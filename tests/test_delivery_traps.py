@@ -243,6 +243,15 @@ def test_unknown_field_is_named(stream):
         c.get_meta(P, "t", 0, timeout=0.05)
 
 
+def test_a_misspelt_partition_is_named_with_the_partitions_written_to(stream):
+    # A new user's typo waited the whole timeout and said only "0 rows ready".
+    put_rows(stream, ["a"])
+    ds = tq.StreamingDataset(stream, "trian", "t", ["x"], batch_size=1, timeout=0.05)
+    with pytest.raises(WaitTimeout, match=r"no row was ever written to partition 'trian' "
+                                          r"\(partitions written to: \['train'\]\)"):
+        next(iter(ds))
+
+
 def test_group_batch_mismatch_is_rejected_when_the_dataset_is_built(stream):
     with pytest.raises(ConfigError, match="multiple of group_size=4.*batch_size=6"):
         tq.StreamingDataset(stream, P, "t", ["x"], batch_size=6,

@@ -113,9 +113,14 @@ class ConsumingLogic:
                 f"{part.name!r}, but fields {unknown} were never written to any of its "
                 f"{part.live} rows (known fields: {sorted(part.schemas)}); check the name, "
                 f"or start the stage that writes them")
+        hint = ""
+        if not part.schemas:  # a misspelt partition looks like this: help find the name
+            written = sorted(n for n, p in self._parts.items() if p.schemas)  # type: ignore[attr-defined]
+            hint = (f"; no row was ever written to partition {part.name!r} (partitions "
+                    f"written to: {written[:20]}): check the name, or start its producer")
         return WaitTimeout(
             f"get_meta waited timeout={timeout}s on partition {part.name!r} for "
-            f"{self._waiting_for(part, state, step, dp_rank)}")
+            f"{self._waiting_for(part, state, step, dp_rank)}{hint}")
 
     def ack(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,
             generation: np.ndarray, replica: int = 0) -> int:
