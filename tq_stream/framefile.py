@@ -22,6 +22,7 @@ import os
 import secrets
 import struct
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from tq_stream.errors import CheckpointError
@@ -57,16 +58,31 @@ def dump(obj: Any, path: str | os.PathLike[str]) -> None:
         prefix += _ENTRY.pack(offset, frame.nbytes, zlib.crc32(frame))
     prefix += _CRC.pack(zlib.crc32(prefix))
     path = os.fspath(path)
+
+    def write(f: Any) -> None:
+        f.write(prefix)
+        written = len(prefix)
+        for offset, frame in zip(offsets, frames, strict=True):
+            f.write(bytes(offset - written))
+            written = offset + f.write(frame)
+
+    write_atomically(path, write)
+
+
+def write_atomically(path: str, write: Callable[[Any], None]) -> None:
+    """Create ``path`` with what ``write(binary_file)`` writes: into a new temporary
+    file of mode 0600 beside it, fsynced, renamed over ``path`` (and the rename made
+    durable); on any error nothing is left but what ``path`` held before.
+
+    Raises:
+        OSError: the file could not be written.
+    """
     folder = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
         with open(fd, "wb") as f:
-            f.write(prefix)
-            written = len(prefix)
-            for offset, frame in zip(offsets, frames, strict=True):
-                f.write(bytes(offset - written))
-                written = offset + f.write(frame)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

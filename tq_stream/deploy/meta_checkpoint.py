@@ -47,18 +47,11 @@ def write(path: str, state: dict[str, Any]) -> None:
     """Write ``state`` to ``path`` atomically (0600)."""
     frames = [bytes(memoryview(f)) for f in encode(state)]
     body = _LEN.pack(len(frames)) + b"".join(_LEN.pack(len(f)) + f for f in frames)
-    tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + struct.pack("<I", zlib.crc32(body)) + body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    # Imported here: serialization re-exports framefile, so a top-level import would
+    # start framefile before serialization finished.
+    from tq_stream.framefile import write_atomically
+
+    write_atomically(path, lambda f: f.write(MAGIC + struct.pack("<I", zlib.crc32(body)) + body))
 
 
 def read(path: str) -> dict[str, Any]:
