@@ -129,8 +129,8 @@ def test_shuffle_differs_per_step_and_matches_across_replicas(stream):
     stream.writer(P).put([f"k{i}" for i in range(n)], {"x": torch.arange(n)})
     stream.close_partition(P)
 
-    def orders(replica_seed):
-        ds = tq.StreamingDataset(stream, P, "t", ["x"], 16, replicas=2)
+    def orders(replica, replica_seed):
+        ds = tq.StreamingDataset(stream, P, "t", ["x"], 16, replicas=2, replica=replica)
         loader = tq.StreamingDataLoader(ds)
         got = []
         for batch in loader:
@@ -140,8 +140,10 @@ def test_shuffle_differs_per_step_and_matches_across_replicas(stream):
         return got
 
     got: dict[int, list] = {}
-    threads = [threading.Thread(target=lambda i=i: got.setdefault(i, orders(7)))
-               for i in range(2)]  # the two replicas of rank 0
+    # the two replicas of rank 0, each with its id (both used to read as replica 0, so
+    # one could take a step the other then skipped: a flaky test)
+    threads = [threading.Thread(target=lambda i=i: got.setdefault(i, orders(i, 7)))
+               for i in range(2)]
     for t in threads:
         t.start()
     for t in threads:
