@@ -182,22 +182,42 @@ def test_a_shared_write_that_races_a_slab_move_is_written_again_by_the_unit(
         w.put([f"warm{i}"], {"x": torch.zeros(1, 4)})
     moved = []
 
-    def scatter_then_move(dst, slots, values):
-        real_scatter(dst, slots, values)
-        for unit in local_stream._units():  # the unit moves a slab / drops stores now
+    def move_then_fence():
+        # The unit moves a slab / drops stores after this process stored the rows and
+        # before its final check of the epochs (one-row and many-row writes alike).
+        for unit in local_stream._units():
             for layout in unit._writes.values():
                 layout.epoch_view[1] += 1
                 moved.append(1)
+        real_fence()
 
-    real_scatter = local_read.scatter_rows
-    monkeypatch.setattr(local_read, "scatter_rows", scatter_then_move)
+    real_fence = local_read.fence
+    monkeypatch.setattr(local_read, "fence", move_then_fence)
     calls.clear()
     for i in range(6):
         w.put([f"k{i}"], {"x": torch.full((1, 4), float(i))})
+    w.put(["k6", "k7"], {"x": torch.full((2, 4), 6.0)})
     monkeypatch.undo()
-    assert moved and calls["put"] == 6  # every write was found racing, and redone
+    assert moved and calls["put"] == 7  # every write was found racing, and redone
     for i in range(6):
         assert local_stream.kv.get(f"k{i}", partition="race")["x"].eq(i).all()
+    assert local_stream.kv.get_batch(["k6", "k7"], partition="race")["x"].eq(6).all()
+
+
+def test_a_one_row_put_the_shared_write_cannot_take_goes_to_the_unit(local_stream, calls):  # noqa: F811
+    """A row that is not one contiguous block (a strided view), or whose shape differs from
+    the field's slab, is written by the unit, never copied wrongly here."""
+    w = local_stream.writer("odd")
+    for i in range(40):
+        w.put([f"warm{i}"], {"x": torch.zeros(1, 4)})
+    calls.clear()
+    strided = torch.arange(8.0).reshape(1, 8)[:, ::2]  # values 0, 2, 4, 6
+    w.put(["strided"], {"x": strided})
+    assert calls["put"] == 1
+    assert local_stream.kv.get("strided", partition="odd")["x"].tolist() == [0.0, 2.0, 4.0, 6.0]
+    with pytest.raises(SchemaError):
+        w.put(["wide"], {"x": torch.zeros(1, 5)})
+    assert local_stream.kv.get("warm3", partition="odd")["x"].eq(0).all()
 
 
 def test_shared_writes_into_a_partition_that_emptied_and_filled_again(local_stream, calls):  # noqa: F811

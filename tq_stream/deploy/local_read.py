@@ -3,6 +3,7 @@ read and written through its shared memory."""
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,26 +32,28 @@ class _Layout:
     new epoch (``ShmUnit``).
     """
 
-    __slots__ = ("epoch", "epoch_view", "fields", "flags", "live", "stores", "tokens")
+    __slots__ = ("epoch", "epoch_view", "fields", "flags", "live", "rows", "stores", "tokens")
 
     def __init__(self, raw: dict[str, Any]) -> None:
         epoch = raw.get("epoch")
         self.epoch = None if epoch is None else epoch["value"]
         self.stores = None if epoch is None else epoch.get("stores")
-        self.epoch_view = None if epoch is None else _READER.view(
-            epoch["shm"], torch.int64, (2,)).numpy()  # numpy: a cheaper read per get
+        self.epoch_view = None if epoch is None else _words(_READER.view(
+            epoch["shm"], torch.int64, (2,)).numpy())  # memoryview: the cheapest read
         self.fields = {f: _map(lay) for f, lay in raw.get("fields", {}).items()}
         # numpy views: one-row index operations cost a fraction of torch's here
         self.tokens = _map_np(raw.get("generations"))
         self.flags = {f: _map_np(lay) for f, lay in (raw.get("flags") or {}).items()}
         self.live = _map_np(raw.get("live"))
+        self.rows = _RowWriter(self) if self.tokens is not None and self.live is not None \
+            and self.epoch_view is not None else None
 
     def valid(self) -> bool:
-        return self.epoch_view is not None and int(self.epoch_view[0]) == self.epoch
+        return self.epoch_view is not None and self.epoch_view[0] == self.epoch
 
     def writable(self) -> bool:
         """Still valid for writes: no slab moved and no store was dropped since."""
-        return self.valid() and int(self.epoch_view[1]) == self.stores  # type: ignore[index]
+        return self.valid() and self.epoch_view[1] == self.stores  # type: ignore[index]
 
     def write(self, slots: np.ndarray, columns: dict[str, torch.Tensor],
               tokens: np.ndarray) -> bool:
@@ -63,6 +66,8 @@ class _Layout:
         slab or drops a store (a fence between), so either that check fails or the
         unit's copy holds these rows.
         """
+        if len(slots) == 1 and self.rows is not None:
+            return self.rows.write(int(slots[0]), columns, int(tokens[0]))
         top = int(slots.max())
         if self.live is None or self.tokens is None or not self.writable() or \
                 top >= self.live.shape[0] or top >= self.tokens.shape[0]:
@@ -100,6 +105,54 @@ class _Layout:
         if tokens is None or (len(slots) and int(slots.max()) >= tokens.shape[0]):
             return False
         return bool(np.array_equal(tokens[slots], generations))
+
+
+class _RowWriter:
+    """``_Layout.write`` of one row, with plain memory stores.
+
+    A put of one row is the common small put, and on this machine each numpy or torch
+    call costs tens of microseconds when its code is not in the CPU caches (as after
+    a few idle milliseconds): here the bytes are one ``memmove`` and the flags, tokens
+    and epochs are read and written through memoryviews. Same stores in the same
+    order as ``_Layout.write``, so the same seqlock argument holds.
+    """
+
+    __slots__ = ("fields", "flags", "layout", "live", "tokens")
+
+    def __init__(self, layout: _Layout) -> None:
+        self.layout = layout
+        self.tokens = _words(layout.tokens)
+        self.live = memoryview(layout.live)  # type: ignore[arg-type]
+        self.flags = {f: memoryview(a) for f, a in layout.flags.items() if a is not None}
+        # field -> (address of row 0, bytes per row, rows, dtype, shape of a row)
+        self.fields = {f: (t.data_ptr(), t[0].nbytes if len(t) else 0, t.shape[0], t.dtype,
+                           tuple(t.shape[1:]))
+                       for f, t in layout.fields.items() if t is not None}
+
+    def write(self, slot: int, columns: dict[str, torch.Tensor], token: int) -> bool:
+        if not self.layout.writable() or slot >= len(self.tokens) or slot >= len(self.live):
+            return False
+        for f, col in columns.items():
+            field, flags = self.fields.get(f), self.flags.get(f)
+            if field is None or flags is None or slot >= min(field[2], len(flags)) or \
+                    col.dtype != field[3] or tuple(col.shape) != (1, *field[4]) or \
+                    not col.is_contiguous():
+                return False
+        if self.tokens[slot] != UNSET:
+            return False  # rows being read may live there: only the unit overwrites them
+        for f, col in columns.items():
+            address, size = self.fields[f][:2]
+            ctypes.memmove(address + slot * size, col.data_ptr(), size)
+            self.flags[f][slot] = True
+        self.live[slot] = True
+        self.tokens[slot] = token
+        fence()
+        return self.layout.writable()
+
+
+def _words(a: np.ndarray) -> memoryview:
+    """An int64 array as a memoryview of its words (one item read or written in C)."""
+    return memoryview(a).cast("B").cast("q")
 
 
 def _map(lay: dict[str, Any] | None) -> torch.Tensor | None:
