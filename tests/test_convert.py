@@ -148,3 +148,25 @@ def test_nested_fields_are_flattened_on_put_and_nested_on_get():
 def test_nested_names_cannot_collide(data, words):
     with pytest.raises(SchemaError, match=words.replace("(", r"\(").replace(".", r"\.")):
         to_columns(data, 2)
+
+
+def test_a_dict_of_plain_tensors_passes_through_and_anything_else_is_normalized():
+    """The cheap path for dicts of plain CPU tensors must give what the general one does."""
+    x = torch.ones(2, 3)
+    assert to_columns({"x": x}, 2)["x"] is x  # nothing to change: no copy, no alias
+    grad = torch.ones(2, 3, requires_grad=True)
+    col = to_columns({"g": grad}, 2)["g"]
+    assert not col.requires_grad and col.grad_fn is None  # detached, as before
+    assert to_columns({"a.b": torch.zeros(2)}, 2).keys() == {"a.b"}
+    with pytest.raises(SchemaError, match="must not have an empty segment"):
+        to_columns({"a..b": torch.zeros(2)}, 2)
+    with pytest.raises(SchemaError, match="0-d tensor"):
+        to_columns({"x": torch.tensor(1.0)}, 1)
+    with pytest.raises(SchemaError, match="must have 3 rows"):
+        to_columns({"x": x}, 3)
+    with pytest.raises(SchemaError, match="dense"):
+        to_columns({"s": torch.eye(2).to_sparse()}, 2)
+    with pytest.raises(SchemaError, match="meta"):
+        to_columns({"m": torch.empty(2, 3, device="meta")}, 2)
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged)
+    assert isinstance(to_columns({"r": nested}, 2)["r"], Ragged)

@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 
 def check_keys(keys: Any) -> list[str]:
     """Keys of a put: a non-empty list of distinct non-empty str."""
+    if type(keys) is list and len(keys) == 1 and type(keys[0]) is str and keys[0]:
+        return list(keys)  # one key: the common small put, checked without the ABCs
     if isinstance(keys, str) or not isinstance(keys, Sequence):
         raise ConfigError(f"keys must be a list of str, got {type(keys).__name__}")
     keys = list(keys)
