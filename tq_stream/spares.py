@@ -35,7 +35,8 @@ from tq_stream.columns import Column, FieldSchema, coerce
 from tq_stream.convert import schemas_of
 from tq_stream.errors import StateError, TQError, WaitTimeout
 
-_FIELDS = ("index", "unit", "slot", "generation")
+_FIELDS = ("index", "unit", "slot", "generation")  # of each spare row, from the controller
+_ROWS = (*_FIELDS, "token")  # and its occupancy token (``occupancy``), computed once here
 
 
 def _clean(exc: BaseException) -> bool:
@@ -61,7 +62,7 @@ class SparePool:
         self.partition = partition
         self.unit = unit
         self._lock = threading.Lock()
-        self._rows = {f: np.zeros(0, dtype=np.int64) for f in _FIELDS}
+        self._rows = {f: np.zeros(0, dtype=np.int64) for f in _ROWS}
         self._cooldown = 0
         self._short = False  # a put found too few rows: refill before the half mark
         self.target = self.TARGET  # doubled each time puts find the pool empty
@@ -85,9 +86,10 @@ class SparePool:
         """Take spare rows handed out by the controller."""
         if spare is None or not len(spare["index"]):
             return
+        new = {f: np.asarray(spare[f], np.int64) for f in _FIELDS}
+        new["token"] = occupancy(new["index"], new["generation"])
         with self._lock:
-            self._rows = {f: np.concatenate([self._rows[f], np.asarray(spare[f], np.int64)])
-                          for f in _FIELDS}
+            self._rows = {f: np.concatenate([self._rows[f], new[f]]) for f in _ROWS}
             self._short = False
 
     def learn(self, schemas: dict[str, Any]) -> None:
@@ -97,7 +99,7 @@ class SparePool:
     def drain(self) -> dict[str, np.ndarray]:
         """Every spare row, now no longer in the pool (to return them)."""
         with self._lock:
-            rows, self._rows = self._rows, {f: np.zeros(0, np.int64) for f in _FIELDS}
+            rows, self._rows = self._rows, {f: np.zeros(0, np.int64) for f in _ROWS}
         return rows
 
     def _take(self, n: int) -> dict[str, np.ndarray] | None:
@@ -117,7 +119,7 @@ class SparePool:
 
     def _give_back(self, rows: dict[str, np.ndarray]) -> None:
         with self._lock:
-            self._rows = {f: np.concatenate([rows[f], self._rows[f]]) for f in _FIELDS}
+            self._rows = {f: np.concatenate([rows[f], self._rows[f]]) for f in _ROWS}
 
     def _coerced(self, cols: dict[str, Column]) -> tuple[dict[str, Column], dict] | None:
         """Columns converted to the fixed schemas known here, and their schemas; None
@@ -153,7 +155,7 @@ class SparePool:
         coerced, schemas = converted
         try:
             placement.store(units, self.partition, rows["unit"], rows["slot"], coerced,
-                            occupancy(rows["index"], rows["generation"]))
+                            rows["token"])
         except (WaitTimeout, StateError):
             # A unit did not answer (it may have died; the controller then took its
             # spare rows back), or refused the slots (a new process replaced it): these
@@ -168,9 +170,11 @@ class SparePool:
                 pass
             return False
         try:
-            done = ctrl.commit_new(partition=self.partition, keys=keys, index=rows["index"],
-                                   generation=rows["generation"], schemas=schemas, tags=tags,
-                                   unit=self.unit, spare=self.wanted())
+            # A few ints: as lists they cost a fraction of arrays to encode and decode.
+            done = ctrl.commit_new(partition=self.partition, keys=keys,
+                                   index=rows["index"].tolist(),
+                                   generation=rows["generation"].tolist(), schemas=schemas,
+                                   tags=tags, unit=self.unit, spare=self.wanted())
         except BaseException as exc:
             if type(exc) is StateError:
                 self.drain()  # the controller took spare rows back: trust none of them
