@@ -14,10 +14,12 @@ ext code   payload (msgpack)
 4 tuple    ``[item, ...]`` (so tuples come back as tuples)
 5 tensor   ``[torch dtype name, shape, bytes]``: a small tensor inside the header
 6 ndarray  ``[numpy dtype str, shape, bytes]``: a small array inside the header
+7 int64    the raw little-endian bytes of a small 1-D int64 array (not msgpack)
 =========  ====================================================================
 
 ``encode(obj, inline=n)`` puts tensors and arrays of at most ``n`` bytes in the
-header (codes 5 and 6) instead of frames of their own: for small messages each
+header (codes 5, 6 and 7; 7 for 1-D int64 arrays, the row indexes most messages
+carry, which it makes about twice as cheap to encode and decode) instead of frames of their own: for small messages each
 frame costs more than copying its bytes (an RPC passes ``inline``; files do not).
 
 Supported values: dict (str keys), list, tuple, str, int, float, bool, None,
@@ -59,6 +61,7 @@ VERSION = 1
 _MAGIC = "tqs"
 _EXT_TENSOR, _EXT_NDARRAY, _EXT_RAGGED, _EXT_TUPLE = 1, 2, 3, 4
 _EXT_SMALL_TENSOR, _EXT_SMALL_NDARRAY = 5, 6
+_EXT_INT64S = 7  # a small 1-D int64 array inline: its raw little-endian bytes, no header
 _MAX_DEPTH = 64  # nesting limit: bounds recursion on encode (msgspec bounds decode)
 
 _PLAIN = frozenset({str, int, float, bool, type(None), bytes})
@@ -223,6 +226,10 @@ def _tensor_ext(t: torch.Tensor, buffers: list[memoryview]) -> msgspec.msgpack.E
 
 
 def _ndarray_ext(a: np.ndarray, buffers: list[memoryview]) -> msgspec.msgpack.Ext:
+    if a.dtype.str == "<i8" and a.ndim == 1 and a.nbytes <= getattr(buffers, "inline", 0):
+        # Row indexes, slots, generations: most messages carry a few. Without a nested
+        # descriptor they cost about half as much to encode and to decode.
+        return msgspec.msgpack.Ext(_EXT_INT64S, a.tobytes())
     if a.dtype.str not in _NUMPY_DTYPES:
         raise SerializationError(
             f"unsupported ndarray dtype {a.dtype} (shape {a.shape}); "
@@ -361,6 +368,11 @@ class _BodyReader:
             if not raw:
                 return torch.empty(shape, dtype=dtype)
             return torch.frombuffer(bytearray(raw), dtype=dtype).view(shape)  # private copy
+        if code == _EXT_INT64S:
+            if len(data) % 8:
+                raise SerializationError(f"int64 array payload must be whole words, got "
+                                         f"{len(data)} bytes")
+            return np.frombuffer(data, "<i8").copy()  # private: ``data`` is reused
         if code == _EXT_SMALL_NDARRAY:
             dtype, shape, raw = self._small(data, _NUMPY_DTYPES)
             return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
