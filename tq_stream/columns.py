@@ -111,7 +111,13 @@ class FieldSchema:
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}  # dtype -> its name, as they are asked for
 
 
 def dtype_from_name(name: str) -> torch.dtype:

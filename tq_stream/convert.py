@@ -30,7 +30,7 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from tq_stream import fieldpath
-from tq_stream.columns import Column, FieldSchema, Ragged, column_len, schema_of
+from tq_stream.columns import Column, FieldSchema, Ragged, column_len, dtype_name, schema_of
 from tq_stream.errors import ConfigError, SchemaError, check_name
 
 _PLAIN = (str, int, float, bool, bytes, type(None))
@@ -224,7 +224,9 @@ def single_row(data: Any) -> dict[str, Column]:
 
 
 def schemas_of(columns: Mapping[str, Column]) -> dict[str, dict]:
-    return {f: schema_of(c).to_dict() for f, c in columns.items()}
+    return {f: {"kind": "dense", "dtype": dtype_name(c.dtype), "shape": list(c.shape[1:])}
+            if type(c) is torch.Tensor else schema_of(c).to_dict()  # dense: the common case
+            for f, c in columns.items()}
 
 
 def to_value(column: Column, schema: FieldSchema | None = None, ragged: str = "nested") -> Any:

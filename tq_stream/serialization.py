@@ -18,9 +18,10 @@ ext code   payload (msgpack)
 =========  ====================================================================
 
 ``encode(obj, inline=n)`` puts tensors and arrays of at most ``n`` bytes in the
-header (codes 5, 6 and 7; 7 for 1-D int64 arrays, the row indexes most messages
-carry, which it makes about twice as cheap to encode and decode) instead of frames of their own: for small messages each
+header (codes 5, 6 and 7) instead of frames of their own: for small messages each
 frame costs more than copying its bytes (an RPC passes ``inline``; files do not).
+Code 7 is for 1-D int64 arrays, the row indexes most messages carry: it makes them
+about twice as cheap to encode and to decode as code 6.
 
 Supported values: dict (str keys), list, tuple, str, int, float, bool, None,
 bytes, and as leaves ``torch.Tensor`` (strided, any common dtype incl.

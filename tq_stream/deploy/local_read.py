@@ -129,12 +129,13 @@ class _RowWriter:
                            tuple(t.shape[1:]))
                        for f, t in layout.fields.items() if t is not None}
 
-    def write(self, slot: int, columns: dict[str, torch.Tensor], token: int) -> bool:
+    def write(self, slot: int, columns: dict[str, Column], token: int) -> bool:
         if not self.layout.writable() or slot >= len(self.tokens) or slot >= len(self.live):
             return False
         for f, col in columns.items():
             field, flags = self.fields.get(f), self.flags.get(f)
-            if field is None or flags is None or slot >= min(field[2], len(flags)) or \
+            if type(col) is not torch.Tensor or field is None or flags is None or \
+                    slot >= min(field[2], len(flags)) or \
                     col.dtype != field[3] or tuple(col.shape) != (1, *field[4]) or \
                     not col.is_contiguous():
                 return False
@@ -202,6 +203,11 @@ class SameHostUnit(StorageUnit):
 
     def put(self, partition: str, slots: np.ndarray, columns: dict[str, Column],
             generations: np.ndarray | None = None) -> None:
+        if len(slots) == 1 and generations is not None:  # a small put's one new row
+            layout = self._writes.get((partition, tuple(columns)))
+            if layout is not None and layout.rows is not None and \
+                    layout.rows.write(int(slots[0]), columns, int(generations[0])):
+                return  # (a cached layout still writable is current: nothing is stale)
         slots = np.asarray(slots, dtype=np.int64)
         if not len(slots):
             return
