@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -107,3 +109,14 @@ def test_coerce_dense_into_ragged_and_back():
     assert coerce(Ragged.from_list([torch.ones(2), torch.ones(3)]), dense_schema) is None
     assert coerce(torch.ones(2, 3, dtype=torch.float64), ragged_schema) is None  # dtype
     assert coerce(["a"], dense_schema) is None
+
+
+def test_schemas_from_dicts_are_shared_and_odd_ones_still_made():
+    d = {"kind": "dense", "dtype": "float32", "shape": [4]}
+    a, b = FieldSchema.from_dict(d), FieldSchema.from_dict(dict(d))
+    assert a == FieldSchema("dense", "float32", (4,)) and a is b  # made once, immutable
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.shape = (5,)  # type: ignore[misc]
+    odd = FieldSchema.from_dict({"kind": "dense", "dtype": "float32", "shape": [[1], 2]})
+    assert odd.shape == ([1], 2)  # unhashable parts: not kept, made as before
+    assert FieldSchema.from_dict({"kind": "object", "dtype": "", "shape": []}).kind == "object"

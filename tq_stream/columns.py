@@ -107,7 +107,22 @@ class FieldSchema:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> FieldSchema:
-        return FieldSchema(d["kind"], d["dtype"], tuple(d["shape"]))
+        # Every message about rows carries their schemas: the few distinct ones are
+        # made once (a schema is immutable, so one object may serve every caller).
+        key = (d["kind"], d["dtype"], tuple(d["shape"]))
+        try:
+            return _SCHEMAS[key]
+        except KeyError:
+            schema = FieldSchema(*key)
+        except TypeError:  # unhashable parts: not a schema the cache may keep
+            return FieldSchema(*key)
+        if len(_SCHEMAS) < MAX_SCHEMAS:
+            _SCHEMAS[key] = schema
+        return schema
+
+
+MAX_SCHEMAS = 1024  # distinct schemas kept by FieldSchema.from_dict (then made anew)
+_SCHEMAS: dict[tuple[Any, Any, tuple[Any, ...]], FieldSchema] = {}
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -11,6 +11,15 @@ import numpy as np
 from tq_stream.columns import FieldSchema
 from tq_stream.errors import ConfigError
 
+_INT64 = np.dtype(np.int64)
+
+
+def _int64s(values: Any) -> np.ndarray:
+    """``values`` as an int64 array (as decoded from a reply, they mostly are one)."""
+    if type(values) is np.ndarray and values.dtype is _INT64:
+        return values
+    return np.asarray(values, dtype=np.int64)
+
 
 @dataclass(frozen=True)
 class BatchMeta:
@@ -58,9 +67,8 @@ class BatchMeta:
     def from_dict(d: Mapping[str, Any]) -> BatchMeta:
         return BatchMeta(
             partition=d["partition"], keys=tuple(d["keys"]),
-            index=np.asarray(d["index"], dtype=np.int64),
-            generation=np.asarray(d["generation"], dtype=np.int64),
-            unit=np.asarray(d["unit"], dtype=np.int32), slot=np.asarray(d["slot"], np.int64),
+            index=_int64s(d["index"]), generation=_int64s(d["generation"]),
+            unit=np.asarray(d["unit"], dtype=np.int32), slot=_int64s(d["slot"]),
             tags=tuple(d.get("tags") or [{} for _ in d["keys"]]),
             fields=tuple(d.get("fields", ())),
             schemas={f: FieldSchema.from_dict(s) for f, s in d.get("schemas", {}).items()},
