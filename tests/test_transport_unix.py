@@ -278,3 +278,18 @@ def test_an_address_whose_folder_is_gone_fails_at_once(tmp_path):
     with UnixRpcClient(address, timeout=120) as c:
         with pytest.raises(WaitTimeout, match="its folder does not exist"):
             c.call("ping", {})
+
+
+def test_a_pooled_connection_the_server_closed_is_replaced_unseen(handler, address,
+                                                                   monkeypatch):
+    """A recently used connection is taken without checking for a hang-up: if the server
+    closed it (idle timeout, or room for a new connection), the call goes on a new one."""
+    from tq_stream.transport import unix_client, unix_server
+
+    monkeypatch.setattr(unix_client, "RECENT", 3600.0)  # never check
+    monkeypatch.setattr(unix_server, "_SWEEP", 0.05)
+    with UnixRpcServer(handler, address, idle_timeout=0.1) as srv, \
+            UnixRpcClient(address, timeout=5) as c:
+        assert c.call("echo", {"value": 1}) == 1
+        wait_until(lambda: srv.connections == 0)  # the server closed the pooled one
+        assert [c.call("echo", {"value": v}) for v in range(2, 6)] == [2, 3, 4, 5]

@@ -31,12 +31,16 @@ from tq_stream.transport.unix_server import unix_path
 RETRY_CONNECT = 0.05  # seconds between attempts to reach a server that is (re)starting
 
 
+RECENT = 1.0  # seconds: a connection idle for less is used without the check for a hang-up
+
+
 class _Conn:
-    __slots__ = ("reader", "sock")
+    __slots__ = ("idle_since", "reader", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.reader = Reader(sock)
+        self.idle_since = 0.0
 
     def stale(self) -> bool:
         """True if the server closed it (an idle connection never has data to read)."""
@@ -44,6 +48,10 @@ class _Conn:
             return bool(select.select([self.sock], [], [], 0)[0])
         except (OSError, ValueError):
             return True
+
+
+class _HungUp(Exception):
+    """A pooled connection was closed by its server before a request was sent on it."""
 
 
 class _Pool:
@@ -72,7 +80,10 @@ class _Pool:
                 conn = self._idle.pop() if self._idle else None
             if conn is None:
                 return self._connect(deadline, address, method), True
-            if not conn.stale():
+            # A server closes only connections idle for minutes (or the longest idle
+            # one when it is full): a recent one is live, and if not, a send to it
+            # fails before anything is sent (``_exchange`` then takes a new one).
+            if time.monotonic() - conn.idle_since < RECENT or not conn.stale():
                 return conn, False
             conn.sock.close()
 
@@ -105,6 +116,7 @@ class _Pool:
                 raise
 
     def checkin(self, conn: _Conn) -> None:
+        conn.idle_since = time.monotonic()
         with self._lock:
             if not self._closed and len(self._idle) < self._max_idle:
                 self._idle.append(conn)
@@ -168,12 +180,16 @@ class UnixRpcClient(Transport):
                          "timeout": timeout}, inline=INLINE_BYTES)
         pool = self._pool_of_this_process()
         conn, fresh = pool.checkout(deadline, self.address, method)
-        reply = None
-        try:
-            reply = self._exchange(conn, fresh, pool, frames, deadline, method, timeout)
-        finally:
-            if reply is None:
+        while True:
+            try:
+                reply = self._exchange(conn, fresh, frames, deadline, method, timeout)
+                break
+            except _HungUp:  # nothing was sent: the call goes on another connection
                 conn.sock.close()
+                conn, fresh = pool.checkout(deadline, self.address, method)
+            except BaseException:
+                conn.sock.close()
+                raise
         conn_ok = reply.get("id") == req_id
         if conn_ok:
             pool.checkin(conn)
@@ -186,8 +202,13 @@ class UnixRpcClient(Transport):
                                      f"request {reply.get('id')!r}, not {req_id}")
         raise error_from_value(reply.get("error"), self.address)
 
-    def _exchange(self, conn: _Conn, fresh: bool, pool: _Pool, frames: list[Any],
-                  deadline: float, method: str, timeout: float) -> dict[str, Any]:
+    def _exchange(self, conn: _Conn, fresh: bool, frames: list[Any], deadline: float,
+                  method: str, timeout: float) -> dict[str, Any]:
+        """Send one request on ``conn`` and read its reply.
+
+        Raises:
+            _HungUp: ``conn`` came from the pool and its server had closed it.
+        """
         try:
             conn.sock.settimeout(max(0.001, deadline - time.monotonic()))
             send_message(conn.sock, frames)
@@ -198,10 +219,7 @@ class UnixRpcClient(Transport):
                     return refusal
                 raise Unreachable(f"server at {self.address} closed the connection before "
                                   f"{method!r} was sent") from None
-            # A pooled connection whose server went away: nothing was received there.
-            conn.sock.close()
-            conn, _ = pool.checkout(deadline, self.address, method)
-            return self._exchange(conn, True, pool, frames, deadline, method, timeout)
+            raise _HungUp from None  # a pooled connection the server had closed
         except TimeoutError:
             raise WaitTimeout(f"could not send {method!r} to {self.address} within "
                               f"{timeout:g} s") from None
