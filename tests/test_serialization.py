@@ -489,20 +489,22 @@ def test_load_rejects_corrupt_files(tmp_path, mmap):
 @pytest.mark.parametrize("array", [
     np.array([7], dtype=np.int64), np.arange(64, dtype=np.int64), np.zeros(0, np.int64),
     np.arange(20, dtype=np.int64)[::3], np.array([-(2**63), 2**63 - 1], dtype=np.int64),
+    np.array([3], dtype=np.int32), np.array([-(2**31), 2**31 - 1], dtype=np.int32),
 ])
-def test_small_int64_vectors_inline_roundtrip_as_private_writable_arrays(array):
+def test_small_int_vectors_inline_roundtrip_as_private_writable_arrays(array):
     frames = encode({"index": array}, inline=4096)
     assert len(frames) == 1  # inline: no buffer frame
     buf = bytearray(frames[0])
     got = decode([buf])["index"]
-    assert got.dtype == np.int64 and got.shape == array.shape and np.array_equal(got, array)
+    assert got.dtype == array.dtype and got.shape == array.shape and np.array_equal(got, array)
     buf[:] = bytes(len(buf))  # the receive buffer is reused for the next message
     assert np.array_equal(got, array) and got.flags.writeable
     if array.size:  # without inline: its own frame, as before
         assert len(encode({"index": array})) == 2
 
 
-def test_an_int64_vector_payload_of_partial_words_raises():
-    header = msgspec.msgpack.encode(["tqs", VERSION, 1, msgspec.msgpack.Ext(7, b"\x01" * 7)])
-    with pytest.raises(SerializationError, match="whole words"):
+@pytest.mark.parametrize("payload", [b"q" + b"\x01" * 7, b"i\x01\x02", b"", b"f" + bytes(8)])
+def test_a_malformed_int_vector_payload_raises(payload):
+    header = msgspec.msgpack.encode(["tqs", VERSION, 1, msgspec.msgpack.Ext(7, payload)])
+    with pytest.raises(SerializationError, match="dtype letter"):
         decode([header])

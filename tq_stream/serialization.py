@@ -14,14 +14,15 @@ ext code   payload (msgpack)
 4 tuple    ``[item, ...]`` (so tuples come back as tuples)
 5 tensor   ``[torch dtype name, shape, bytes]``: a small tensor inside the header
 6 ndarray  ``[numpy dtype str, shape, bytes]``: a small array inside the header
-7 int64    the raw little-endian bytes of a small 1-D int64 array (not msgpack)
+7 ints     a small 1-D int64 or int32 array: ``b"q"`` or ``b"i"``, then its raw
+           little-endian bytes (not msgpack)
 =========  ====================================================================
 
 ``encode(obj, inline=n)`` puts tensors and arrays of at most ``n`` bytes in the
 header (codes 5, 6 and 7) instead of frames of their own: for small messages each
 frame costs more than copying its bytes (an RPC passes ``inline``; files do not).
-Code 7 is for 1-D int64 arrays, the row indexes most messages carry: it makes them
-about twice as cheap to encode and to decode as code 6.
+Code 7 is for 1-D int64 and int32 arrays, the row addresses most messages carry: it
+makes them about twice as cheap to encode and to decode as code 6.
 
 Supported values: dict (str keys), list, tuple, str, int, float, bool, None,
 bytes, and as leaves ``torch.Tensor`` (strided, any common dtype incl.
@@ -62,7 +63,9 @@ VERSION = 1
 _MAGIC = "tqs"
 _EXT_TENSOR, _EXT_NDARRAY, _EXT_RAGGED, _EXT_TUPLE = 1, 2, 3, 4
 _EXT_SMALL_TENSOR, _EXT_SMALL_NDARRAY = 5, 6
-_EXT_INT64S = 7  # a small 1-D int64 array inline: its raw little-endian bytes, no header
+_EXT_INTS = 7  # a small 1-D int64/int32 array inline: a dtype letter, then its raw bytes
+_INT_CODES = {"<i8": b"q", "<i4": b"i"}  # numpy dtype str -> its letter in an ext 7 value
+_INT_DTYPES = {ord(c): np.dtype(name) for name, c in _INT_CODES.items()}
 _MAX_DEPTH = 64  # nesting limit: bounds recursion on encode (msgspec bounds decode)
 
 _PLAIN = frozenset({str, int, float, bool, type(None), bytes})
@@ -227,10 +230,11 @@ def _tensor_ext(t: torch.Tensor, buffers: list[memoryview]) -> msgspec.msgpack.E
 
 
 def _ndarray_ext(a: np.ndarray, buffers: list[memoryview]) -> msgspec.msgpack.Ext:
-    if a.dtype.str == "<i8" and a.ndim == 1 and a.nbytes <= getattr(buffers, "inline", 0):
-        # Row indexes, slots, generations: most messages carry a few. Without a nested
-        # descriptor they cost about half as much to encode and to decode.
-        return msgspec.msgpack.Ext(_EXT_INT64S, a.tobytes())
+    letter = _INT_CODES.get(a.dtype.str)
+    if letter is not None and a.ndim == 1 and a.nbytes <= getattr(buffers, "inline", 0):
+        # Row indexes, units, slots, generations: most messages carry a few. Without a
+        # nested descriptor they cost about half as much to encode and to decode.
+        return msgspec.msgpack.Ext(_EXT_INTS, letter + a.tobytes())
     if a.dtype.str not in _NUMPY_DTYPES:
         raise SerializationError(
             f"unsupported ndarray dtype {a.dtype} (shape {a.shape}); "
@@ -369,11 +373,13 @@ class _BodyReader:
             if not raw:
                 return torch.empty(shape, dtype=dtype)
             return torch.frombuffer(bytearray(raw), dtype=dtype).view(shape)  # private copy
-        if code == _EXT_INT64S:
-            if len(data) % 8:
-                raise SerializationError(f"int64 array payload must be whole words, got "
-                                         f"{len(data)} bytes")
-            return np.frombuffer(data, "<i8").copy()  # private: ``data`` is reused
+        if code == _EXT_INTS:
+            dtype = _INT_DTYPES.get(data[0]) if len(data) else None
+            if dtype is None or (len(data) - 1) % dtype.itemsize:
+                raise SerializationError(f"int array payload must be a dtype letter "
+                                         f"{sorted(_INT_CODES.values())} and whole items, got "
+                                         f"{bytes(data[:1])!r} and {len(data) - 1} bytes")
+            return np.frombuffer(data[1:], dtype).copy()  # private: ``data`` is reused
         if code == _EXT_SMALL_NDARRAY:
             dtype, shape, raw = self._small(data, _NUMPY_DTYPES)
             return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
