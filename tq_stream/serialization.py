@@ -99,6 +99,7 @@ _NUMPY_DTYPES: dict[str, np.dtype] = {
 
 _ENCODER = msgspec.msgpack.Encoder()
 _ENVELOPE = msgspec.msgpack.Decoder(list[msgspec.Raw])
+_HEAD = msgspec.msgpack.Decoder(tuple[str, int, int, msgspec.Raw])  # the envelope, typed
 _STR = msgspec.msgpack.Decoder(str)
 _INT = msgspec.msgpack.Decoder(int)
 _BUFFER_DESC = msgspec.msgpack.Decoder(tuple[str, list[int], int, int])
@@ -302,26 +303,38 @@ def _frame_view(i: int, frame: Any) -> memoryview:
     return view
 
 
-def _decode_views(views: list[memoryview]) -> Any:
+def _body(header: memoryview, n_views: int) -> msgspec.Raw:
+    """The body of a header frame, once its envelope is checked."""
+    try:  # a well-formed envelope in one decode (the common case)
+        magic, version, n_frames, body = _HEAD.decode(header)
+        if magic == _MAGIC and version == VERSION and n_frames == n_views:
+            return body
+    except msgspec.MsgspecError:
+        pass  # the checks below name what is wrong
     try:
-        parts = _ENVELOPE.decode(views[0])
+        parts = _ENVELOPE.decode(header)
     except msgspec.MsgspecError as exc:
-        raise SerializationError(f"malformed header frame ({len(views[0])} bytes): {exc}") from exc
+        raise SerializationError(f"malformed header frame ({len(header)} bytes): {exc}") from exc
     if len(parts) != 4 or _STR.decode(parts[0]) != _MAGIC:
         raise SerializationError("header frame is not a tq_stream message (bad magic or length)")
     version = _INT.decode(parts[1])
     if version != VERSION:
         raise SerializationError(f"unsupported format version {version}; this reads {VERSION}")
     n_frames = _INT.decode(parts[2])
-    if n_frames != len(views):
-        raise SerializationError(f"header announces {n_frames} frames, got {len(views)}")
+    if n_frames != n_views:
+        raise SerializationError(f"header announces {n_frames} frames, got {n_views}")
+    raise SerializationError("header frame is not a tq_stream message (bad envelope)")
+
+
+def _decode_views(views: list[memoryview]) -> Any:
+    body = _body(views[0], len(views))
     reader = _BodyReader.of_this_thread()
     reader.start(views)
     try:
-        obj = reader.decoder.decode(parts[3])
+        obj = reader.decoder.decode(body)
     finally:
         used, reader.views, reader.used = reader.used, [], []
-    unused = [i for i, u in enumerate(used) if not u]
+    unused = [i for i, u in enumerate(used) if not u] if len(used) > 1 else ()
     if unused:
         raise SerializationError(f"frames {unused} are not referenced by the header")
     return obj
