@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -62,3 +64,17 @@ def test_from_dict_defaults():
     m = BatchMeta.from_dict({"partition": "p", "keys": ["a"], "index": [0], "generation": [0],
                              "unit": [0], "slot": [0]})
     assert m.tags == ({},) and m.step == -1 and not m.end and m.index.dtype == np.int64
+
+
+def test_from_dict_sets_every_field_and_the_result_stays_frozen():
+    d = {"partition": "p", "keys": ["a", "b"], "index": [1, 2], "generation": [0, 3],
+         "unit": [0, 1], "slot": [5, 6], "schemas": {"x": {"kind": "dense",
+                                                          "dtype": "float32", "shape": [2]}},
+         "fields": ["x"], "task": "t", "step": 4, "dp_rank": 1, "replica": 1}
+    meta = BatchMeta.from_dict(d)
+    assert set(vars(meta)) == {f.name for f in dataclasses.fields(BatchMeta)}
+    assert meta.index.dtype == np.int64 and meta.unit.dtype == np.int32
+    assert meta.tags == ({}, {}) and meta.session == "" and meta.end is False
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        meta.step = 5  # type: ignore[misc]
+    assert meta.select([1]).keys == ("b",) and meta.select([1]).slot.tolist() == [6]
