@@ -23,6 +23,7 @@ belongs to the process that filled it (a forked child starts with none).
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -45,6 +46,18 @@ def _clean(exc: BaseException) -> bool:
     return isinstance(exc, TQError) and not isinstance(exc, WaitTimeout)
 
 
+def _split(rows: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """Rows (field -> array) as one dict of one-row views per row."""
+    return [{f: a[i : i + 1] for f, a in rows.items()} for i in range(len(rows["index"]))]
+
+
+def _joined(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """One-row dicts (``_split``) as one dict of arrays, in order."""
+    if not rows:
+        return {f: np.zeros(0, np.int64) for f in _ROWS}
+    return {f: np.concatenate([r[f] for r in rows]) for f in _ROWS}
+
+
 class SparePool:
     """Spare rows for puts to one partition (and unit choice) from this process.
 
@@ -62,14 +75,16 @@ class SparePool:
         self.partition = partition
         self.unit = unit
         self._lock = threading.Lock()
-        self._rows = {f: np.zeros(0, dtype=np.int64) for f in _ROWS}
+        # One dict of one-row arrays per spare row, next first: a one-row put (the
+        # common small put) takes its row with no numpy call.
+        self._rows: collections.deque[dict[str, np.ndarray]] = collections.deque()
         self._cooldown = 0
         self._short = False  # a put found too few rows: refill before the half mark
         self.target = self.TARGET  # doubled each time puts find the pool empty
         self._schemas: dict[str, dict] = {}  # fixed schemas seen (they never change)
 
     def __len__(self) -> int:
-        return len(self._rows["index"])
+        return len(self._rows)
 
     def wanted(self) -> int:
         """How many spare rows the next ``reserve`` or ``commit_new`` should ask for: none
@@ -88,8 +103,9 @@ class SparePool:
             return
         new = {f: np.asarray(spare[f], np.int64) for f in _FIELDS}
         new["token"] = occupancy(new["index"], new["generation"])
+        rows = _split(new)
         with self._lock:
-            self._rows = {f: np.concatenate([self._rows[f], new[f]]) for f in _ROWS}
+            self._rows.extend(rows)
             self._short = False
 
     def learn(self, schemas: dict[str, Any]) -> None:
@@ -99,8 +115,8 @@ class SparePool:
     def drain(self) -> dict[str, np.ndarray]:
         """Every spare row, now no longer in the pool (to return them)."""
         with self._lock:
-            rows, self._rows = self._rows, {f: np.zeros(0, np.int64) for f in _ROWS}
-        return rows
+            rows, self._rows = self._rows, collections.deque()
+        return _joined(list(rows))
 
     def _take(self, n: int) -> dict[str, np.ndarray] | None:
         with self._lock:
@@ -113,13 +129,14 @@ class SparePool:
                     if not len(self):  # concurrent puts outran the refills: hold more
                         self.target = min(2 * self.target, self.MAX_TARGET)
                 return None
-            taken = {f: a[:n] for f, a in self._rows.items()}
-            self._rows = {f: a[n:] for f, a in self._rows.items()}
-            return taken
+            if n == 1:
+                return self._rows.popleft()
+            return _joined([self._rows.popleft() for _ in range(n)])
 
     def _give_back(self, rows: dict[str, np.ndarray]) -> None:
+        back = _split(rows)
         with self._lock:
-            self._rows = {f: np.concatenate([rows[f], self._rows[f]]) for f in _ROWS}
+            self._rows.extendleft(reversed(back))
 
     def _coerced(self, cols: dict[str, Column]) -> tuple[dict[str, Column], dict] | None:
         """Columns converted to the fixed schemas known here, and their schemas; None

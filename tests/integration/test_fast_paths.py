@@ -14,6 +14,7 @@ import pytest
 import torch
 from tq_fixtures import local_stream, segments_of, start_local  # noqa: F401 - fixture
 
+from tq_stream import spares
 from tq_stream.backends.base import occupancy
 from tq_stream.backends.shm import ShmUnit, shm_available
 from tq_stream.deploy import local_read
@@ -309,7 +310,7 @@ def test_closing_returns_spare_rows(local_stream):  # noqa: F811
     backend = local_stream._backend
     local_stream.writer("returned").put(["a"], {"x": torch.ones(1, 2)})
     pools = [pool for (part, _), pool in backend._spares.items() if part == "returned"]
-    rows = {f: a.copy() for f, a in pools[0]._rows.items()}
+    rows = spares._joined(list(pools[0]._rows))  # a copy of the pool's rows
     assert len(rows["index"])
     backend.release_spares()
     assert all(len(pool) == 0 for pool in pools)
