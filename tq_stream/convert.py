@@ -169,7 +169,9 @@ def _flatten(items: Mapping[Any, Any], out: dict[str, Any], prefix: str = "",
 def to_columns(data: Any, n: int) -> dict[str, Column]:
     """Normalize a TensorDict / dict of n rows into columns (field names checked;
     nested TensorDicts and dicts become ``"a.b"`` fields, see ``fieldpath``)."""
-    if isinstance(data, TensorDictBase):
+    if type(data) is dict:  # the common case first: no ABC checks
+        items = dict(data)
+    elif isinstance(data, TensorDictBase):
         if data.batch_size and data.batch_size[0] != n:
             raise SchemaError(f"data must have batch size [{n}] (one row per key), got "
                               f"{list(data.batch_size)}")
