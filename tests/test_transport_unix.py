@@ -28,7 +28,13 @@ from tq_stream.serialization import decode, encode
 from tq_stream.transport.replies import BUSY
 from tq_stream.transport.rpc import rpc_client, rpc_server
 from tq_stream.transport.unix_client import UnixRpcClient
-from tq_stream.transport.unix_frames import MAX_FRAMES, send_message
+from tq_stream.transport.unix_frames import (
+    MAX_FRAMES,
+    Reader,
+    TimedOut,
+    nonblocking,
+    send_message,
+)
 from tq_stream.transport.unix_server import UnixRpcServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -196,7 +202,7 @@ def test_malformed_input_closes_only_that_connection(server, client, address):
     garbage = raw_request(address, struct.pack("<IQ", 1, 5) + b"\xc1\xc1\xc1\xc1\xc1")
     garbage.close()  # not msgpack and no id: dropped without an answer
     with pytest.raises(Exception, match="frames"):
-        send_message(socket.socket(socket.AF_UNIX), [b""] * (MAX_FRAMES + 1))
+        send_message(socket.socket(socket.AF_UNIX), [b""] * (MAX_FRAMES + 1), time.monotonic() + 5)
     assert client.call("echo", {"value": "alive"}) == "alive"
 
 
@@ -293,3 +299,25 @@ def test_a_pooled_connection_the_server_closed_is_replaced_unseen(handler, addre
         assert c.call("echo", {"value": 1}) == 1
         wait_until(lambda: srv.connections == 0)  # the server closed the pooled one
         assert [c.call("echo", {"value": v}) for v in range(2, 6)] == [2, 3, 4, 5]
+
+
+def test_frames_on_nonblocking_sockets_wait_for_room_and_data_within_the_deadline():
+    a, b = (nonblocking(s) for s in socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
+    try:
+        reader = Reader(b)
+        with pytest.raises(TimedOut) as info:  # nothing sent: an idle timeout
+            reader.read(time.monotonic() + 0.05)
+        assert info.value.idle
+        big = os.urandom(8 << 20)  # far more than the socket buffer takes at once
+        got = []
+        slow = threading.Thread(target=lambda: (time.sleep(0.2),
+                                                got.append(reader.read(time.monotonic() + 10))))
+        slow.start()
+        send_message(a, [b"head", big], time.monotonic() + 10)  # waits for the reader
+        slow.join(10)
+        assert bytes(got[0][0]) == b"head" and bytes(got[0][1]) == big
+        with pytest.raises(TimeoutError):  # nobody reads: the send gives up at its deadline
+            send_message(a, [big], time.monotonic() + 0.2)
+    finally:
+        a.close()
+        b.close()

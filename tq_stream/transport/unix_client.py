@@ -25,7 +25,13 @@ from tq_stream.serialization import decode, encode
 from tq_stream.transport.base import Transport
 from tq_stream.transport.remote_errors import error_from_value
 from tq_stream.transport.replies import INLINE_BYTES
-from tq_stream.transport.unix_frames import FrameError, Reader, TimedOut, send_message
+from tq_stream.transport.unix_frames import (
+    FrameError,
+    Reader,
+    TimedOut,
+    nonblocking,
+    send_message,
+)
 from tq_stream.transport.unix_server import unix_path
 
 RETRY_CONNECT = 0.05  # seconds between attempts to reach a server that is (re)starting
@@ -95,7 +101,7 @@ class _Pool:
             try:
                 sock.settimeout(max(0.001, deadline - time.monotonic()))
                 sock.connect(self._path)
-                return _Conn(sock)
+                return _Conn(nonblocking(sock))
             except (FileNotFoundError, ConnectionRefusedError, TimeoutError) as exc:
                 sock.close()
                 if not os.path.isdir(os.path.dirname(self._path)):
@@ -210,8 +216,7 @@ class UnixRpcClient(Transport):
             _HungUp: ``conn`` came from the pool and its server had closed it.
         """
         try:
-            conn.sock.settimeout(max(0.001, deadline - time.monotonic()))
-            send_message(conn.sock, frames)
+            send_message(conn.sock, frames, deadline)
         except (BrokenPipeError, ConnectionResetError):
             if fresh:  # a server refusing a connection answers first, then hangs up
                 refusal = self._refusal(conn)

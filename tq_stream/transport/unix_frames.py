@@ -7,6 +7,11 @@ buffers (no joining copy) and received through a per-socket buffer, so a small
 message costs one system call each way; a large frame is received straight into
 its own tensor-backed buffer (one kernel copy, no zero-fill).
 
+Sockets are non-blocking (``nonblocking``): a send or receive is tried at once and
+waits (``poll``, bounded by the caller's deadline) only when it would block, so the
+common small message costs its one system call, without the ``poll`` and the mode
+switch a socket timeout adds to every call.
+
 Bounds: at most ``MAX_FRAMES`` frames and ``max_bytes`` bytes per message (a
 server's configured maximum; ``MAX_BYTES`` at most); a peer that announces more
 is cut off (``FrameError``) before anything is allocated for it. A reader with
@@ -16,6 +21,7 @@ idle connections of a server cost no buffer.
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 import time
@@ -43,12 +49,31 @@ class TimedOut(Exception):  # noqa: N818 - a control-flow signal, not an error
         self.idle = idle
 
 
-def send_message(sock: socket.socket, frames: list[Any]) -> None:
-    """Send one message; blocks until the kernel took every byte (the socket's
-    timeout, if any, bounds each wait).
+def nonblocking(sock: socket.socket) -> socket.socket:
+    """``sock``, made non-blocking for ``send_message`` and ``Reader`` (once)."""
+    sock.setblocking(False)
+    return sock
+
+
+def wait_for(sock: socket.socket, events: int, deadline: float) -> None:
+    """Wait until ``sock`` is ready for ``events`` (``select.POLLIN``/``POLLOUT``), or
+    raise TimeoutError once ``time.monotonic()`` passes ``deadline``."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError
+    poller = select.poll()  # poll, not select: any descriptor number
+    poller.register(sock, events)
+    if not poller.poll(max(1, int(remaining * 1000 + 0.999))):
+        raise TimeoutError
+
+
+def send_message(sock: socket.socket, frames: list[Any], deadline: float) -> None:
+    """Send one message on a non-blocking socket; waits while the kernel cannot take
+    more bytes, until ``deadline`` (``time.monotonic()``).
 
     Raises:
         FrameError: more than ``MAX_FRAMES`` frames (nothing was sent).
+        TimeoutError: the deadline passed (part of the message may have been sent).
     """
     if not 0 < len(frames) <= MAX_FRAMES:
         raise FrameError(f"a message must have 1..{MAX_FRAMES} frames, got {len(frames)}")
@@ -57,7 +82,11 @@ def send_message(sock: socket.socket, frames: list[Any]) -> None:
     views = [memoryview(head)]
     views += [memoryview(f).cast("B") for f, n in zip(frames, sizes, strict=True) if n]
     while views:
-        sent = sock.sendmsg(views[:_IOV])
+        try:
+            sent = sock.sendmsg(views[:_IOV])
+        except BlockingIOError:
+            wait_for(sock, select.POLLOUT, deadline)
+            continue
         while sent:
             n = views[0].nbytes
             if sent < n:
@@ -186,16 +215,17 @@ class Reader:
             self._end += self._recv_into(self._view[self._end :], deadline)
 
     def _recv_into(self, dest: memoryview, deadline: float) -> int:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimedOut()
-        self.sock.settimeout(remaining)
-        try:
-            got = self.sock.recv_into(dest)
-        except TimeoutError:
-            raise TimedOut() from None
-        except OSError as exc:
-            raise FrameError(f"socket error: {exc}") from None
+        while True:
+            try:
+                got = self.sock.recv_into(dest)
+                break
+            except BlockingIOError:
+                try:
+                    wait_for(self.sock, select.POLLIN, deadline)
+                except TimeoutError:
+                    raise TimedOut() from None
+            except OSError as exc:
+                raise FrameError(f"socket error: {exc}") from None
         if not got:
             raise FrameError("the peer closed the connection")
         return got

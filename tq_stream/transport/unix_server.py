@@ -44,6 +44,7 @@ from tq_stream.transport.unix_frames import (
     FrameError,
     Reader,
     TimedOut,
+    nonblocking,
     send_message,
 )
 from tq_stream.transport.wait_slots import WaitSlots, resumed
@@ -307,7 +308,7 @@ class UnixRpcServer:
             sock, _ = self._listener.accept()
         except OSError:  # BlockingIOError: none waiting
             return False
-        sock.setblocking(True)
+        nonblocking(sock)
         with self._lock:
             full = len(self._open) >= self._max
         if full and idle:  # make room: the longest idle connection goes
@@ -342,8 +343,7 @@ class UnixRpcServer:
         message = (f"{self._max} connections are open and none is idle; retry later or "
                    f"raise max_connections")
         try:
-            sock.settimeout(1.0)
-            send_message(sock, busy_reply(-1, message, self.address))
+            send_message(sock, busy_reply(-1, message, self.address), time.monotonic() + 1.0)
         except OSError:
             pass
         finally:
@@ -421,8 +421,7 @@ class UnixRpcServer:
 
     def _send(self, conn: _Conn, reply: Any) -> None:
         if reply is not None and not self._closed:
-            conn.sock.settimeout(SEND_TIMEOUT)
-            send_message(conn.sock, reply)
+            send_message(conn.sock, reply, time.monotonic() + SEND_TIMEOUT)
 
 
 def _readable(sock: socket.socket, timeout: float) -> bool:
