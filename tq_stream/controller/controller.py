@@ -317,7 +317,8 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         for f in schemas_:
             part.ready[f][index] = True
         part.write_time[index] = time.time()
-        part.tags.set(index, tags if tags is not None else [{}] * len(index))
+        if tags is not None:  # no tags: nothing to merge
+            part.tags.set(index, tags)
         for task in self._tasks[part.name].values():
             task.offer(index, part.ready_for(task.config.fields, index, task.tags))
         self._cond.notify_all()

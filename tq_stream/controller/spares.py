@@ -74,7 +74,7 @@ class SpareLogic:
         index = np.asarray(index, dtype=np.int64)
         gen = np.asarray(generation, dtype=np.int64)
         if not schemas_ or len(index) != len(keys) or gen.shape != index.shape \
-                or len(np.unique(index)) != len(index):
+                or (len(index) > 1 and len(np.unique(index)) != len(index)):
             raise ConfigError(f"commit_new needs fields and one distinct index and generation "
                               f"per key, "
                               f"got {len(schemas_)} fields, {len(keys)} keys, "
@@ -94,7 +94,7 @@ class SpareLogic:
                                   f"keys {keys[:5]}")
             if any(part.schemas.get(f, s) != s for f, s in schemas_.items()):
                 return {"ok": False, "reason": "schema"}
-            if (part.lookup(keys) >= 0).any():
+            if any(k in part.key_index for k in keys):
                 return {"ok": False, "reason": "exists"}
             if part.capacity is not None and part.live + len(keys) > part.capacity:
                 return {"ok": False, "reason": "capacity"}
