@@ -63,6 +63,8 @@ class StepLogic:
                                     & ~state.queue.avail[:n]))
 
     def _apply_discards(self, part: PartitionMeta, state: TaskState, sel: Selection) -> int:
+        if not sel.discard:  # the usual case: nothing to record, free or wake
+            return 0
         n = 0
         freed: list = []
         for reason, rows in sel.discard.items():
@@ -82,7 +84,8 @@ class StepLogic:
     def _check_selection(self, state: TaskState, sel: Selection, dp_size: int) -> None:
         rows = sel.rows
         ok = (len(sel.shares) == dp_size and all(len(s) for s in sel.shares)
-              and len(np.unique(rows)) == len(rows) and bool(state.queue.avail[rows].all()))
+              and (len(rows) == 1 or len(np.unique(rows)) == len(rows))
+              and bool(state.queue.avail[rows].all()))
         if not ok:
             raise StateError(
                 f"sampler {type(state.sampler).__name__} must return {dp_size} non-empty, "

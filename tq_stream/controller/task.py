@@ -120,7 +120,8 @@ class TaskState:
 
     def lease(self, step: int, shares: list[np.ndarray]) -> StepRecord:
         """Form ``step`` from ``shares`` (one per DP rank): their rows become LEASED."""
-        rows = np.concatenate(shares) if shares else np.zeros(0, np.int64)
+        rows = shares[0] if len(shares) == 1 else \
+            np.concatenate(shares) if shares else np.zeros(0, np.int64)
         self.queue.remove(rows)
         self.state[rows] = LEASED
         rec = StepRecord(list(shares))

@@ -46,7 +46,9 @@ class Histogram:
             self.sum += seconds
             return
         values = np.asarray(seconds, dtype=np.float64)
-        if len(values):
+        if len(values) == 1:  # one row handed out: no searchsorted/bincount
+            self.observe(float(values[0]))
+        elif len(values):
             where = np.searchsorted(_BOUNDS, values, side="left")
             self.counts += np.bincount(where, minlength=len(self.counts))
             self.sum += float(values.sum())
