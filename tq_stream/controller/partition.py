@@ -168,12 +168,18 @@ class PartitionMeta:
         """Take back spare rows (stale handles no longer match); returns ``(unit, slots)``
         pairs to free in storage, reusable after ``give_slots`` (as for ``release``)."""
         idx = idx[self.spare[idx]]
-        freed = [(u, self.slot[idx[self.unit[idx] == u]])
-                 for u in np.unique(self.unit[idx]).tolist()]
+        freed = self._slots_by_unit(idx)
         self.spare[idx] = False
         self.generation[idx] += 1
         self._free_rows.extend(idx.tolist())
         return freed
+
+    def _slots_by_unit(self, idx: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """``(unit, slots)`` of rows ``idx``, one pair per unit."""
+        if len(idx) == 1:  # one row (a one-row ack): no np.unique
+            return [(int(self.unit[idx[0]]), self.slot[idx])]
+        units = self.unit[idx]
+        return [(u, self.slot[idx[units == u]]) for u in np.unique(units).tolist()]
 
     def _place(self, units: np.ndarray) -> np.ndarray:
         n = len(units)
@@ -207,9 +213,7 @@ class PartitionMeta:
         so a late free can never hit a slot that a new row already uses.
         """
         idx = idx[self.used[idx]]
-        freed = []
-        for u in np.unique(self.unit[idx]).tolist():
-            freed.append((u, self.slot[idx[self.unit[idx] == u]]))
+        freed = self._slots_by_unit(idx)
         for k in self.keys[idx].tolist():
             del self.key_index[k]
         self.used[idx] = False

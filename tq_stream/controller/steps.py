@@ -38,6 +38,16 @@ from tq_stream.samplers.base import Candidates, Selection
 PREFIX_MIN = 16384  # candidates a prefix-ok sampler sees at least
 
 
+SMALL = 64  # rows below which plain Python sets beat numpy's set operations
+
+
+def _within(rows: np.ndarray, share: np.ndarray) -> bool:
+    """Every one of ``rows`` is in ``share``."""
+    if len(share) <= SMALL:  # a small batch: np.isin costs far more than its work
+        return set(rows.tolist()) <= set(share.tolist())
+    return bool(np.isin(rows, share).all())
+
+
 class StepLogic:
     """Mixin of Controller; see the module docstring."""
 
@@ -240,7 +250,7 @@ class StepLogic:
         generation = np.asarray(generation, dtype=np.int64)
         alive = part.used[index] & (part.generation[index] == generation)
         index = index[alive]  # rows cleared meanwhile are simply gone
-        if not np.isin(index, share).all():
+        if not _within(index, share):
             raise LeaseError(f"{what} must name rows of step {step} rank {dp_rank} of task "
                              f"{state.name!r}; got rows outside that share")
         return index
