@@ -25,6 +25,7 @@ Called with the controller's lock held; ``self`` is the Controller.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,7 @@ from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task import ACKED, LEASED, StepRecord, TaskState
 from tq_stream.errors import LeaseError, StateError
 from tq_stream.samplers.base import Candidates, Selection
+from tq_stream.samplers.sequential import SequentialSampler
 
 PREFIX_MIN = 16384  # candidates a prefix-ok sampler sees at least
 
@@ -103,21 +105,29 @@ class StepLogic:
                 f"{[len(s) for s in sel.shares]}"
             )
 
-    def _form(self, part: PartitionMeta, state: TaskState, sel: Selection) -> None:
-        shares = [np.asarray(s, dtype=np.int64) for s in sel.shares]
+    def _form(self, part: PartitionMeta, state: TaskState, given: Sequence[np.ndarray]) -> None:
+        shares = [np.asarray(s, dtype=np.int64) for s in given]
         if self._journal is not None:
             self._journal.formed(part.name, state.name, state.next_step, shares,
                                  [part.generation[s] for s in shares])
         state.lease(state.next_step, shares)
         state.next_step += 1
+        rows = shares[0] if len(shares) == 1 else np.concatenate(shares)
         self._timings.handed_out(  # type: ignore[attr-defined]
-            part.name, state.name, part.write_time[sel.rows], time.time())
+            part.name, state.name, part.write_time[rows], time.time())
 
     def _select(self, part: PartitionMeta, state: TaskState) -> bool:
         """Try to form step ``state.next_step``; True if it was formed."""
         if state.ended:
             return False
         cfg, step = state.config, state.next_step
+        if cfg.batch_size * cfg.dp_size == 1 and type(state.sampler) is SequentialSampler \
+                and state.queue.count:
+            # The default sampler, one row per step (a single waiting consumer: the
+            # write→wake latency case) takes the oldest ready row. Building candidates
+            # and checking the sampler's answer would cost more than the step itself.
+            self._form(part, state, [state.queue.ordered(1)])
+            return True
         # Samplers that want the oldest rows first see a prefix of the ready queue;
         # only when it cannot fill a step do they see every candidate.
         window = max(8 * cfg.batch_size * cfg.dp_size, PREFIX_MIN) \
@@ -132,7 +142,7 @@ class StepLogic:
             if sel.ready:
                 self._check_selection(state, sel, cfg.dp_size)
                 self._apply_discards(part, state, sel)
-                self._form(part, state, sel)
+                self._form(part, state, sel.shares)
                 return True
             if not self._apply_discards(part, state, sel):
                 break
@@ -144,7 +154,7 @@ class StepLogic:
             if sel.ready:
                 self._check_selection(state, sel, cfg.dp_size)
                 self._apply_discards(part, state, sel)
-                self._form(part, state, sel)
+                self._form(part, state, sel.shares)
                 return True
             self._apply_discards(part, state, sel)
         leftover = state.queue.ordered()
