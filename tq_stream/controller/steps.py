@@ -274,8 +274,7 @@ class StepLogic:
         state.state[done] = ACKED
         state.acked += len(done)
         rec = state.steps[step]
-        share = rec.shares[dp_rank]
-        if (state.acks[share] & (1 << replica)).all():
+        if rec.share_done(dp_rank, 1 << replica, state.acks):
             rec.claims.pop((dp_rank, replica), None)
         if all(rec.share_done(r, state.full_acks, state.acks) for r in range(len(rec.shares))):
             del state.steps[step]

@@ -59,6 +59,8 @@ class StepRecord:
     def share_done(self, rank: int, full: int, acks: np.ndarray) -> bool:
         """Every replica whose bit is in ``full`` acked every row of rank's share."""
         share = self.shares[rank]
+        if len(share) == 1:  # a batch of one: a scalar test, no numpy reduction
+            return int(acks[share[0]]) & full == full
         return bool(((acks[share] & full) == full).all())
 
 
