@@ -220,12 +220,12 @@ class PartitionMeta:
 
     def _bind(self, keys: list[str], idx: np.ndarray) -> None:
         n = len(keys)
-        self.keys[idx] = keys
         self.used[idx] = True
         self.write_time[idx] = time.time()
         self.created[idx] = np.arange(self.next_created, self.next_created + n)
         self.next_created += n
         for k, i in zip(keys, idx.tolist(), strict=True):
+            self.keys[i] = k  # one at a time: a list into an object array costs more
             self.key_index[k] = i
         self.live += n
 

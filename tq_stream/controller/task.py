@@ -117,6 +117,11 @@ class TaskState:
 
     def offer(self, rows: np.ndarray, ready: np.ndarray) -> None:
         """Rows whose fields or tags changed: those now ready and NEW become available."""
+        if len(rows) == 1:  # a one-row put: scalar tests, no numpy ufuncs on one element
+            row = int(rows[0])
+            if ready[0] and self.state[row] == NEW and not self.queue.avail[row]:
+                self.queue.push(rows)
+            return
         fresh = rows[ready & (self.state[rows] == NEW) & ~self.queue.avail[rows]]
         self.queue.push(fresh)
 
