@@ -26,7 +26,7 @@ from tq_stream.controller.access import AccessLogic
 from tq_stream.controller.admission import AdmissionLogic
 from tq_stream.controller.consuming import ConsumingLogic, check_session
 from tq_stream.controller.counts import CountLogic
-from tq_stream.controller.partition import PartitionMeta
+from tq_stream.controller.partition import PartitionMeta, parse_schemas
 from tq_stream.controller.reservations import (
     DEFAULT_WRITE_LEASE,
     ReservationLogic,
@@ -210,7 +210,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         Raises:
             SchemaError, ClosedError, ConfigError, StateError, WaitTimeout.
         """
-        schemas_ = {f: FieldSchema.from_dict(s) for f, s in schemas.items()}
+        schemas_ = parse_schemas(schemas)
         if not schemas_:
             raise ConfigError("a put must write at least one field, got none")
         check_timeout("timeout", timeout)
@@ -289,11 +289,13 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         # Contiguous blocks, one per live unit (rotating which unit comes first): rows
         # put together sit side by side in each unit and in the batch, so a read of them
         # is one plain copy per unit straight into the output. Lost units get none.
-        live = self._live_units()
-        order = np.roll(live, -(self._rr % len(live)))
-        sizes = [len(b) for b in np.array_split(np.arange(n), len(live))]
+        live = self._live_units().tolist()
+        first = self._rr % len(live)
+        order = live[first:] + live[:first]
+        q, r = divmod(n, len(live))  # np.array_split's sizes: the first r blocks get one more
+        sizes = [q + 1] * r + [q] * (len(live) - r)
         self._rr = (self._rr + n) % self.n_units
-        return np.repeat(order, sizes).astype(np.int32)
+        return np.repeat(np.asarray(order, dtype=np.int32), sizes)
 
     def _grow_tasks(self, part: PartitionMeta) -> None:
         for task in self._tasks[part.name].values():
@@ -302,7 +304,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
     def commit(self, partition: str, index: np.ndarray, generation: np.ndarray,
                schemas: Mapping[str, Any], tags: list[dict[str, Any]] | None = None) -> None:
         """Mark the fields of rows ``index`` written (their bytes are stored)."""
-        schemas_ = {f: FieldSchema.from_dict(s) for f, s in schemas.items()}
+        schemas_ = parse_schemas(schemas)
         index = np.asarray(index, dtype=np.int64)
         with self._cond:
             part = self._part(partition)
@@ -317,7 +319,8 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         for f in schemas_:
             part.ready[f][index] = True
         part.write_time[index] = time.time()
-        part.tags.set(index, tags if tags is not None else [{}] * len(index))
+        if tags is not None:  # no tags: nothing to merge
+            part.tags.set(index, tags)
         for task in self._tasks[part.name].values():
             task.offer(index, part.ready_for(task.config.fields, index, task.tags))
         self._cond.notify_all()

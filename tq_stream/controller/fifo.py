@@ -79,14 +79,13 @@ class ReadyQueue:
 
     def ordered(self, limit: int | None = None) -> np.ndarray:
         """Available rows, oldest first (at most ``limit`` if given)."""
-        if self.front:
-            fr = np.asarray([r for r, _ in self.front], dtype=np.int64)
-            fs = np.asarray([s for _, s in self.front], dtype=np.int64)
-            keep = self._valid(fr, fs)
-            self.front = [p for p, k in zip(self.front, keep.tolist(), strict=True) if k]
-            front = fr[keep]
-        else:
-            front = np.zeros(0, dtype=np.int64)
+        if not self.front:  # the usual case: no returned rows to put first
+            return self._scan(limit)
+        fr = np.asarray([r for r, _ in self.front], dtype=np.int64)
+        fs = np.asarray([s for _, s in self.front], dtype=np.int64)
+        keep = self._valid(fr, fs)
+        self.front = [p for p, k in zip(self.front, keep.tolist(), strict=True) if k]
+        front = fr[keep]
         if limit is not None and len(front) >= limit:
             return front[:limit]
         want = None if limit is None else limit - len(front)
@@ -104,5 +103,6 @@ class ReadyQueue:
             parts.append(valid)
             found += len(valid)
             start, chunk = stop, chunk * 2
-        out = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        out = parts[0] if len(parts) == 1 else \
+            np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         return out if want is None else out[:want]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,28 @@ from tq_stream.controller.tags import TagTable
 from tq_stream.errors import SchemaError
 
 _MIN = 64
+MAX_PARSED = 4096  # distinct schema dicts remembered by parse_schemas
+_PARSED: dict[tuple, FieldSchema] = {}
+
+
+def parse_schemas(schemas: Mapping[str, Any]) -> dict[str, FieldSchema]:
+    """``FieldSchema.from_dict`` of each field's schema dict, remembered: every put
+    sends the schemas of its fields, nearly always ones seen before, and building a
+    frozen dataclass is a large share of a one-row put. A dict the memo cannot key
+    goes to ``from_dict`` (which raises for a bad one, as before)."""
+    out = {}
+    for name, d in schemas.items():
+        try:
+            key = (d["kind"], d["dtype"], tuple(d["shape"]))
+            schema = _PARSED.get(key)
+        except (TypeError, KeyError):
+            key, schema = None, None
+        if schema is None:
+            schema = FieldSchema.from_dict(d)
+            if key is not None and len(_PARSED) < MAX_PARSED:
+                _PARSED[key] = schema
+        out[name] = schema
+    return out
 
 
 def _grow(arr: np.ndarray, n: int, fill: Any = 0) -> np.ndarray:
@@ -168,12 +191,18 @@ class PartitionMeta:
         """Take back spare rows (stale handles no longer match); returns ``(unit, slots)``
         pairs to free in storage, reusable after ``give_slots`` (as for ``release``)."""
         idx = idx[self.spare[idx]]
-        freed = [(u, self.slot[idx[self.unit[idx] == u]])
-                 for u in np.unique(self.unit[idx]).tolist()]
+        freed = self._slots_by_unit(idx)
         self.spare[idx] = False
         self.generation[idx] += 1
         self._free_rows.extend(idx.tolist())
         return freed
+
+    def _slots_by_unit(self, idx: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """``(unit, slots)`` of rows ``idx``, one pair per unit."""
+        if len(idx) == 1:  # one row (a one-row ack): no np.unique
+            return [(int(self.unit[idx[0]]), self.slot[idx])]
+        units = self.unit[idx]
+        return [(u, self.slot[idx[units == u]]) for u in np.unique(units).tolist()]
 
     def _place(self, units: np.ndarray) -> np.ndarray:
         n = len(units)
@@ -191,12 +220,12 @@ class PartitionMeta:
 
     def _bind(self, keys: list[str], idx: np.ndarray) -> None:
         n = len(keys)
-        self.keys[idx] = keys
         self.used[idx] = True
         self.write_time[idx] = time.time()
         self.created[idx] = np.arange(self.next_created, self.next_created + n)
         self.next_created += n
         for k, i in zip(keys, idx.tolist(), strict=True):
+            self.keys[i] = k  # one at a time: a list into an object array costs more
             self.key_index[k] = i
         self.live += n
 
@@ -207,9 +236,7 @@ class PartitionMeta:
         so a late free can never hit a slot that a new row already uses.
         """
         idx = idx[self.used[idx]]
-        freed = []
-        for u in np.unique(self.unit[idx]).tolist():
-            freed.append((u, self.slot[idx[self.unit[idx] == u]]))
+        freed = self._slots_by_unit(idx)
         for k in self.keys[idx].tolist():
             del self.key_index[k]
         self.used[idx] = False

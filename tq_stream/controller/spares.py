@@ -21,8 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tq_stream.columns import FieldSchema
-from tq_stream.controller.partition import PartitionMeta
+from tq_stream.controller.partition import PartitionMeta, parse_schemas
 from tq_stream.errors import ClosedError, ConfigError, KeyConflictError, StateError
 
 MAX_SPARE = 1024  # spare rows one reserve may ask for
@@ -70,11 +69,11 @@ class SpareLogic:
             ClosedError: the partition is closed. ConfigError, KeyConflictError.
         """
         keys = list(keys)
-        schemas_ = {f: FieldSchema.from_dict(s) for f, s in schemas.items()}
+        schemas_ = parse_schemas(schemas)
         index = np.asarray(index, dtype=np.int64)
         gen = np.asarray(generation, dtype=np.int64)
         if not schemas_ or len(index) != len(keys) or gen.shape != index.shape \
-                or len(np.unique(index)) != len(index):
+                or (len(index) > 1 and len(np.unique(index)) != len(index)):
             raise ConfigError(f"commit_new needs fields and one distinct index and generation "
                               f"per key, "
                               f"got {len(schemas_)} fields, {len(keys)} keys, "
@@ -84,8 +83,13 @@ class SpareLogic:
             raise KeyConflictError(f"keys must be distinct within one put, got {keys[:5]}")
         with self._cond:  # type: ignore[attr-defined]
             part = self._part(partition)  # type: ignore[attr-defined]
-            inside = (index >= 0) & (index < part.size)
-            if not inside.all() or not (part.spare[index] & (part.generation[index] == gen)).all():
+            if index.shape == (1,):  # a one-row put: plain ints, no numpy ufuncs on one row
+                i = int(index[0])
+                ok = 0 <= i < part.size and part.spare[i] and part.generation[i] == gen[0]
+            else:
+                inside = (index >= 0) & (index < part.size)
+                ok = inside.all() and (part.spare[index] & (part.generation[index] == gen)).all()
+            if not ok:
                 raise StateError(f"rows {index.tolist()[:5]} of partition {partition!r} must be "
                                  f"spare rows of generations {gen.tolist()[:5]} to be committed "
                                  f"as new rows (they were taken back)")
@@ -94,7 +98,7 @@ class SpareLogic:
                                   f"keys {keys[:5]}")
             if any(part.schemas.get(f, s) != s for f, s in schemas_.items()):
                 return {"ok": False, "reason": "schema"}
-            if (part.lookup(keys) >= 0).any():
+            if any(k in part.key_index for k in keys):
                 return {"ok": False, "reason": "exists"}
             if part.capacity is not None and part.live + len(keys) > part.capacity:
                 return {"ok": False, "reason": "capacity"}

@@ -25,6 +25,7 @@ Called with the controller's lock held; ``self`` is the Controller.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -34,8 +35,19 @@ from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task import ACKED, LEASED, StepRecord, TaskState
 from tq_stream.errors import LeaseError, StateError
 from tq_stream.samplers.base import Candidates, Selection
+from tq_stream.samplers.sequential import SequentialSampler
 
 PREFIX_MIN = 16384  # candidates a prefix-ok sampler sees at least
+
+
+SMALL = 64  # rows below which plain Python sets beat numpy's set operations
+
+
+def _within(rows: np.ndarray, share: np.ndarray) -> bool:
+    """Every one of ``rows`` is in ``share``."""
+    if len(share) <= SMALL:  # a small batch: np.isin costs far more than its work
+        return set(rows.tolist()) <= set(share.tolist())
+    return bool(np.isin(rows, share).all())
 
 
 class StepLogic:
@@ -63,6 +75,8 @@ class StepLogic:
                                     & ~state.queue.avail[:n]))
 
     def _apply_discards(self, part: PartitionMeta, state: TaskState, sel: Selection) -> int:
+        if not sel.discard:  # the usual case: nothing to record, free or wake
+            return 0
         n = 0
         freed: list = []
         for reason, rows in sel.discard.items():
@@ -82,7 +96,8 @@ class StepLogic:
     def _check_selection(self, state: TaskState, sel: Selection, dp_size: int) -> None:
         rows = sel.rows
         ok = (len(sel.shares) == dp_size and all(len(s) for s in sel.shares)
-              and len(np.unique(rows)) == len(rows) and bool(state.queue.avail[rows].all()))
+              and (len(rows) == 1 or len(np.unique(rows)) == len(rows))
+              and bool(state.queue.avail[rows].all()))
         if not ok:
             raise StateError(
                 f"sampler {type(state.sampler).__name__} must return {dp_size} non-empty, "
@@ -90,21 +105,29 @@ class StepLogic:
                 f"{[len(s) for s in sel.shares]}"
             )
 
-    def _form(self, part: PartitionMeta, state: TaskState, sel: Selection) -> None:
-        shares = [np.asarray(s, dtype=np.int64) for s in sel.shares]
+    def _form(self, part: PartitionMeta, state: TaskState, given: Sequence[np.ndarray]) -> None:
+        shares = [np.asarray(s, dtype=np.int64) for s in given]
         if self._journal is not None:
             self._journal.formed(part.name, state.name, state.next_step, shares,
                                  [part.generation[s] for s in shares])
         state.lease(state.next_step, shares)
         state.next_step += 1
+        rows = shares[0] if len(shares) == 1 else np.concatenate(shares)
         self._timings.handed_out(  # type: ignore[attr-defined]
-            part.name, state.name, part.write_time[sel.rows], time.time())
+            part.name, state.name, part.write_time[rows], time.time())
 
     def _select(self, part: PartitionMeta, state: TaskState) -> bool:
         """Try to form step ``state.next_step``; True if it was formed."""
         if state.ended:
             return False
         cfg, step = state.config, state.next_step
+        if cfg.batch_size * cfg.dp_size == 1 and type(state.sampler) is SequentialSampler \
+                and state.queue.count:
+            # The default sampler, one row per step (a single waiting consumer: the
+            # write→wake latency case) takes the oldest ready row. Building candidates
+            # and checking the sampler's answer would cost more than the step itself.
+            self._form(part, state, [state.queue.ordered(1)])
+            return True
         # Samplers that want the oldest rows first see a prefix of the ready queue;
         # only when it cannot fill a step do they see every candidate.
         window = max(8 * cfg.batch_size * cfg.dp_size, PREFIX_MIN) \
@@ -119,7 +142,7 @@ class StepLogic:
             if sel.ready:
                 self._check_selection(state, sel, cfg.dp_size)
                 self._apply_discards(part, state, sel)
-                self._form(part, state, sel)
+                self._form(part, state, sel.shares)
                 return True
             if not self._apply_discards(part, state, sel):
                 break
@@ -131,7 +154,7 @@ class StepLogic:
             if sel.ready:
                 self._check_selection(state, sel, cfg.dp_size)
                 self._apply_discards(part, state, sel)
-                self._form(part, state, sel)
+                self._form(part, state, sel.shares)
                 return True
             self._apply_discards(part, state, sel)
         leftover = state.queue.ordered()
@@ -237,7 +260,7 @@ class StepLogic:
         generation = np.asarray(generation, dtype=np.int64)
         alive = part.used[index] & (part.generation[index] == generation)
         index = index[alive]  # rows cleared meanwhile are simply gone
-        if not np.isin(index, share).all():
+        if not _within(index, share):
             raise LeaseError(f"{what} must name rows of step {step} rank {dp_rank} of task "
                              f"{state.name!r}; got rows outside that share")
         return index
@@ -251,8 +274,7 @@ class StepLogic:
         state.state[done] = ACKED
         state.acked += len(done)
         rec = state.steps[step]
-        share = rec.shares[dp_rank]
-        if (state.acks[share] & (1 << replica)).all():
+        if rec.share_done(dp_rank, 1 << replica, state.acks):
             rec.claims.pop((dp_rank, replica), None)
         if all(rec.share_done(r, state.full_acks, state.acks) for r in range(len(rec.shares))):
             del state.steps[step]

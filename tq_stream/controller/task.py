@@ -59,6 +59,8 @@ class StepRecord:
     def share_done(self, rank: int, full: int, acks: np.ndarray) -> bool:
         """Every replica whose bit is in ``full`` acked every row of rank's share."""
         share = self.shares[rank]
+        if len(share) == 1:  # a batch of one: a scalar test, no numpy reduction
+            return int(acks[share[0]]) & full == full
         return bool(((acks[share] & full) == full).all())
 
 
@@ -115,12 +117,18 @@ class TaskState:
 
     def offer(self, rows: np.ndarray, ready: np.ndarray) -> None:
         """Rows whose fields or tags changed: those now ready and NEW become available."""
+        if len(rows) == 1:  # a one-row put: scalar tests, no numpy ufuncs on one element
+            row = int(rows[0])
+            if ready[0] and self.state[row] == NEW and not self.queue.avail[row]:
+                self.queue.push(rows)
+            return
         fresh = rows[ready & (self.state[rows] == NEW) & ~self.queue.avail[rows]]
         self.queue.push(fresh)
 
     def lease(self, step: int, shares: list[np.ndarray]) -> StepRecord:
         """Form ``step`` from ``shares`` (one per DP rank): their rows become LEASED."""
-        rows = np.concatenate(shares) if shares else np.zeros(0, np.int64)
+        rows = shares[0] if len(shares) == 1 else \
+            np.concatenate(shares) if shares else np.zeros(0, np.int64)
         self.queue.remove(rows)
         self.state[rows] = LEASED
         rec = StepRecord(list(shares))

@@ -75,7 +75,10 @@ class Timings:
     def handed_out(self, partition: str, task: str, write_time: np.ndarray,
                    now: float) -> None:
         """Rows last written at ``write_time`` (epoch seconds) are handed out at ``now``."""
-        self.handouts[partition, task].observe(np.maximum(0.0, now - write_time))
+        late = now - write_time
+        # One row (a batch of one): a float observation, no numpy maximum/searchsorted.
+        self.handouts[partition, task].observe(
+            max(0.0, float(late[0])) if len(late) == 1 else np.maximum(0.0, late))
         if (partition, task) not in self._samples:  # rates count from the first hand-out
             self._samples[partition, task].append((now, 0, 0))
 

@@ -161,7 +161,9 @@ class Selection:
             raise ConfigError(
                 f"rows must split evenly over dp_size={dp_size}, got {rows.shape[0]} rows"
             )
-        return Selection(tuple(np.split(rows, dp_size)), dict(discard or {}))
+        # One rank (the common case): the rows are its share, no np.split call.
+        shares = (rows,) if dp_size == 1 else tuple(np.split(rows, dp_size))
+        return Selection(shares, dict(discard or {}))
 
 
 class Sampler:
