@@ -185,12 +185,14 @@ class DeliveryMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.done)
     @rule(data=st.data())
     def replace_consumer(self, data):
-        """A consumer dies holding a batch; a fresh one for its rank resumes from the
-        controller's first unfinished step (no step bookkeeping of its own)."""
+        """A consumer dies holding a batch; a fresh one for its rank and replica resumes
+        from the controller's first step that replica has not acked (no step
+        bookkeeping of its own), as a loader does. (Resuming at the rank's first step
+        not acked by *every* replica would read again a step this replica acked.)"""
         c = data.draw(st.sampled_from(self.consumers))
         if c.ended_at is not None:
             return
-        where = self.client.first_unfinished(P, c.task, c.rank)
+        where = self.client.first_unfinished(P, c.task, c.rank, c.replica)
         c.held, c.step, c.skip = None, where["step"], set(where["skip"])
         while c.step in c.skip:
             c.step += 1
