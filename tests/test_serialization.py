@@ -508,3 +508,10 @@ def test_a_malformed_int_vector_payload_raises(payload):
     header = msgspec.msgpack.encode(["tqs", VERSION, 1, msgspec.msgpack.Ext(7, payload)])
     with pytest.raises(SerializationError, match="dtype letter"):
         decode([header])
+
+
+def test_lazy_conjugate_and_negated_views_are_sent_with_their_values():
+    v = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    f = torch.tensor([1.5, -2.5])
+    got = decode([bytes(x) for x in encode({"c": v.conj(), "f": torch._neg_view(f)})])
+    assert got["c"].tolist() == [1 - 2j, 3 + 4j] and got["f"].tolist() == [-1.5, 2.5]

@@ -217,8 +217,10 @@ def _tensor_ext(t: torch.Tensor, buffers: list[memoryview]) -> msgspec.msgpack.E
     if t.layout != torch.strided or t.is_nested or t.is_quantized:
         raise SerializationError(f"only dense strided tensors are supported, got {t.layout}")
     shape = list(t.shape)
-    if t.dtype in _NUMPY_VIEWABLE and t.is_cpu and t.is_contiguous() and t.numel():
-        # The common case, about 3x cheaper than the general path below.
+    if t.dtype in _NUMPY_VIEWABLE and t.is_cpu and t.is_contiguous() and t.numel() and \
+            not t.is_conj() and not t.is_neg():
+        # The common case, about 3x cheaper than the general path below (which resolves
+        # a lazy conjugate or negation: such a view's memory holds the values before it).
         view = memoryview((t.detach() if t.requires_grad else t).numpy()).cast("B")
         return _buffer_ext(_EXT_TENSOR, name, shape, view, buffers)
     t = t.detach()

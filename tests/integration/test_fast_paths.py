@@ -221,6 +221,37 @@ def test_a_one_row_put_the_shared_write_cannot_take_goes_to_the_unit(local_strea
     assert local_stream.kv.get("warm3", partition="odd")["x"].eq(0).all()
 
 
+def test_a_one_row_put_of_a_lazy_conjugate_or_negation_stores_its_values(local_stream):  # noqa: F811
+    """A ``conj()`` (or negated) view's memory holds the values before the conjugation:
+    the raw one-row copy must not take it (it stored 1+2j for a put of 1-2j)."""
+    w = local_stream.writer("lazy")
+    for i in range(40):  # the fields' writable layouts are cached by now
+        w.put([f"warm{i}"], {"c": torch.zeros(1, 2, dtype=torch.complex64),
+                             "f": torch.zeros(1, 2)})
+    v = torch.tensor([[1 + 2j, 3 + 4j]], dtype=torch.complex64)
+    f = torch.tensor([[1.5, -2.5]])
+    w.put(["lazy"], {"c": v.conj(), "f": torch._neg_view(f)})
+    got = local_stream.kv.get("lazy", partition="lazy")
+    assert got["c"].tolist() == [1 - 2j, 3 - 4j] and got["f"].tolist() == [-1.5, 2.5]
+
+
+def test_the_one_row_writer_refuses_what_it_cannot_copy_raw(local_stream):  # noqa: F811
+    w = local_stream.writer("refuse")
+    for i in range(40):
+        w.put([f"warm{i}"], {"x": torch.zeros(1, 4)})
+    layout = next(lay for unit in local_stream._units() for key, lay in unit._writes.items()
+                  if key[0] == "refuse")
+    tokens = bytes(layout.tokens.tobytes())
+    row = {"x": torch.ones(1, 4)}
+    assert not layout.rows.write(-1, row, 7)  # a slot before the segment
+    assert not layout.rows.write(len(layout.tokens), row, 7)  # past its end
+    assert not layout.rows.write(0, {"x": torch.empty(1, 4, device="meta")}, 7)  # no memory
+    assert not layout.rows.write(0, {"x": torch.ones(1, 4, dtype=torch.float64)}, 7)
+    assert not layout.rows.write(0, {"x": torch.ones(1, 5)}, 7)
+    assert not layout.rows.write(0, {"x": [1.0, 2.0]}, 7)
+    assert bytes(layout.tokens.tobytes()) == tokens  # nothing was written
+
+
 def test_shared_writes_into_a_partition_that_emptied_and_filled_again(local_stream, calls):  # noqa: F811
     """A consumer that keeps up empties the partition after every step: the units keep
     its stores (warm), so the next rows are written here with no call to a unit."""

@@ -130,14 +130,12 @@ class _RowWriter:
                        for f, t in layout.fields.items() if t is not None}
 
     def write(self, slot: int, columns: dict[str, Column], token: int) -> bool:
-        if not self.layout.writable() or slot >= len(self.tokens) or slot >= len(self.live):
+        if not self.layout.writable() or not 0 <= slot < min(len(self.tokens), len(self.live)):
             return False
         for f, col in columns.items():
             field, flags = self.fields.get(f), self.flags.get(f)
-            if type(col) is not torch.Tensor or field is None or flags is None or \
-                    slot >= min(field[2], len(flags)) or \
-                    col.dtype != field[3] or tuple(col.shape) != (1, *field[4]) or \
-                    not col.is_contiguous():
+            if field is None or flags is None or slot >= min(field[2], len(flags)) or \
+                    not _raw_bytes_of(col, field[3], field[4]):
                 return False
         if self.tokens[slot] != UNSET:
             return False  # rows being read may live there: only the unit overwrites them
@@ -149,6 +147,15 @@ class _RowWriter:
         self.tokens[slot] = token
         fence()
         return self.layout.writable()
+
+
+def _raw_bytes_of(col: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> bool:
+    """True if ``col`` is one row of ``dtype`` and ``shape`` whose memory holds exactly its
+    values: a plain, contiguous CPU tensor without a lazy conjugate or negation (a
+    ``conj()`` view's memory holds the unconjugated values; a copy resolves them)."""
+    return type(col) is torch.Tensor and col.dtype == dtype and \
+        tuple(col.shape) == (1, *shape) and col.is_cpu and col.is_contiguous() and \
+        not col.is_conj() and not col.is_neg()
 
 
 def _words(a: np.ndarray) -> memoryview:
