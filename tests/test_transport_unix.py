@@ -321,3 +321,11 @@ def test_frames_on_nonblocking_sockets_wait_for_room_and_data_within_the_deadlin
     finally:
         a.close()
         b.close()
+
+
+def test_a_call_may_wait_longer_than_a_poll_can(server, address):
+    """A timeout of months (callers pass 1e7 for "no limit") is polled in bounded slices
+    (it raised OverflowError: a single poll takes at most ~24.8 days)."""
+    with UnixRpcClient(address, timeout=1e7) as c:
+        assert c.call("sleep", {"seconds": 0.05}) == 0.05
+        assert c.call("echo", {"value": 3}, timeout=1e9) == 3

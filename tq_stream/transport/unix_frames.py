@@ -34,6 +34,7 @@ MAX_BYTES = 1 << 40
 BUFFER = 256 << 10  # receive buffer of a socket; larger frames get their own memory
 _COUNT = struct.Struct("<I")
 _IOV = 512  # buffers per sendmsg call (below every system's IOV_MAX)
+_NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
 
 
 class FrameError(Exception):
@@ -55,16 +56,22 @@ def nonblocking(sock: socket.socket) -> socket.socket:
     return sock
 
 
+_POLL_MS = 3_600_000  # the longest single poll (ms); a longer wait polls again
+
+
 def wait_for(sock: socket.socket, events: int, deadline: float) -> None:
     """Wait until ``sock`` is ready for ``events`` (``select.POLLIN``/``POLLOUT``), or
-    raise TimeoutError once ``time.monotonic()`` passes ``deadline``."""
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise TimeoutError
+    raise TimeoutError once ``time.monotonic()`` passes ``deadline`` (any float: a
+    timeout of days is polled an hour at a time)."""
     poller = select.poll()  # poll, not select: any descriptor number
     poller.register(sock, events)
-    if not poller.poll(max(1, int(remaining * 1000 + 0.999))):
-        raise TimeoutError
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        ms = _POLL_MS if remaining * 1000 >= _POLL_MS else max(1, int(remaining * 1000 + 1))
+        if poller.poll(ms):
+            return
 
 
 def send_message(sock: socket.socket, frames: list[Any], deadline: float) -> None:
@@ -83,7 +90,7 @@ def send_message(sock: socket.socket, frames: list[Any], deadline: float) -> Non
     views += [memoryview(f).cast("B") for f, n in zip(frames, sizes, strict=True) if n]
     while views:
         try:
-            sent = sock.sendmsg(views[:_IOV])
+            sent = sock.sendmsg(views[:_IOV], (), _NOSIGNAL)  # EPIPE, never SIGPIPE
         except BlockingIOError:
             wait_for(sock, select.POLLOUT, deadline)
             continue
