@@ -120,3 +120,13 @@ def test_schemas_from_dicts_are_shared_and_odd_ones_still_made():
     odd = FieldSchema.from_dict({"kind": "dense", "dtype": "float32", "shape": [[1], 2]})
     assert odd.shape == ([1], 2)  # unhashable parts: not kept, made as before
     assert FieldSchema.from_dict({"kind": "object", "dtype": "", "shape": []}).kind == "object"
+
+
+def test_a_schema_of_look_alike_values_does_not_poison_the_shared_ones():
+    """``(True, 2.0) == (1, 2)`` with equal hashes: the shared schemas key on exact types."""
+    odd = FieldSchema.from_dict({"kind": "dense", "dtype": "float32", "shape": [True, 2.0]})
+    plain = FieldSchema.from_dict({"kind": "dense", "dtype": "float32", "shape": [1, 2]})
+    assert [type(n) for n in plain.shape] == [int, int] and odd.shape == (True, 2.0)
+    huge = FieldSchema.from_dict({"kind": "dense", "dtype": "float32", "shape": [1] * 100})
+    again = FieldSchema.from_dict({"kind": "dense", "dtype": "float32", "shape": [1] * 100})
+    assert huge == again and huge is not again  # a long shape is not kept

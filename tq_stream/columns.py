@@ -110,18 +110,25 @@ class FieldSchema:
         # Every message about rows carries their schemas: the few distinct ones are
         # made once (a schema is immutable, so one object may serve every caller).
         key = (d["kind"], d["dtype"], tuple(d["shape"]))
-        try:
-            return _SCHEMAS[key]
-        except KeyError:
+        schema = _SCHEMAS.get(key) if _cacheable(key) else None
+        if schema is None:
             schema = FieldSchema(*key)
-        except TypeError:  # unhashable parts: not a schema the cache may keep
-            return FieldSchema(*key)
-        if len(_SCHEMAS) < MAX_SCHEMAS:
-            _SCHEMAS[key] = schema
+            if _cacheable(key) and len(_SCHEMAS) < MAX_SCHEMAS:
+                _SCHEMAS[key] = schema
         return schema
 
 
+def _cacheable(key: tuple[Any, Any, tuple[Any, ...]]) -> bool:
+    """A schema key of exact types only: ``(True, 2.0) == (1, 2)`` must not make the
+    cache hand ``shape=(True, 2.0)`` to a later ``[1, 2]``; a short shape: the cache
+    must not keep what a client chose to make large."""
+    kind, dtype, shape = key
+    return type(kind) is str and type(dtype) is str and len(shape) <= MAX_SCHEMA_DIMS and \
+        all(type(n) is int for n in shape)
+
+
 MAX_SCHEMAS = 1024  # distinct schemas kept by FieldSchema.from_dict (then made anew)
+MAX_SCHEMA_DIMS = 16  # longer shapes are not kept
 _SCHEMAS: dict[tuple[Any, Any, tuple[Any, ...]], FieldSchema] = {}
 
 

@@ -22,28 +22,13 @@ from tq_stream.controller.tags import TagTable
 from tq_stream.errors import SchemaError
 
 _MIN = 64
-MAX_PARSED = 4096  # distinct schema dicts remembered by parse_schemas
-_PARSED: dict[tuple, FieldSchema] = {}
 
 
 def parse_schemas(schemas: Mapping[str, Any]) -> dict[str, FieldSchema]:
-    """``FieldSchema.from_dict`` of each field's schema dict, remembered: every put
-    sends the schemas of its fields, nearly always ones seen before, and building a
-    frozen dataclass is a large share of a one-row put. A dict the memo cannot key
-    goes to ``from_dict`` (which raises for a bad one, as before)."""
-    out = {}
-    for name, d in schemas.items():
-        try:
-            key = (d["kind"], d["dtype"], tuple(d["shape"]))
-            schema = _PARSED.get(key)
-        except (TypeError, KeyError):
-            key, schema = None, None
-        if schema is None:
-            schema = FieldSchema.from_dict(d)
-            if key is not None and len(_PARSED) < MAX_PARSED:
-                _PARSED[key] = schema
-        out[name] = schema
-    return out
+    """``FieldSchema.from_dict`` of each field's schema dict (it shares one object per
+    distinct schema: every put sends the schemas of its fields, nearly always ones seen
+    before, and building a frozen dataclass is a large share of a one-row put)."""
+    return {name: FieldSchema.from_dict(d) for name, d in schemas.items()}
 
 
 def _grow(arr: np.ndarray, n: int, fill: Any = 0) -> np.ndarray:
