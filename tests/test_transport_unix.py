@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import select
 import socket
 import struct
 import threading
@@ -33,6 +34,7 @@ from tq_stream.transport.unix_frames import (
     Reader,
     TimedOut,
     nonblocking,
+    ready,
     send_message,
 )
 from tq_stream.transport.unix_server import UnixRpcServer
@@ -329,3 +331,31 @@ def test_a_call_may_wait_longer_than_a_poll_can(server, address):
     with UnixRpcClient(address, timeout=1e7) as c:
         assert c.call("sleep", {"seconds": 0.05}) == 0.05
         assert c.call("echo", {"value": 3}, timeout=1e9) == 3
+
+
+def test_readiness_is_seen_on_descriptors_above_1023():
+    """select() cannot watch a descriptor above 1023 (the server's wait for a caller's
+    next request then saw nothing); poll can."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if max(soft, hard) < 1100:
+        pytest.skip("needs more than 1,100 open files")
+    if soft < 1100:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1100, hard))
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        fd = os.dup2(b.fileno(), 1050)
+        high = socket.socket(fileno=fd)
+        try:
+            assert not ready(high, select.POLLIN, 0)
+            a.sendall(b"x")
+            assert ready(high, select.POLLIN, 1.0)
+            with pytest.raises(ValueError):
+                select.select([high], [], [], 0)  # what the server used before
+        finally:
+            high.close()
+    finally:
+        a.close()
+        b.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -30,13 +30,12 @@ from tq_stream.transport.unix_frames import (
     Reader,
     TimedOut,
     nonblocking,
+    ready,
     send_message,
 )
 from tq_stream.transport.unix_server import unix_path
 
 RETRY_CONNECT = 0.05  # seconds between attempts to reach a server that is (re)starting
-
-
 RECENT = 1.0  # seconds: a connection idle for less is used without the check for a hang-up
 
 
@@ -51,7 +50,7 @@ class _Conn:
     def stale(self) -> bool:
         """True if the server closed it (an idle connection never has data to read)."""
         try:
-            return bool(select.select([self.sock], [], [], 0)[0])
+            return ready(self.sock, select.POLLIN, 0)
         except (OSError, ValueError):
             return True
 

@@ -59,18 +59,25 @@ def nonblocking(sock: socket.socket) -> socket.socket:
 _POLL_MS = 3_600_000  # the longest single poll (ms); a longer wait polls again
 
 
-def wait_for(sock: socket.socket, events: int, deadline: float) -> None:
-    """Wait until ``sock`` is ready for ``events`` (``select.POLLIN``/``POLLOUT``), or
-    raise TimeoutError once ``time.monotonic()`` passes ``deadline`` (any float: a
-    timeout of days is polled an hour at a time)."""
-    poller = select.poll()  # poll, not select: any descriptor number
+def ready(sock: socket.socket, events: int, timeout: float) -> bool:
+    """True once ``sock`` is ready for ``events`` (``select.POLLIN``/``POLLOUT``; a
+    hang-up or error counts), False after ``timeout`` seconds (0: just look). Uses
+    poll, not select: any descriptor number."""
+    poller = select.poll()
     poller.register(sock, events)
+    ms = _POLL_MS if timeout * 1000 >= _POLL_MS else max(0, int(timeout * 1000 + 0.999))
+    return bool(poller.poll(ms))
+
+
+def wait_for(sock: socket.socket, events: int, deadline: float) -> None:
+    """Wait until ``sock`` is ready for ``events``, or raise TimeoutError once
+    ``time.monotonic()`` passes ``deadline`` (any float: a timeout of days is polled an
+    hour at a time)."""
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError
-        ms = _POLL_MS if remaining * 1000 >= _POLL_MS else max(1, int(remaining * 1000 + 1))
-        if poller.poll(ms):
+        if ready(sock, events, max(0.001, remaining)):
             return
 
 

@@ -45,6 +45,7 @@ from tq_stream.transport.unix_frames import (
     Reader,
     TimedOut,
     nonblocking,
+    ready,
     send_message,
 )
 from tq_stream.transport.wait_slots import WaitSlots, resumed
@@ -426,6 +427,6 @@ class UnixRpcServer:
 
 def _readable(sock: socket.socket, timeout: float) -> bool:
     try:
-        return bool(select.select([sock], [], [], timeout)[0])
+        return ready(sock, select.POLLIN, timeout)
     except (OSError, ValueError):
         return False
