@@ -63,9 +63,11 @@ class AccessLogic:
     def _placement(self, part: PartitionMeta, idx: np.ndarray,
                    fields: Sequence[str]) -> dict[str, Any]:
         return {
-            "partition": part.name, "index": idx, "keys": part.keys[idx].tolist(),
+            "partition": part.name, "index": idx,
+            "keys": [part.keys[idx[0]]] if len(idx) == 1 else part.keys[idx].tolist(),
             "unit": part.unit[idx], "slot": part.slot[idx], "generation": part.generation[idx],
-            "tags": part.tags.rows_as_dicts(idx), "fields": list(fields),
+            "tags": part.tags.rows_as_dicts(idx),
+            "fields": list(fields),
             "schemas": {f: part.schemas[f].to_dict() for f in fields if f in part.schemas},
         }
 

@@ -56,8 +56,27 @@ class ReadyQueue:
         self.seqs[self.tail : self.tail + n] = seqs
         self.tail += n
 
+    def push_row(self, row: int) -> None:
+        """``push`` of one row (at the back)."""
+        seq = self._next_seq
+        self._next_seq += 1
+        self.avail[row] = True
+        self.seq[row] = seq
+        self.count += 1
+        if self.tail + 1 > self.rows.shape[0]:
+            self._compact(1)
+        self.rows[self.tail] = row
+        self.seqs[self.tail] = seq
+        self.tail += 1
+
     def remove(self, rows: np.ndarray) -> None:
         """Make available ``rows`` unavailable (leased, discarded or freed)."""
+        if len(rows) == 1:  # one row: a scalar test, no fancy indexing
+            row = int(rows[0])
+            if self.avail[row]:
+                self.avail[row] = False
+                self.count -= 1
+            return
         hit = rows[self.avail[rows]]
         self.avail[hit] = False
         self.count -= len(hit)
@@ -90,6 +109,18 @@ class ReadyQueue:
             return front[:limit]
         want = None if limit is None else limit - len(front)
         return np.concatenate([front, self._scan(want)])
+
+    def oldest(self) -> int | None:
+        """``ordered(1)`` as an int (None if no row is available), without arrays."""
+        if self.front:
+            got = self.ordered(1)
+            return int(got[0]) if len(got) else None
+        while self.head < self.tail:  # an entry once invalid never becomes valid again
+            row, seq = int(self.rows[self.head]), int(self.seqs[self.head])
+            if self.avail[row] and self.seq[row] == seq:
+                return row
+            self.head += 1
+        return None
 
     def _scan(self, want: int | None) -> np.ndarray:
         start, parts, found = self.head, [], 0

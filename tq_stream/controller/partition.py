@@ -172,6 +172,17 @@ class PartitionMeta:
         self.spare[idx] = False
         self._bind(keys, idx)
 
+    def bind_row(self, key: str, i: int) -> None:
+        """``bind`` of one row with int indexing."""
+        self.spare[i] = False
+        self.used[i] = True
+        self.write_time[i] = time.time()
+        self.created[i] = self.next_created
+        self.next_created += 1
+        self.keys[i] = key
+        self.key_index[key] = i
+        self.live += 1
+
     def release_spares(self, idx: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """Take back spare rows (stale handles no longer match); returns ``(unit, slots)``
         pairs to free in storage, reusable after ``give_slots`` (as for ``release``)."""
@@ -257,6 +268,20 @@ class PartitionMeta:
                 return np.zeros(len(idx), dtype=bool)
             mask &= present[idx]
         return mask
+
+    def row_ready(self, fields: tuple[str, ...], i: int, tags: tuple[str, ...] = ()) -> bool:
+        """``ready_for`` of one row."""
+        if not self.used[i]:
+            return False
+        for f in fields:
+            r = self.ready.get(f)
+            if r is None or not r[i]:
+                return False
+        for t in tags:
+            present = self.tags.present.get(t)
+            if present is None or not present[i]:
+                return False
+        return True
 
     def fields_of(self, i: int) -> list[str]:
         return [f for f, r in self.ready.items() if r[i]]

@@ -27,6 +27,11 @@ from tq_stream.errors import ClosedError, ConfigError, KeyConflictError, StateEr
 MAX_SPARE = 1024  # spare rows one reserve may ask for
 
 
+def _one_int(values: Any) -> bool:
+    """``values`` is a list of one plain int (a one-row put's index or generation)."""
+    return type(values) is list and len(values) == 1 and type(values[0]) is int
+
+
 def check_spare(spare: Any) -> int:
     if isinstance(spare, bool) or not isinstance(spare, int) or not 0 <= spare <= MAX_SPARE:
         raise ConfigError(f"spare must be an int in [0, {MAX_SPARE}], got {spare!r}")
@@ -70,6 +75,9 @@ class SpareLogic:
         """
         keys = list(keys)
         schemas_ = parse_schemas(schemas)
+        if len(keys) == 1 and _one_int(index) and _one_int(generation) and not tags:
+            return self._commit_row(partition, keys[0], index[0], generation[0], schemas_,
+                                    unit, spare)
         index = np.asarray(index, dtype=np.int64)
         gen = np.asarray(generation, dtype=np.int64)
         if not schemas_ or len(index) != len(keys) or gen.shape != index.shape \
@@ -104,6 +112,35 @@ class SpareLogic:
                 return {"ok": False, "reason": "capacity"}
             part.bind(keys, index)
             self._mark_written(part, index, schemas_, tags)  # type: ignore[attr-defined]
+            out: dict[str, Any] = {"ok": True}
+            if spare:
+                out["spare"] = self._spares(part, unit, spare if part.capacity is None else 0)
+            return out
+
+    def _commit_row(self, partition: str, key: str, i: int, gen: int,
+                    schemas_: dict[str, Any], unit: int, spare: int) -> dict[str, Any]:
+        """``commit_new`` of one row without tags: the same checks and changes on one
+        int row, no numpy array indexing (cold, each costs tens of µs; design.md)."""
+        if not schemas_:
+            raise ConfigError("commit_new needs fields, got none")
+        check_spare(spare)
+        with self._cond:  # type: ignore[attr-defined]
+            part = self._part(partition)  # type: ignore[attr-defined]
+            if not (0 <= i < part.size and part.spare[i] and part.generation[i] == gen):
+                raise StateError(f"rows [{i}] of partition {partition!r} must be spare rows "
+                                 f"of generations [{gen}] to be committed as new rows (they "
+                                 f"were taken back)")
+            if part.closed:
+                raise ClosedError(f"partition {partition!r} is closed to new rows, got new "
+                                  f"keys {[key]}")
+            if any(part.schemas.get(f, s) != s for f, s in schemas_.items()):
+                return {"ok": False, "reason": "schema"}
+            if key in part.key_index:
+                return {"ok": False, "reason": "exists"}
+            if part.capacity is not None and part.live + 1 > part.capacity:
+                return {"ok": False, "reason": "capacity"}
+            part.bind_row(key, i)
+            self._mark_row(part, i, schemas_)  # type: ignore[attr-defined]
             out: dict[str, Any] = {"ok": True}
             if spare:
                 out["spare"] = self._spares(part, unit, spare if part.capacity is None else 0)

@@ -106,15 +106,17 @@ class StepLogic:
             )
 
     def _form(self, part: PartitionMeta, state: TaskState, given: Sequence[np.ndarray]) -> None:
-        shares = [np.asarray(s, dtype=np.int64) for s in given]
+        shares = [s if type(s) is np.ndarray and s.dtype == np.int64 else
+                  np.asarray(s, dtype=np.int64) for s in given]
         if self._journal is not None:
             self._journal.formed(part.name, state.name, state.next_step, shares,
                                  [part.generation[s] for s in shares])
         state.lease(state.next_step, shares)
         state.next_step += 1
         rows = shares[0] if len(shares) == 1 else np.concatenate(shares)
-        self._timings.handed_out(  # type: ignore[attr-defined]
-            part.name, state.name, part.write_time[rows], time.time())
+        written = part.write_time[int(rows[0])] if len(rows) == 1 else part.write_time[rows]
+        self._timings.handed_out(part.name, state.name, written,  # type: ignore[attr-defined]
+                                 time.time())
 
     def _select(self, part: PartitionMeta, state: TaskState) -> bool:
         """Try to form step ``state.next_step``; True if it was formed."""
@@ -126,8 +128,10 @@ class StepLogic:
             # The default sampler, one row per step (a single waiting consumer: the
             # write→wake latency case) takes the oldest ready row. Building candidates
             # and checking the sampler's answer would cost more than the step itself.
-            self._form(part, state, [state.queue.ordered(1)])
-            return True
+            row = state.queue.oldest()
+            if row is not None:
+                self._form(part, state, [np.array([row], dtype=np.int64)])
+                return True
         # Samplers that want the oldest rows first see a prefix of the ready queue;
         # only when it cannot fill a step do they see every candidate.
         window = max(8 * cfg.batch_size * cfg.dp_size, PREFIX_MIN) \

@@ -125,12 +125,17 @@ class TaskState:
         fresh = rows[ready & (self.state[rows] == NEW) & ~self.queue.avail[rows]]
         self.queue.push(fresh)
 
+    def offer_row(self, row: int) -> None:
+        """``offer`` of one ready row."""
+        if self.state[row] == NEW and not self.queue.avail[row]:
+            self.queue.push_row(row)
+
     def lease(self, step: int, shares: list[np.ndarray]) -> StepRecord:
         """Form ``step`` from ``shares`` (one per DP rank): their rows become LEASED."""
         rows = shares[0] if len(shares) == 1 else \
             np.concatenate(shares) if shares else np.zeros(0, np.int64)
         self.queue.remove(rows)
-        self.state[rows] = LEASED
+        self.state[int(rows[0]) if len(rows) == 1 else rows] = LEASED
         rec = StepRecord(list(shares))
         self.steps[step] = rec
         return rec

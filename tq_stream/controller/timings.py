@@ -72,13 +72,14 @@ class Timings:
         """A get_meta call that started at monotonic ``since`` returns its rows."""
         self.waits[partition, task].observe(max(0.0, time.monotonic() - since))
 
-    def handed_out(self, partition: str, task: str, write_time: np.ndarray,
+    def handed_out(self, partition: str, task: str, write_time: np.ndarray | float,
                    now: float) -> None:
-        """Rows last written at ``write_time`` (epoch seconds) are handed out at ``now``."""
+        """Rows last written at ``write_time`` (epoch seconds; one float for one row) are
+        handed out at ``now``."""
         late = now - write_time
         # One row (a batch of one): a float observation, no numpy maximum/searchsorted.
         self.handouts[partition, task].observe(
-            max(0.0, float(late[0])) if len(late) == 1 else np.maximum(0.0, late))
+            max(0.0, float(late)) if type(late) is not np.ndarray else np.maximum(0.0, late))
         if (partition, task) not in self._samples:  # rates count from the first hand-out
             self._samples[partition, task].append((now, 0, 0))
 

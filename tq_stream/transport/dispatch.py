@@ -154,14 +154,19 @@ class Dispatcher:
             )
         if args is None:
             args = {}
-        if not isinstance(args, Mapping) or not all(isinstance(k, str) for k in args):
+        if not isinstance(args, Mapping):
             raise ConfigError(f"args of {method!r} must be a dict with str keys, got {args!r}")
         if method in self.admin:
             args = self._owner_only(method, args)
         fn, signature = entry
         names = (method, *args)
         try:
-            if names not in self._bound:  # binding depends on the argument names only
+            # Binding depends on the argument names only; names that bound before are
+            # str (checked then), so a known tuple needs no check of its keys.
+            if names not in self._bound:
+                if not all(isinstance(k, str) for k in args):
+                    raise ConfigError(f"args of {method!r} must be a dict with str keys, "
+                                      f"got {args!r}")
                 try:
                     signature.bind(**args)
                 except TypeError as exc:
