@@ -50,7 +50,8 @@ def test_compaction_keeps_order_and_bounds_memory():
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["push", "front", "remove", "order"]),
+@given(st.lists(st.tuples(st.sampled_from(["push", "push_row", "front", "remove", "order",
+                                           "oldest"]),
                           st.lists(st.integers(0, 40), max_size=6, unique=True)),
                 max_size=60))
 def test_matches_a_list_model(ops):
@@ -59,7 +60,14 @@ def test_matches_a_list_model(ops):
     back: list[int] = []
     for op, rows in ops:
         avail = set(front) | set(back)
-        if op in ("push", "front"):
+        if op == "push_row":  # the one-row push (a one-row put's offer)
+            rows = [r for r in rows if r not in avail][:1]
+            for r in rows:
+                q.push_row(r)
+            back.extend(rows)
+        elif op == "oldest":  # ordered(1) as an int, without arrays (a one-row step)
+            assert q.oldest() == (front + back or [None])[0]
+        elif op in ("push", "front"):
             rows = [r for r in rows if r not in avail]
             q.push(np.asarray(rows, dtype=np.int64), front=op == "front")
             (front if op == "front" else back).extend(rows)
@@ -73,3 +81,15 @@ def test_matches_a_list_model(ops):
             assert q.ordered(limit).tolist() == want
         assert q.count == len(front) + len(back) == int(q.avail.sum())
     assert q.ordered().tolist() == front + back
+
+
+def test_oldest_skips_an_entry_of_a_row_that_was_pushed_again():
+    q = ReadyQueue(8)
+    q.push(np.asarray([1, 2], dtype=np.int64))
+    q.remove(np.asarray([1], dtype=np.int64))  # the one-row remove
+    q.push_row(1)  # back again, now behind 2: its old entry is stale
+    assert q.oldest() == 2 and q.ordered().tolist() == [2, 1]
+    q.remove(np.asarray([2], dtype=np.int64))
+    assert q.oldest() == 1 and q.count == 1
+    q.remove(np.asarray([1], dtype=np.int64))
+    assert q.oldest() is None and q.count == 0

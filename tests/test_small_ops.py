@@ -168,6 +168,47 @@ def test_commit_new_changes_nothing_unless_every_check_passes():
     assert [r["key"] for r in c.list_rows("p")] == ["a"]
 
 
+@pytest.mark.parametrize("form", ["lists", "arrays"])
+def test_one_row_commit_new_checks_and_commits_like_many_rows(form):
+    """A one-row put's commit_new (index and generation as lists of one int: the
+    writer's form, a path of its own) makes the same checks and the same row as the
+    general path (arrays)."""
+    c = Controller(1)
+    c.register_task("p", "t", ["x"], 1)
+    place = c.reserve("p", ["a"], SCHEMA, spare=4)
+    c.commit("p", place["index"], place["generation"], SCHEMA)
+    spare = place["spare"]
+
+    def one(i: int, gen_delta: int = 0) -> tuple:
+        idx, gen = spare["index"][i:i + 1], spare["generation"][i:i + 1] + gen_delta
+        return (idx.tolist(), gen.tolist()) if form == "lists" else (idx, gen)
+
+    assert c.commit_new("p", ["a"], *one(0), SCHEMA) == {"ok": False, "reason": "exists"}
+    other = {"x": schema_of(torch.zeros(1, 5)).to_dict()}
+    assert c.commit_new("p", ["b"], *one(0), other) == {"ok": False, "reason": "schema"}
+    with pytest.raises(StateError, match="spare rows"):
+        c.commit_new("p", ["b"], *one(0, gen_delta=1), SCHEMA)
+    live = (place["index"], place["generation"])
+    if form == "lists":
+        live = (live[0].tolist(), live[1].tolist())
+    with pytest.raises(StateError, match="spare rows"):  # a live row, not a spare one
+        c.commit_new("p", ["b"], *live, SCHEMA)
+    with pytest.raises(ConfigError):
+        c.commit_new("p", ["b"], *one(0), {})
+    assert [r["key"] for r in c.list_rows("p")] == ["a"]
+    assert c.commit_new("p", ["b"], *one(0), SCHEMA) == {"ok": True}
+    assert [r["key"] for r in c.list_rows("p")] == ["a", "b"]
+    assert [c.get_meta("p", "t", s, timeout=1)["keys"] for s in (0, 1)] == [["a"], ["b"]]
+    with pytest.raises(StateError, match="spare rows"):  # no longer a spare row
+        c.commit_new("p", ["c"], *one(0), SCHEMA)
+    c.create_partition("p", capacity=2)
+    assert c.commit_new("p", ["c"], *one(1), SCHEMA) == {"ok": False, "reason": "capacity"}
+    c.close_partition("p")
+    with pytest.raises(ClosedError, match="closed to new rows"):
+        c.commit_new("p", ["c"], *one(1), SCHEMA)
+    assert c.stats()["p"]["rows"] == 2
+
+
 def test_no_spares_for_bounded_partitions_or_writes_through_a_meta():
     c = Controller(1)
     c.create_partition("p", capacity=10)
