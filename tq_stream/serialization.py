@@ -293,6 +293,8 @@ def decode(frames: Sequence[Any]) -> Any:
 
 
 def _frame_view(i: int, frame: Any) -> memoryview:
+    if type(frame) is bytes:  # what the unix transport receives: a flat byte view
+        return memoryview(frame)
     if not isinstance(frame, bytes | bytearray | memoryview):
         frame = getattr(frame, "buffer", None)  # zmq.Frame, without importing zmq here
         if not isinstance(frame, memoryview):
@@ -329,11 +331,18 @@ def _body(header: memoryview, n_views: int) -> msgspec.Raw:
 
 
 def _decode_views(views: list[memoryview]) -> Any:
-    body = _body(views[0], len(views))
     reader = _BodyReader.of_this_thread()
     reader.start(views)
     try:
-        obj = reader.decoder.decode(body)
+        try:  # a well-formed message in one pass: envelope and body (the common case)
+            magic, version, n_frames, obj = reader.message.decode(views[0])
+            whole = magic == _MAGIC and version == VERSION and n_frames == len(views)
+        except (msgspec.MsgspecError, SerializationError):
+            whole = False
+        if not whole:  # the envelope checked first, so the error names what is wrong
+            body = _body(views[0], len(views))
+            reader.start(views)
+            obj = reader.decoder.decode(body)
     finally:
         used, reader.views, reader.used = reader.used, [], []
     unused = [i for i, u in enumerate(used) if not u] if len(used) > 1 else ()
@@ -357,6 +366,7 @@ class _BodyReader:
         self.views: list[memoryview] = []
         self.used: list[bool] = []
         self.decoder = msgspec.msgpack.Decoder(ext_hook=self.ext_hook)
+        self.message = msgspec.msgpack.Decoder(tuple[str, int, int, Any], ext_hook=self.ext_hook)
 
     @classmethod
     def of_this_thread(cls) -> _BodyReader:
@@ -372,6 +382,8 @@ class _BodyReader:
         self.used = [True] + [False] * (len(views) - 1)
 
     def ext_hook(self, code: int, data: memoryview) -> Any:
+        if code == _EXT_INTS:  # the most common one: a few row indexes
+            return self._ints(data)
         if code == _EXT_TENSOR:
             return self._tensor(data)
         if code == _EXT_NDARRAY:
@@ -388,13 +400,6 @@ class _BodyReader:
             if not raw:
                 return torch.empty(shape, dtype=dtype)
             return torch.frombuffer(bytearray(raw), dtype=dtype).view(shape)  # private copy
-        if code == _EXT_INTS:
-            dtype = _INT_DTYPES.get(data[0]) if len(data) else None
-            if dtype is None or (len(data) - 1) % dtype.itemsize:
-                raise SerializationError(f"int array payload must be a dtype letter "
-                                         f"{sorted(_INT_CODES.values())} and whole items, got "
-                                         f"{bytes(data[:1])!r} and {len(data) - 1} bytes")
-            return np.frombuffer(data[1:], dtype).copy()  # private: ``data`` is reused
         if code == _EXT_SMALL_NDARRAY:
             dtype, shape, raw = self._small(data, _NUMPY_DTYPES)
             return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
@@ -404,6 +409,15 @@ class _BodyReader:
                 raise SerializationError(f"tuple payload must be an array, got {_describe(items)}")
             return tuple(items)
         raise SerializationError(f"unknown ext type {code} in header")
+
+    @staticmethod
+    def _ints(data: memoryview) -> np.ndarray:
+        dtype = _INT_DTYPES.get(data[0]) if len(data) else None
+        if dtype is None or (len(data) - 1) % dtype.itemsize:
+            raise SerializationError(f"int array payload must be a dtype letter "
+                                     f"{sorted(_INT_CODES.values())} and whole items, got "
+                                     f"{bytes(data[:1])!r} and {len(data) - 1} bytes")
+        return np.frombuffer(data[1:], dtype).copy()  # private: ``data`` is reused
 
     def _buffer(self, data: memoryview, table: dict[str, Any]) -> tuple[Any, list[int], memoryview]:
         """Validate one buffer descriptor against ``table`` and claim its frame."""
