@@ -66,6 +66,7 @@ _EXT_SMALL_TENSOR, _EXT_SMALL_NDARRAY = 5, 6
 _EXT_INTS = 7  # a small 1-D int64/int32 array inline: a dtype letter, then its raw bytes
 _INT_CODES = {"<i8": b"q", "<i4": b"i"}  # numpy dtype str -> its letter in an ext 7 value
 _INT_DTYPES = {ord(c): np.dtype(name) for name, c in _INT_CODES.items()}
+_INT_LETTERS = {np.dtype(name): c for name, c in _INT_CODES.items()}  # cheaper than .str
 _MAX_DEPTH = 64  # nesting limit: bounds recursion on encode (msgspec bounds decode)
 
 _PLAIN = frozenset({str, int, float, bool, type(None), bytes})
@@ -233,7 +234,7 @@ def _tensor_ext(t: torch.Tensor, buffers: list[memoryview]) -> msgspec.msgpack.E
 
 
 def _ndarray_ext(a: np.ndarray, buffers: list[memoryview]) -> msgspec.msgpack.Ext:
-    letter = _INT_CODES.get(a.dtype.str)
+    letter = _INT_LETTERS.get(a.dtype)
     if letter is not None and a.ndim == 1 and a.nbytes <= getattr(buffers, "inline", 0):
         # Row indexes, units, slots, generations: most messages carry a few. Without a
         # nested descriptor they cost about half as much to encode and to decode.
