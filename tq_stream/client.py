@@ -88,7 +88,7 @@ class Client:
         if d is None:
             return None
         hold.set_lease(float(d.get("lease_timeout", self._stream.config.lease_timeout)))
-        return BatchMeta.from_dict({**d, "session": self.session})
+        return BatchMeta.from_dict(d, self.session)
 
     def first_unfinished(self, partition: str, task: str, dp_rank: int = 0,
                          replica: int | None = None) -> dict[str, Any]:

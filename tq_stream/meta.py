@@ -12,13 +12,14 @@ from tq_stream.columns import FieldSchema
 from tq_stream.errors import ConfigError
 
 _INT64 = np.dtype(np.int64)
+_INT32 = np.dtype(np.int32)
 
 
-def _int64s(values: Any) -> np.ndarray:
-    """``values`` as an int64 array (as decoded from a reply, they mostly are one)."""
-    if type(values) is np.ndarray and values.dtype is _INT64:
+def _int_array(values: Any, dtype: np.dtype = _INT64) -> np.ndarray:
+    """``values`` as an array of ``dtype`` (as decoded from a reply, they mostly are one)."""
+    if type(values) is np.ndarray and values.dtype is dtype:
         return values
-    return np.asarray(values, dtype=np.int64)
+    return np.asarray(values, dtype=dtype)
 
 
 @dataclass(frozen=True)
@@ -64,17 +65,19 @@ class BatchMeta:
         return len(self.keys)
 
     @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> BatchMeta:
+    def from_dict(d: Mapping[str, Any], session: str | None = None) -> BatchMeta:
+        """The BatchMeta of a reply (``session``: the reading session, if not in ``d``)."""
         fields = {
             "partition": d["partition"], "keys": tuple(d["keys"]),
-            "index": _int64s(d["index"]), "generation": _int64s(d["generation"]),
-            "unit": np.asarray(d["unit"], dtype=np.int32), "slot": _int64s(d["slot"]),
+            "index": _int_array(d["index"]), "generation": _int_array(d["generation"]),
+            "unit": _int_array(d["unit"], _INT32), "slot": _int_array(d["slot"]),
             "tags": tuple(d.get("tags") or [{} for _ in d["keys"]]),
             "fields": tuple(d.get("fields", ())),
             "schemas": {f: FieldSchema.from_dict(s) for f, s in d.get("schemas", {}).items()},
             "task": d.get("task", ""), "step": int(d.get("step", -1)),
             "dp_rank": int(d.get("dp_rank", 0)), "replica": int(d.get("replica", 0)),
-            "session": str(d.get("session", "")), "end": bool(d.get("end", False)),
+            "session": str(d.get("session", "")) if session is None else session,
+            "end": bool(d.get("end", False)),
         }
         # Every field at once: the frozen dataclass's __init__ sets them one by one
         # through object.__setattr__, a cost each consumer's every batch pays.

@@ -56,6 +56,9 @@ def store(units: Sequence[Any], partition: str, unit: np.ndarray, slot: np.ndarr
 
     ``generations``: the rows' occupancy tokens (``backends.base.occupancy``).
     """
+    if len(unit) == 1:  # one row (a small put): one unit, no grouping
+        units[int(unit[0])].put(partition, slot, columns, generations)
+        return
     groups = _groups(unit)
     if len(groups) == 1:
         units[groups[0][0]].put(partition, slot, columns, generations)

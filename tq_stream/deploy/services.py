@@ -340,7 +340,8 @@ class ControllerService(Controller, Recovery):
             out = super().commit_new(partition, keys, index, generation, schemas, tags,
                                      unit, spare)
         self._grant_placed(partition, out.get("spare"))
-        return {**out, "units_epoch": self._units_epoch}
+        out["units_epoch"] = self._units_epoch  # a dict of this call's own
+        return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Load the controller's state, then grant the units the slots it places (a
@@ -423,7 +424,9 @@ class ControllerService(Controller, Recovery):
                  consumer: str = "") -> dict[str, Any] | None:
         out = super().get_meta(partition, task, step, dp_rank, timeout, replica, session,
                                consumer)
-        return None if out is None else {**out, "units_epoch": self._units_epoch}
+        if out is not None:
+            out["units_epoch"] = self._units_epoch  # a dict of this call's own
+        return out
 
     def units(self) -> list[dict[str, Any]]:
         if not self._attached.wait(timeout=ATTACH_WAIT):
