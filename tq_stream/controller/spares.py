@@ -38,6 +38,25 @@ def check_spare(spare: Any) -> int:
     return spare
 
 
+def _refusal(part: PartitionMeta, keys: list[str],
+             schemas_: dict[str, Any]) -> dict[str, Any] | None:
+    """Why ``commit_new`` cannot take new rows ``keys`` as they are (None: it can).
+
+    Raises:
+        ClosedError: the partition is closed to new rows.
+    """
+    if part.closed:
+        raise ClosedError(f"partition {part.name!r} is closed to new rows, got new keys "
+                          f"{keys[:5]}")
+    if any(part.schemas.get(f, s) != s for f, s in schemas_.items()):
+        return {"ok": False, "reason": "schema"}
+    if any(k in part.key_index for k in keys):
+        return {"ok": False, "reason": "exists"}
+    if part.capacity is not None and part.live + len(keys) > part.capacity:
+        return {"ok": False, "reason": "capacity"}
+    return None
+
+
 class SpareLogic:
     """Mixin of Controller; see the module docstring."""
 
@@ -101,21 +120,12 @@ class SpareLogic:
                 raise StateError(f"rows {index.tolist()[:5]} of partition {partition!r} must be "
                                  f"spare rows of generations {gen.tolist()[:5]} to be committed "
                                  f"as new rows (they were taken back)")
-            if part.closed:
-                raise ClosedError(f"partition {partition!r} is closed to new rows, got new "
-                                  f"keys {keys[:5]}")
-            if any(part.schemas.get(f, s) != s for f, s in schemas_.items()):
-                return {"ok": False, "reason": "schema"}
-            if any(k in part.key_index for k in keys):
-                return {"ok": False, "reason": "exists"}
-            if part.capacity is not None and part.live + len(keys) > part.capacity:
-                return {"ok": False, "reason": "capacity"}
+            refused = _refusal(part, keys, schemas_)
+            if refused is not None:
+                return refused
             part.bind(keys, index)
             self._mark_written(part, index, schemas_, tags)  # type: ignore[attr-defined]
-            out: dict[str, Any] = {"ok": True}
-            if spare:
-                out["spare"] = self._spares(part, unit, spare if part.capacity is None else 0)
-            return out
+            return self._committed(part, unit, spare)
 
     def _commit_row(self, partition: str, key: str, i: int, gen: int,
                     schemas_: dict[str, Any], unit: int, spare: int) -> dict[str, Any]:
@@ -130,21 +140,19 @@ class SpareLogic:
                 raise StateError(f"rows [{i}] of partition {partition!r} must be spare rows "
                                  f"of generations [{gen}] to be committed as new rows (they "
                                  f"were taken back)")
-            if part.closed:
-                raise ClosedError(f"partition {partition!r} is closed to new rows, got new "
-                                  f"keys {[key]}")
-            if any(part.schemas.get(f, s) != s for f, s in schemas_.items()):
-                return {"ok": False, "reason": "schema"}
-            if key in part.key_index:
-                return {"ok": False, "reason": "exists"}
-            if part.capacity is not None and part.live + 1 > part.capacity:
-                return {"ok": False, "reason": "capacity"}
+            refused = _refusal(part, [key], schemas_)
+            if refused is not None:
+                return refused
             part.bind_row(key, i)
             self._mark_row(part, i, schemas_)  # type: ignore[attr-defined]
-            out: dict[str, Any] = {"ok": True}
-            if spare:
-                out["spare"] = self._spares(part, unit, spare if part.capacity is None else 0)
-            return out
+            return self._committed(part, unit, spare)
+
+    def _committed(self, part: PartitionMeta, unit: int, spare: int) -> dict[str, Any]:
+        """The reply of a commit that took its rows, with new spare rows if asked."""
+        out: dict[str, Any] = {"ok": True}
+        if spare:
+            out["spare"] = self._spares(part, unit, spare if part.capacity is None else 0)
+        return out
 
     def release_spares(self, partition: str, index: np.ndarray, generation: np.ndarray) -> int:
         """Take back spare rows a writer no longer needs; returns how many were spare.
