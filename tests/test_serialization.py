@@ -326,6 +326,9 @@ def ext(code: int, payload) -> msgspec.msgpack.Ext:
         ([header("tqs", 1, 1)], "not a tq_stream message"),
         ([header("xyz", 1, 1, None)], "not a tq_stream message"),
         ([header("tqs", 99, 1, None)], "version 99"),
+        # a bad envelope is named even when its body would fail to decode too
+        ([header("tqs", 2, 1, ext(6, ["<f4", [0, 2**63], b""]))], "format version 2"),
+        ([header("tqs", 1, 2, ext(6, ["<f4", [0, 2**63], b""]))], "announces 2 frames"),
         ([header("tqs", "1", 1, None)], "malformed"),
         ([header("tqs", 1, 2, None)], "announces 2 frames, got 1"),
         ([header("tqs", 1, 2, None), b"x"], "not referenced"),

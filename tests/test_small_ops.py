@@ -19,6 +19,7 @@ from tq_stream.errors import (
     ClosedError,
     ConfigError,
     KeyConflictError,
+    SchemaError,
     SerializationError,
     StateError,
     WaitTimeout,
@@ -207,6 +208,31 @@ def test_one_row_commit_new_checks_and_commits_like_many_rows(form):
     with pytest.raises(ClosedError, match="closed to new rows"):
         c.commit_new("p", ["c"], *one(1), SCHEMA)
     assert c.stats()["p"]["rows"] == 2
+
+
+@pytest.mark.parametrize("form", ["lists", "arrays"])
+def test_commit_new_rejects_bad_tags_and_clashing_field_paths_before_any_change(form):
+    """Tags that are not one dict per key, and a field path that clashes with a known
+    field ("x" vs "x.y"), are errors raised before the row is bound: the spare row
+    stays spare and can still be committed (one row: either form of the indexes)."""
+    c = Controller(1)
+    c.register_task("p", "t", ["x"], 1)
+    place = c.reserve("p", ["a"], SCHEMA, spare=2)
+    c.commit("p", place["index"], place["generation"], SCHEMA)
+    idx, gen = place["spare"]["index"][:1], place["spare"]["generation"][:1]
+    if form == "lists":
+        idx, gen = idx.tolist(), gen.tolist()
+    for bad in ([], [{}, {}], [{"": 1}], [3]):
+        with pytest.raises(ConfigError, match="tags"):
+            c.commit_new("p", ["b"], idx, gen, SCHEMA, tags=bad)
+    clash = {"x.y": schema_of(torch.zeros(1, 2)).to_dict()}
+    with pytest.raises(SchemaError, match="x.y"):
+        c.commit_new("p", ["b"], idx, gen, clash)
+    with pytest.raises(ConfigError, match="needs fields and one distinct index"):
+        c.commit_new("p", ["b"], idx, gen, {})
+    assert [r["key"] for r in c.list_rows("p")] == ["a"]
+    assert c.commit_new("p", ["b"], idx, gen, SCHEMA, tags=[{"r": 1}]) == {"ok": True}
+    assert c.get_meta("p", "t", 1, timeout=1)["tags"] == [{"r": 1}]
 
 
 def test_no_spares_for_bounded_partitions_or_writes_through_a_meta():

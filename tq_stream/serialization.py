@@ -338,7 +338,7 @@ def _decode_views(views: list[memoryview]) -> Any:
         try:  # a well-formed message in one pass: envelope and body (the common case)
             magic, version, n_frames, obj = reader.message.decode(views[0])
             whole = magic == _MAGIC and version == VERSION and n_frames == len(views)
-        except (msgspec.MsgspecError, SerializationError):
+        except Exception:  # noqa: BLE001 — decoded again below, the envelope checked first
             whole = False
         if not whole:  # the envelope checked first, so the error names what is wrong
             body = _body(views[0], len(views))

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from tq_stream.controller.partition import PartitionMeta, parse_schemas
+from tq_stream.controller.tags import check_tags
 from tq_stream.errors import ClosedError, ConfigError, KeyConflictError, StateError
 
 MAX_SPARE = 1024  # spare rows one reserve may ask for
@@ -44,6 +45,7 @@ def _refusal(part: PartitionMeta, keys: list[str],
 
     Raises:
         ClosedError: the partition is closed to new rows.
+        SchemaError: a new field's path clashes with a known one ("x" and "x.y").
     """
     if part.closed:
         raise ClosedError(f"partition {part.name!r} is closed to new rows, got new keys "
@@ -54,6 +56,8 @@ def _refusal(part: PartitionMeta, keys: list[str],
         return {"ok": False, "reason": "exists"}
     if part.capacity is not None and part.live + len(keys) > part.capacity:
         return {"ok": False, "reason": "capacity"}
+    if any(f not in part.schemas for f in schemas_):
+        part.check_schemas(schemas_)  # before the bind: a new field must fit the others
     return None
 
 
@@ -94,7 +98,8 @@ class SpareLogic:
         """
         keys = list(keys)
         schemas_ = parse_schemas(schemas)
-        if len(keys) == 1 and _one_int(index) and _one_int(generation) and not tags:
+        if schemas_ and tags is None and len(keys) == 1 and _one_int(index) and \
+                _one_int(generation):
             return self._commit_row(partition, keys[0], index[0], generation[0], schemas_,
                                     unit, spare)
         index = np.asarray(index, dtype=np.int64)
@@ -105,6 +110,7 @@ class SpareLogic:
                               f"per key, "
                               f"got {len(schemas_)} fields, {len(keys)} keys, "
                               f"{len(index)} indexes, {gen.shape} generations")
+        tags = check_tags(tags, len(keys))  # before any change: tags are set after the bind
         check_spare(spare)
         if len(set(keys)) != len(keys):
             raise KeyConflictError(f"keys must be distinct within one put, got {keys[:5]}")
@@ -129,10 +135,9 @@ class SpareLogic:
 
     def _commit_row(self, partition: str, key: str, i: int, gen: int,
                     schemas_: dict[str, Any], unit: int, spare: int) -> dict[str, Any]:
-        """``commit_new`` of one row without tags: the same checks and changes on one
-        int row, no numpy array indexing (cold, each costs tens of µs; design.md)."""
-        if not schemas_:
-            raise ConfigError("commit_new needs fields, got none")
+        """``commit_new`` of one row with fields and without tags: the same checks and
+        changes on one int row, no numpy array indexing (cold, each costs tens of µs;
+        design.md)."""
         check_spare(spare)
         with self._cond:  # type: ignore[attr-defined]
             part = self._part(partition)  # type: ignore[attr-defined]
