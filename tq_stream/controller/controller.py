@@ -325,16 +325,6 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
             task.offer(index, part.ready_for(task.config.fields, index, task.tags))
         self._cond.notify_all()
 
-    def _mark_row(self, part: PartitionMeta, i: int, schemas_: dict[str, FieldSchema]) -> None:
-        """``_mark_written`` of one row without tags (its write time was just set)."""
-        part.fix_schemas(schemas_)
-        for f in schemas_:
-            part.ready[f][i] = True
-        for task in self._tasks[part.name].values():
-            if part.row_ready(task.config.fields, i, task.tags):
-                task.offer_row(i)
-        self._cond.notify_all()
-
     def _check_generation(self, part: PartitionMeta, index: np.ndarray, gen: Any) -> None:
         gen = np.asarray(gen, dtype=np.int64)
         ok = part.used[index] & (part.generation[index] == gen)

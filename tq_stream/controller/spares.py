@@ -149,8 +149,19 @@ class SpareLogic:
             if refused is not None:
                 return refused
             part.bind_row(key, i)
-            self._mark_row(part, i, schemas_)  # type: ignore[attr-defined]
+            self._mark_row(part, i, schemas_)
             return self._committed(part, unit, spare)
+
+    def _mark_row(self, part: PartitionMeta, i: int, schemas_: dict[str, Any]) -> None:
+        """``Controller._mark_written`` of one row without tags (lock held; its write
+        time was just set by ``bind_row``)."""
+        part.fix_schemas(schemas_)
+        for f in schemas_:
+            part.ready[f][i] = True
+        for task in self._tasks[part.name].values():  # type: ignore[attr-defined]
+            if part.row_ready(task.config.fields, i, task.tags):
+                task.offer_row(i)
+        self._cond.notify_all()  # type: ignore[attr-defined]
 
     def _committed(self, part: PartitionMeta, unit: int, spare: int) -> dict[str, Any]:
         """The reply of a commit that took its rows, with new spare rows if asked."""
