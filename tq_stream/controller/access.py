@@ -122,7 +122,7 @@ class AccessLogic:
             part.tags.set(idx, tags_ or [])
             for task in self._tasks[partition].values():  # rows may wait for these tags
                 task.offer(idx, part.ready_for(task.config.fields, idx, task.tags))
-            self._cond.notify_all()
+            self._rows_ready(part)
 
     def stats(self) -> dict[str, Any]:
         """Per partition: rows, fields, writer waits and per-task counters, rates and

@@ -5,7 +5,9 @@ client) and kept alive by their heartbeat (``renew(session=...)``); see
 ``task.py`` for what a claim is and ``steps.py`` for how a step is found.
 A waiting ``get_meta`` is one wait on the controller's condition, woken by
 every commit, ack, release, clear and tag change, and ended early by
-``cancel(session)`` when its loader stops.
+``cancel(session)`` when its loader stops. A call that makes rows ready (a commit,
+a release, a tag change) forms the waiters' steps itself and hands each reply to
+the waiting request's server (``waiters.py``, ``transport/answers.py``).
 
 Called by the Controller's public methods; ``self`` is the Controller.
 """
@@ -20,7 +22,9 @@ import numpy as np
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.reservations import WRITER_TASK
 from tq_stream.controller.task import MAX_REPLICAS, TaskState
+from tq_stream.controller.waiters import Waiter
 from tq_stream.errors import ConfigError, WaitTimeout, check_positive, check_timeout
+from tq_stream.transport.answers import ANSWERED, pending
 from tq_stream.transport.dispatch import WouldBlock, may_block
 
 MAX_CANCELLED = 1024  # cancelled sessions remembered
@@ -73,21 +77,78 @@ class ConsumingLogic:
         with self._cond:
             part, state = self._task(partition, task)
             _check_ids(state, dp_rank, replica)
-            while True:
-                if session and session in self._cancelled:
-                    return None
-                self._abort_reservations()  # a dead producer's rows must not hold the end
-                meta = self._try_step(part, state, step, dp_rank, replica, session, consumer)
-                if meta is not None:
-                    self._timings.waited(partition, task, deadline - timeout)
-                    return meta
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise self._wait_error(part, state, step, dp_rank, timeout)
+            if session and session in self._cancelled:
+                return None
+            self._abort_reservations()  # a dead producer's rows must not hold the end
+            meta = self._try_step(part, state, step, dp_rank, replica, session, consumer)
+            if meta is not None:
+                self._timings.waited(partition, task, deadline - timeout)
+                return self._handout(meta)
+            # Wait, registered as a waiter: a commit that makes rows ready forms the step
+            # in its own thread and answers (waiters.py).
+            waiter = Waiter(state, (step, dp_rank, replica, session, consumer),
+                            deadline - timeout, deadline, pending())
+            self._waiters.add(partition, waiter)
+            try:
+                return self._wait_step(part, state, waiter, timeout)
+            finally:
+                self._waiters.remove(partition, waiter)
+
+    def _wait_step(self, part: PartitionMeta, state: TaskState, waiter: Waiter,
+                   timeout: float) -> dict[str, Any] | None:
+        """``get_meta``'s wait (lock held, ``waiter`` registered): the reply, ``ANSWERED``
+        once a commit answered it, or None if the session was cancelled."""
+        step, dp_rank, replica, session, consumer = waiter.args
+        while True:
+            left = waiter.deadline - time.monotonic()
+            if left > 0:
                 self._timings.wait(self._cond, min(left, self._next_wake(state)),
-                                   deadline - timeout, "get_meta", partition,
+                                   waiter.since, "get_meta", part.name,
                                    lambda: self._waiting_for(part, state, step, dp_rank))
-                self._check_open()
+            if waiter.meta is not None:  # formed by a commit: sent already, or ours to send
+                return ANSWERED if waiter.given else waiter.meta
+            self._check_open()
+            if session and session in self._cancelled:
+                return None
+            self._abort_reservations()  # a dead producer's rows must not hold the end
+            meta = self._try_step(part, state, step, dp_rank, replica, session, consumer)
+            if meta is not None:
+                self._timings.waited(part.name, state.name, waiter.since)
+                return self._handout(meta)
+            if waiter.deadline <= time.monotonic():
+                raise self._wait_error(part, state, step, dp_rank, timeout)
+
+    def _answer_waiters(self, part: PartitionMeta) -> None:
+        """Rows of ``part`` became ready: form the step of each waiter that now has one,
+        here, and give it to its server (waiters.py). Lock held."""
+        waiting = self._waiters.of(part.name)
+        if not waiting:
+            return
+        now = time.monotonic()
+        for waiter in waiting:
+            step, dp_rank, replica, session, consumer = waiter.args
+            if waiter.meta is not None or waiter.deadline <= now or \
+                    (session and session in self._cancelled):
+                continue
+            try:
+                meta = self._try_step(part, waiter.state, step, dp_rank, replica, session,
+                                      consumer)
+            except Exception:  # noqa: BLE001 — the waiter tries again and raises it itself
+                continue
+            if meta is not None:
+                self._timings.waited(part.name, waiter.state.name, waiter.since)
+                waiter.meta = self._handout(meta)
+                waiter.given = waiter.pending is not None and waiter.pending.give(waiter.meta)
+
+    def _rows_ready(self, part: PartitionMeta) -> None:
+        """Rows of ``part`` may have become ready: answer the waiters that can take
+        them, then wake every waiter (the others look again). Lock held."""
+        self._answer_waiters(part)
+        self._cond.notify_all()
+
+    def _handout(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """The reply of a get_meta that formed ``meta`` (a service adds its own fields)."""
+        return meta
 
     def _waiting_for(self, part: PartitionMeta, state: TaskState, step: int | None,
                      dp_rank: int) -> str:
@@ -151,7 +212,7 @@ class ConsumingLogic:
             _check_ids(state, dp_rank, replica)
             self._held_rows(part, state, step, dp_rank, index, generation, "release")
             state.steps[step].claims.pop((dp_rank, replica), None)
-            self._cond.notify_all()
+            self._rows_ready(part)
 
     def renew(self, partition: str, task: str, step: int | None = None,
               session: str = "") -> int:

@@ -37,6 +37,7 @@ from tq_stream.controller.steps import StepLogic
 from tq_stream.controller.task import MAX_REPLICAS, TaskConfig, TaskState
 from tq_stream.controller.timings import Timings
 from tq_stream.controller.units import UnitLogic
+from tq_stream.controller.waiters import Waiters
 from tq_stream.errors import (
     ClosedError,
     ConfigError,
@@ -115,6 +116,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         self._dead: set[int] = set()  # storage units lost and not back (units.py)
         self._reservations = Reservations()  # rows reserved, not committed (reservations.py)
         self._journal: Any = None  # records delivery changes (deploy/ack_journal.py) if set
+        self._waiters = Waiters()  # get_meta calls waiting, per partition (waiters.py)
 
     # ------------------------------------------------------------ partitions
     def _part(self, partition: str, create: bool = False, by_put: bool = False) -> PartitionMeta:
@@ -323,7 +325,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
             part.tags.set(index, tags)
         for task in self._tasks[part.name].values():
             task.offer(index, part.ready_for(task.config.fields, index, task.tags))
-        self._cond.notify_all()
+        self._rows_ready(part)
 
     def _check_generation(self, part: PartitionMeta, index: np.ndarray, gen: Any) -> None:
         gen = np.asarray(gen, dtype=np.int64)

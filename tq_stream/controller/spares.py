@@ -161,7 +161,7 @@ class SpareLogic:
         for task in self._tasks[part.name].values():  # type: ignore[attr-defined]
             if part.row_ready(task.config.fields, i, task.tags):
                 task.offer_row(i)
-        self._cond.notify_all()  # type: ignore[attr-defined]
+        self._rows_ready(part)  # type: ignore[attr-defined]
 
     def _committed(self, part: PartitionMeta, unit: int, spare: int) -> dict[str, Any]:
         """The reply of a commit that took its rows, with new spare rows if asked."""

@@ -419,14 +419,10 @@ class ControllerService(Controller, Recovery):
                 self._watch.moved(unit)
         self._units_epoch = units_epoch(self._unit_addresses)
 
-    def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
-                 timeout: float = 60.0, replica: int = 0, session: str = "",
-                 consumer: str = "") -> dict[str, Any] | None:
-        out = super().get_meta(partition, task, step, dp_rank, timeout, replica, session,
-                               consumer)
-        if out is not None:
-            out["units_epoch"] = self._units_epoch  # a dict of this call's own
-        return out
+    def _handout(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """A get_meta reply (whichever thread formed it) names the units' epoch."""
+        meta["units_epoch"] = self._units_epoch  # a dict of this call's own
+        return meta
 
     def units(self) -> list[dict[str, Any]]:
         if not self._attached.wait(timeout=ATTACH_WAIT):

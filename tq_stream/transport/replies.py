@@ -8,6 +8,7 @@ from typing import Any
 
 from tq_stream.errors import SerializationError, TQError, WaitTimeout
 from tq_stream.serialization import decode, encode
+from tq_stream.transport.answers import ANSWERED, Outbox
 from tq_stream.transport.dispatch import Dispatcher, WouldBlock
 from tq_stream.transport.remote_errors import error_to_value
 
@@ -68,13 +69,33 @@ def run_request(dispatch: Dispatcher, request: Request, received: float, inline:
                     f"longer than its timeout {timeout:g} s; not run"
                 )
             result = dispatch(method, args)
-        return encode({"id": req_id, "ok": True, "result": result}, inline=INLINE_BYTES)
+        if result is ANSWERED:
+            return None  # another thread gave its reply already (answers.py)
+        return ok_reply(req_id, result)
     except WouldBlock as exc:
         if inline:
             return DEFER
         return error_reply(req_id, exc, where)  # on a worker it is a handler bug
     except Exception as exc:
         return error_reply(req_id, exc, where)
+
+
+def ok_reply(req_id: int, result: Any) -> list[Any]:
+    return encode({"id": req_id, "ok": True, "result": result}, inline=INLINE_BYTES)
+
+
+def given_replies(box: Outbox, where: str) -> list[tuple[Any, list[Any]]]:
+    """``(reply_to, encoded reply)`` of each reply given to a waiting request while
+    the request of ``box`` ran (``answers.py``); its server sends them."""
+    out = []
+    for waiting, result in box.replies:
+        try:
+            frames = ok_reply(waiting.req_id, result)
+        except Exception as exc:  # noqa: BLE001 — the waiting caller gets the error
+            frames = error_reply(waiting.req_id, exc, where)
+        out.append((waiting.reply_to, frames))
+    box.replies.clear()
+    return out
 
 
 def error_reply(req_id: int, exc: Exception, where: str) -> list[Any]:

@@ -36,8 +36,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from tq_stream.errors import ClosedError, ConfigError, check_positive, check_timeout
+from tq_stream.transport.answers import serving
 from tq_stream.transport.dispatch import Dispatcher
-from tq_stream.transport.replies import busy_reply, read_request, run_request
+from tq_stream.transport.replies import busy_reply, given_replies, read_request, run_request
 from tq_stream.transport.unix_frames import (
     MAX_BYTES,
     BufferPool,
@@ -58,6 +59,8 @@ MAX_CONNECTIONS = 4096  # connections open at once (each costs a file descriptor
 MAX_MESSAGE = MAX_BYTES  # bytes one request may announce, unless the server sets less
 READ_TIMEOUT = 60.0  # seconds the rest of a request may take once it started arriving
 SEND_TIMEOUT = 60.0  # seconds a reply may wait for a caller that does not read it
+GIVEN_SEND_TIMEOUT = 5.0  # the same for a reply another request's thread sends (it
+# holds that request's own reply back meanwhile); a caller waiting for it reads at once
 STICKY = 0.05  # seconds a worker waits for the next request on its connection, while
 # other workers are idle (a caller's next call then skips the hop through the IO thread)
 _SWEEP = 1.0  # seconds between looks for idle connections to close
@@ -413,8 +416,11 @@ class UnixRpcServer:
         """Run a request that holds its wait slot (if its method has one) and reply; the
         slot then goes to the oldest parked request of its class, on a worker."""
         try:
-            self._send(conn, run_request(self._dispatch, request, received, False,
-                                         self.address))
+            with serving(self, conn, request[0]) as box:
+                reply = run_request(self._dispatch, request, received, False, self.address)
+            for waiting, frames in given_replies(box, self.address):  # waiting callers first
+                self._send_given(waiting, frames)
+            self._send(conn, reply)
         finally:
             parked = self._waits.release(request[1])
             if parked is not None:
@@ -423,6 +429,18 @@ class UnixRpcServer:
     def _send(self, conn: _Conn, reply: Any) -> None:
         if reply is not None and not self._closed:
             send_message(conn.sock, reply, time.monotonic() + SEND_TIMEOUT)
+
+    def _send_given(self, conn: _Conn, reply: list[Any]) -> None:
+        """Send the reply this thread gave to a request waiting on ``conn`` (another
+        worker's: it sends nothing for that request). A failed send shuts the socket
+        down, so that its worker drops the connection (a part may have gone out)."""
+        try:
+            if not self._closed:
+                send_message(conn.sock, reply, time.monotonic() + GIVEN_SEND_TIMEOUT)
+        except (FrameError, OSError) as exc:
+            logger.debug("reply to a waiting request at %s dropped: %s", self.address, exc)
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
 
 
 def _readable(sock: socket.socket, timeout: float) -> bool:

@@ -13,10 +13,12 @@ from typing import Any
 import zmq
 
 from tq_stream.errors import ClosedError, ConfigError, check_positive, check_timeout
+from tq_stream.transport.answers import serving
 from tq_stream.transport.dispatch import Dispatcher
 from tq_stream.transport.replies import (
     DEFER,
     busy_reply,
+    given_replies,
     read_request,
     run_request,
 )
@@ -267,7 +269,10 @@ class RpcServer:
             identity, received = msg[0], time.monotonic()
             request, reply = read_request(msg[2:], self.address)
             if request is not None and request[1] in self._dispatch.inline:
-                reply = run_request(self._dispatch, request, received, True, self.address)
+                with serving(self, identity, request[0]) as box:
+                    reply = run_request(self._dispatch, request, received, True, self.address)
+                for to, frames in given_replies(box, self.address):  # answers.py
+                    send_frames(self._router, [to, b"", *frames])
                 if reply is not DEFER:
                     request = None  # answered here, on the IO thread
             if request is None:
@@ -314,13 +319,17 @@ class RpcServer:
             self._group.release(push)
 
     def _reply(self, push: Any, identity: Any, request: Any, received: float) -> None:
-        reply = run_request(self._dispatch, request, received, False, self.address)
-        # After close() the IO thread is gone and a send would wait for sndtimeo.
-        if reply is not None and not self._closed:
-            try:
-                send_frames(push, [identity, b"", *reply])
-            except zmq.ZMQError as exc:
-                logger.warning("reply from %s dropped: %s", self.address, exc)
+        with serving(self, identity, request[0]) as box:
+            reply = run_request(self._dispatch, request, received, False, self.address)
+        # Replies given to waiting requests first (answers.py), then this one's own.
+        replies = [*given_replies(box, self.address), (identity, reply)]
+        for to, frames in replies:
+            # After close() the IO thread is gone and a send would wait for sndtimeo.
+            if frames is not None and not self._closed:
+                try:
+                    send_frames(push, [to, b"", *frames])
+                except zmq.ZMQError as exc:
+                    logger.warning("reply from %s dropped: %s", self.address, exc)
 
     # ------------------------------------------------------------------ handling
 

@@ -1,0 +1,119 @@
+"""A commit forms the steps of waiting get_meta calls and gives them to their server
+(``controller/waiters.py``, ``transport/answers.py``), in embedded mode: a test plays
+the servers with ``answers.serving``."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from conftest import keys_of, put_rows
+from rpc_handler import wait_until
+
+from tq_stream.controller.waiters import Waiter
+from tq_stream.errors import WaitTimeout
+from tq_stream.samplers import Candidates, Sampler, Selection
+from tq_stream.transport.answers import ANSWERED, serving
+
+P = "train"
+
+
+def _wait_in_thread(ctrl, out, srv=None, reply_to=None, req_id=0, **kw):
+    def run():
+        try:
+            if srv is None:
+                out.append(ctrl.get_meta(P, "t", **kw))
+            else:
+                with serving(srv, reply_to, req_id):
+                    out.append(ctrl.get_meta(P, "t", **kw))
+        except Exception as exc:  # noqa: BLE001 — the test asserts on it
+            out.append(exc)
+
+    before = len(ctrl._waiters)
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    wait_until(lambda: len(ctrl._waiters) == before + 1)
+    return th
+
+
+@pytest.mark.parametrize("rows", [1, 3])  # the one-row commit and the general one
+def test_a_commit_gives_each_waiting_rank_its_rows(stream, rows):
+    stream.create_partition(P, consumers=["t"])
+    stream.client().register_task(P, "t", ["x"], batch_size=rows, dp_size=2)
+    ctrl, srv = stream._controller(), object()
+    got: list[list] = [[], []]
+    threads = [_wait_in_thread(ctrl, got[r], srv, f"conn{r}", 10 + r, step=0, dp_rank=r,
+                               timeout=10.0) for r in (0, 1)]
+    with serving(srv, "producer", 99) as box:
+        put_rows(stream, keys_of("k", 2 * rows))  # the producer's request
+    for th in threads:
+        th.join(10)
+    assert got == [[ANSWERED], [ANSWERED]]  # their server sends nothing for them
+    given = {p.req_id: (p.reply_to, meta) for p, meta in box.replies}
+    assert sorted(given) == [10, 11]
+    keys = [k for r in (0, 1) for k in given[10 + r][1]["keys"]]
+    assert given[10][0] == "conn0" and given[11][1]["dp_rank"] == 1
+    assert sorted(keys) == keys_of("k", 2 * rows)  # each row to exactly one rank
+    assert len(ctrl._waiters) == 0
+    wait = stream.stats()[P]["tasks"]["t"]["get_meta_wait"]
+    assert wait["count"] == 2  # the waits are measured as before
+
+
+def test_without_a_server_the_waiter_returns_the_step_the_commit_formed(stream):
+    stream.create_partition(P, consumers=["t"])
+    stream.client().register_task(P, "t", ["x"], batch_size=2)
+    ctrl, got = stream._controller(), []
+    th = _wait_in_thread(ctrl, got, step=0, timeout=10.0)  # embedded: no server
+    with serving(object(), "producer", 1) as box:  # a server the waiter is not on
+        put_rows(stream, keys_of("k", 2))
+    th.join(10)
+    assert box.replies == [] and sorted(got[0]["keys"]) == keys_of("k", 2)
+
+
+def test_a_cancelled_or_late_waiter_is_not_answered(stream):
+    stream.create_partition(P, consumers=["t"])
+    stream.client().register_task(P, "t", ["x"], batch_size=1, dp_size=2)
+    ctrl = stream._controller()
+    _, state = ctrl._task(P, "t")
+    ctrl.cancel("gone")
+    cancelled = Waiter(state, (0, 0, 0, "gone", ""), 0.0, float("inf"), None)
+    late = Waiter(state, (0, 1, 0, "", ""), 0.0, 0.0, None)  # its deadline passed
+    with ctrl._cond:
+        ctrl._waiters.add(P, cancelled)
+        ctrl._waiters.add(P, late)
+    put_rows(stream, keys_of("k", 2))
+    assert cancelled.meta is None and late.meta is None
+    assert not ctrl._task(P, "t")[1].steps  # no step was formed for them
+
+
+class Failing(Sampler):
+    def sample(self, candidates: Candidates, batch_size: int) -> Selection:
+        if candidates.count:
+            raise ValueError("sampler bug")
+        return Selection.wait({})
+
+
+def test_a_sampler_error_reaches_the_waiter_not_the_producer(stream):
+    stream.create_partition(P, consumers=["t"])
+    stream.client().register_task(P, "t", ["x"], batch_size=1, sampler=Failing())
+    ctrl, got = stream._controller(), []
+    srv = object()
+    th = _wait_in_thread(ctrl, got, srv, "conn", 5, step=0, timeout=10.0)
+    with serving(srv, "producer", 6) as box:
+        stream.writer(P).put(["k"], {"x": torch.zeros(1, 4)})  # succeeds
+    th.join(10)
+    assert box.replies == []
+    assert isinstance(got[0], ValueError) and "sampler bug" in str(got[0])
+    assert stream.kv.list(partition=P)[0]["key"] == "k"
+
+
+def test_a_waiter_that_times_out_leaves_no_registration(stream):
+    stream.create_partition(P, consumers=["t"])
+    stream.client().register_task(P, "t", ["x"], batch_size=1)
+    ctrl = stream._controller()
+    with pytest.raises(WaitTimeout):
+        ctrl.get_meta(P, "t", 0, timeout=0.05)
+    assert len(ctrl._waiters) == 0
+    put_rows(stream, keys_of("k", 1))  # nothing to answer
+    assert ctrl.get_meta(P, "t", 0, timeout=1.0)["keys"] == ["k0"]

@@ -1,0 +1,94 @@
+"""Early answers: a waiting request answered by the thread that ended its wait.
+
+A long-poll (a consumer's ``get_meta``) holds a server worker until its condition
+holds. Left alone, the thread that makes the condition hold (a producer's
+``commit_new``) wakes that worker, which then forms its reply and sends it. On a host
+whose threads have just idled, that wake-up and the waiting worker's own run cost
+more than forming the reply (``docs/design.md``, "Write→wake"), so a socket server
+lets a handler answer a waiting request from the thread that ends the wait:
+
+- the server runs each request inside ``serving(server, reply_to, req_id)``, which
+  names where the request's reply goes and gives the thread an outbox;
+- a handler about to wait takes ``pending()``: its request's ``Pending``, or None
+  when the call did not come through such a server (embedded mode, a direct call);
+- a thread that ends that wait calls ``Pending.give(result)``. When that thread is
+  itself serving a request of the same server, the result goes into its outbox and
+  ``give`` returns True; the server sends the outbox's replies as soon as that
+  request's handler has returned (outside every lock the handler held), before that
+  request's own reply. Otherwise ``give`` returns False and the waiting handler
+  forms its reply itself;
+- the waiting handler, once it sees its ``Pending`` was given, returns ``ANSWERED``,
+  and its server sends nothing for it.
+
+Invariants: a request is answered once (the handler decides, under its own lock,
+whether its ``Pending`` was given, and only one thread gives it); an outbox belongs to
+one thread and is emptied before that thread serves another request, so it holds at
+most the requests waiting on its server (which the server's wait slots bound).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+
+class _Answered:
+    def __repr__(self) -> str:
+        return "ANSWERED"
+
+
+ANSWERED: Any = _Answered()  # a handler's result whose reply was already given
+_local = threading.local()
+
+
+class Pending:
+    """The reply address of one request a server is running (see module docstring)."""
+
+    __slots__ = ("reply_to", "req_id", "server")
+
+    def __init__(self, server: object, reply_to: Any, req_id: int) -> None:
+        self.server = server
+        self.reply_to = reply_to  # the server's own handle: a connection, a zmq identity
+        self.req_id = req_id
+
+    def give(self, result: Any) -> bool:
+        """Answer this request with ``result`` from the current thread: True if the
+        current thread serves a request of the same server (the reply is then sent
+        when that request's handler returns); False if it cannot (nothing happened)."""
+        box = getattr(_local, "box", None)
+        if box is None or box.server is not self.server:
+            return False
+        box.replies.append((self, result))
+        return True
+
+
+class Outbox:
+    """What one thread serving one request gave to other waiting requests."""
+
+    __slots__ = ("replies", "request", "server")
+
+    def __init__(self, server: object, request: Pending) -> None:
+        self.server = server
+        self.request = request
+        self.replies: list[tuple[Pending, Any]] = []
+
+
+@contextmanager
+def serving(server: object, reply_to: Any, req_id: int) -> Iterator[Outbox]:
+    """Run a request of ``server`` (whose reply goes to ``reply_to``) on this thread;
+    yields the thread's outbox, for the server to send once the handler returned."""
+    box = Outbox(server, Pending(server, reply_to, req_id))
+    outer = getattr(_local, "box", None)
+    _local.box = box
+    try:
+        yield box
+    finally:
+        _local.box = outer
+
+
+def pending() -> Pending | None:
+    """The request the current thread is serving, or None outside ``serving``."""
+    box = getattr(_local, "box", None)
+    return None if box is None else box.request
