@@ -47,10 +47,11 @@ def test_a_commit_gives_each_waiting_rank_its_rows(stream, rows):
                                timeout=10.0) for r in (0, 1)]
     with serving(srv, "producer", 99) as box:
         put_rows(stream, keys_of("k", 2 * rows))  # the producer's request
+    given = {p.req_id: (p.reply_to, meta) for p, meta in box.replies}
+    box.sent()  # the server sent the replies given: it wakes the waiting threads
     for th in threads:
         th.join(10)
     assert got == [[ANSWERED], [ANSWERED]]  # their server sends nothing for them
-    given = {p.req_id: (p.reply_to, meta) for p, meta in box.replies}
     assert sorted(given) == [10, 11]
     keys = [k for r in (0, 1) for k in given[10 + r][1]["keys"]]
     assert given[10][0] == "conn0" and given[11][1]["dp_rank"] == 1
@@ -102,6 +103,7 @@ def test_a_sampler_error_reaches_the_waiter_not_the_producer(stream):
     th = _wait_in_thread(ctrl, got, srv, "conn", 5, step=0, timeout=10.0)
     with serving(srv, "producer", 6) as box:
         stream.writer(P).put(["k"], {"x": torch.zeros(1, 4)})  # succeeds
+    box.sent()
     th.join(10)
     assert box.replies == []
     assert isinstance(got[0], ValueError) and "sampler bug" in str(got[0])

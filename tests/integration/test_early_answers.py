@@ -25,6 +25,7 @@ class Mailbox:
         self.cond = threading.Condition()
         self.waiting: dict[str, list] = {}  # name -> [pending, value, given]
         self.returned: list = []  # what each wait returned to its server
+        self.calls_after_sent = 0
 
     def wait(self, name: str, timeout: float):
         with self.cond:
@@ -39,13 +40,16 @@ class Mailbox:
         with self.cond:
             rec = self.waiting.pop(name)
             rec[1] = value
-            rec[2] = rec[0] is not None and rec[0].give(value)
+            rec[2] = rec[0] is not None and rec[0].give(value, self.after_sent)
             self.cond.notify_all()
             return rec[2]
 
     def put_all(self, values: dict):
         """Several puts in one request (not inline: a zmq worker thread runs it)."""
         return [self.put(name, value) for name, value in values.items()]
+
+    def after_sent(self):
+        self.calls_after_sent += 1
 
     def echo(self, value):
         return value
@@ -103,6 +107,7 @@ def test_many_waiters_answered_by_one_request(server, mailbox):
     with rpc_client(server.address, timeout=10) as putter:
         given = putter.call("put_all", {"values": {n: n * 2 for n in "abc"}})
         assert given == [True, True, True]
+        assert mailbox.calls_after_sent == 1  # once for the request, after its sends
     for client, th in clients:
         th.join(10)
         client.close()

@@ -118,13 +118,14 @@ class ConsumingLogic:
             if waiter.deadline <= time.monotonic():
                 raise self._wait_error(part, state, step, dp_rank, timeout)
 
-    def _answer_waiters(self, part: PartitionMeta) -> None:
+    def _answer_waiters(self, part: PartitionMeta) -> bool:
         """Rows of ``part`` became ready: form the step of each waiter that now has one,
-        here, and give it to its server (waiters.py). Lock held."""
+        here, and give it to its server (waiters.py). Lock held. True when the waiters
+        may be woken later, once the server sent the replies given (``_wake``): every
+        step formed here was given, and no waiter's try raised."""
         waiting = self._waiters.of(part.name)
-        if not waiting:
-            return
         now = time.monotonic()
+        given = wake_now = False
         for waiter in waiting:
             step, dp_rank, replica, session, consumer = waiter.args
             if waiter.meta is not None or waiter.deadline <= now or \
@@ -134,17 +135,28 @@ class ConsumingLogic:
                 meta = self._try_step(part, waiter.state, step, dp_rank, replica, session,
                                       consumer)
             except Exception:  # noqa: BLE001 — the waiter tries again and raises it itself
+                wake_now = True
                 continue
             if meta is not None:
                 self._timings.waited(part.name, waiter.state.name, waiter.since)
                 waiter.meta = self._handout(meta)
-                waiter.given = waiter.pending is not None and waiter.pending.give(waiter.meta)
+                waiter.given = waiter.pending is not None and \
+                    waiter.pending.give(waiter.meta, self._wake)
+                given, wake_now = given or waiter.given, wake_now or not waiter.given
+        return given and not wake_now
 
     def _rows_ready(self, part: PartitionMeta) -> None:
         """Rows of ``part`` may have become ready: answer the waiters that can take
-        them, then wake every waiter (the others look again). Lock held."""
-        self._answer_waiters(part)
-        self._cond.notify_all()
+        them, and wake every waiter (the others look again): now, or once the replies
+        given were sent (a thread woken earlier would compete with the send). Lock
+        held."""
+        if not self._answer_waiters(part):
+            self._cond.notify_all()
+
+    def _wake(self) -> None:
+        """Wake every waiting thread (called without the lock, after early answers)."""
+        with self._cond:
+            self._cond.notify_all()
 
     def _handout(self, meta: dict[str, Any]) -> dict[str, Any]:
         """The reply of a get_meta that formed ``meta`` (a service adds its own fields)."""

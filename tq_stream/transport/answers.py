@@ -15,8 +15,10 @@ lets a handler answer a waiting request from the thread that ends the wait:
   itself serving a request of the same server, the result goes into its outbox and
   ``give`` returns True; the server sends the outbox's replies as soon as that
   request's handler has returned (outside every lock the handler held), before that
-  request's own reply. Otherwise ``give`` returns False and the waiting handler
-  forms its reply itself;
+  request's own reply, and then calls the ``then`` callbacks given with them (a
+  handler wakes its waiting threads there: woken earlier, they would compete with
+  the send for the GIL and the cores). Otherwise ``give`` returns False and the
+  waiting handler forms its reply itself;
 - the waiting handler, once it sees its ``Pending`` was given, returns ``ANSWERED``,
   and its server sends nothing for it.
 
@@ -28,8 +30,9 @@ most the requests waiting on its server (which the server's wait slots bound).
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -39,6 +42,7 @@ class _Answered:
         return "ANSWERED"
 
 
+logger = logging.getLogger(__name__)
 ANSWERED: Any = _Answered()  # a handler's result whose reply was already given
 _local = threading.local()
 
@@ -53,26 +57,39 @@ class Pending:
         self.reply_to = reply_to  # the server's own handle: a connection, a zmq identity
         self.req_id = req_id
 
-    def give(self, result: Any) -> bool:
+    def give(self, result: Any, then: Callable[[], None] | None = None) -> bool:
         """Answer this request with ``result`` from the current thread: True if the
         current thread serves a request of the same server (the reply is then sent
-        when that request's handler returns); False if it cannot (nothing happened)."""
+        when that request's handler returns, and ``then`` is called once every reply
+        given there was sent); False if it cannot (nothing happened)."""
         box = getattr(_local, "box", None)
         if box is None or box.server is not self.server:
             return False
         box.replies.append((self, result))
+        if then is not None and then not in box.then:
+            box.then.append(then)
         return True
 
 
 class Outbox:
     """What one thread serving one request gave to other waiting requests."""
 
-    __slots__ = ("replies", "request", "server")
+    __slots__ = ("replies", "request", "server", "then")
 
     def __init__(self, server: object, request: Pending) -> None:
         self.server = server
         self.request = request
         self.replies: list[tuple[Pending, Any]] = []
+        self.then: list[Callable[[], None]] = []  # to call once the replies were sent
+
+    def sent(self) -> None:
+        """The server sent (or dropped) every reply given here: call the ``then``s."""
+        then, self.then = self.then, []
+        for fn in then:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 — the serving thread must go on
+                logger.exception("a callback after early answers failed")
 
 
 @contextmanager

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tq_stream.errors import SerializationError, TQError, WaitTimeout
@@ -53,22 +54,28 @@ def read_request(frames: list[Any], where: str) -> tuple[Request | None, list[An
 
 
 def run_request(dispatch: Dispatcher, request: Request, received: float, inline: bool,
-                where: str) -> Any:
+                where: str, given: Callable[[], None] | None = None) -> Any:
     """The encoded reply to a parsed request; ``DEFER`` when an inline method would
     have to wait (the caller queues it for a worker). A request that waited longer
-    than its caller's timeout before it could run is not run (the caller gave up)."""
+    than its caller's timeout before it could run is not run (the caller gave up).
+    ``given`` sends the replies the request gave to waiting ones (``answers.py``): it
+    is called once the handler returned or raised, before this reply is encoded."""
     req_id, method, args, timeout = request
     try:
-        if inline:
-            result = dispatch.call_inline(method, args)
-        else:
-            waited = time.monotonic() - received
-            if timeout and waited > timeout:
-                raise WaitTimeout(
-                    f"request {method!r} waited {waited:.3g} s for a worker at {where}, "
-                    f"longer than its timeout {timeout:g} s; not run"
-                )
-            result = dispatch(method, args)
+        try:
+            if inline:
+                result = dispatch.call_inline(method, args)
+            else:
+                waited = time.monotonic() - received
+                if timeout and waited > timeout:
+                    raise WaitTimeout(
+                        f"request {method!r} waited {waited:.3g} s for a worker at {where}, "
+                        f"longer than its timeout {timeout:g} s; not run"
+                    )
+                result = dispatch(method, args)
+        finally:
+            if given is not None:
+                given()
         if result is ANSWERED:
             return None  # another thread gave its reply already (answers.py)
         return ok_reply(req_id, result)

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tq_stream.errors import ClosedError, ConfigError, check_positive, check_timeout
-from tq_stream.transport.answers import serving
+from tq_stream.transport.answers import Outbox, serving
 from tq_stream.transport.dispatch import Dispatcher
 from tq_stream.transport.replies import busy_reply, given_replies, read_request, run_request
 from tq_stream.transport.unix_frames import (
@@ -417,9 +417,8 @@ class UnixRpcServer:
         slot then goes to the oldest parked request of its class, on a worker."""
         try:
             with serving(self, conn, request[0]) as box:
-                reply = run_request(self._dispatch, request, received, False, self.address)
-            for waiting, frames in given_replies(box, self.address):  # waiting callers first
-                self._send_given(waiting, frames)
+                reply = run_request(self._dispatch, request, received, False, self.address,
+                                    lambda: self._send_given(box))
             self._send(conn, reply)
         finally:
             parked = self._waits.release(request[1])
@@ -430,17 +429,22 @@ class UnixRpcServer:
         if reply is not None and not self._closed:
             send_message(conn.sock, reply, time.monotonic() + SEND_TIMEOUT)
 
-    def _send_given(self, conn: _Conn, reply: list[Any]) -> None:
-        """Send the reply this thread gave to a request waiting on ``conn`` (another
-        worker's: it sends nothing for that request). A failed send shuts the socket
-        down, so that its worker drops the connection (a part may have gone out)."""
+    def _send_given(self, box: Outbox) -> None:
+        """Send the replies this thread's request gave to waiting requests (answers.py;
+        their workers send nothing for them). A failed send shuts that socket down, so
+        its worker drops the connection (a part of the reply may have gone out)."""
         try:
-            if not self._closed:
-                send_message(conn.sock, reply, time.monotonic() + GIVEN_SEND_TIMEOUT)
-        except (FrameError, OSError) as exc:
-            logger.debug("reply to a waiting request at %s dropped: %s", self.address, exc)
-            with contextlib.suppress(OSError):
-                conn.sock.shutdown(socket.SHUT_RDWR)
+            for conn, reply in given_replies(box, self.address):
+                try:
+                    if not self._closed:
+                        send_message(conn.sock, reply, time.monotonic() + GIVEN_SEND_TIMEOUT)
+                except (FrameError, OSError) as exc:
+                    logger.debug("reply to a waiting request at %s dropped: %s",
+                                 self.address, exc)
+                    with contextlib.suppress(OSError):
+                        conn.sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            box.sent()
 
 
 def _readable(sock: socket.socket, timeout: float) -> bool:

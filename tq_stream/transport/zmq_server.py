@@ -13,7 +13,7 @@ from typing import Any
 import zmq
 
 from tq_stream.errors import ClosedError, ConfigError, check_positive, check_timeout
-from tq_stream.transport.answers import serving
+from tq_stream.transport.answers import Outbox, serving
 from tq_stream.transport.dispatch import Dispatcher
 from tq_stream.transport.replies import (
     DEFER,
@@ -270,9 +270,8 @@ class RpcServer:
             request, reply = read_request(msg[2:], self.address)
             if request is not None and request[1] in self._dispatch.inline:
                 with serving(self, identity, request[0]) as box:
-                    reply = run_request(self._dispatch, request, received, True, self.address)
-                for to, frames in given_replies(box, self.address):  # answers.py
-                    send_frames(self._router, [to, b"", *frames])
+                    reply = run_request(self._dispatch, request, received, True, self.address,
+                                        lambda: self._send_given(self._router, box))
                 if reply is not DEFER:
                     request = None  # answered here, on the IO thread
             if request is None:
@@ -320,16 +319,27 @@ class RpcServer:
 
     def _reply(self, push: Any, identity: Any, request: Any, received: float) -> None:
         with serving(self, identity, request[0]) as box:
-            reply = run_request(self._dispatch, request, received, False, self.address)
-        # Replies given to waiting requests first (answers.py), then this one's own.
-        replies = [*given_replies(box, self.address), (identity, reply)]
-        for to, frames in replies:
-            # After close() the IO thread is gone and a send would wait for sndtimeo.
-            if frames is not None and not self._closed:
-                try:
-                    send_frames(push, [to, b"", *frames])
-                except zmq.ZMQError as exc:
-                    logger.warning("reply from %s dropped: %s", self.address, exc)
+            reply = run_request(self._dispatch, request, received, False, self.address,
+                                lambda: self._send_given(push, box))
+        # After close() the IO thread is gone and a send would wait for sndtimeo.
+        if reply is not None and not self._closed:
+            try:
+                send_frames(push, [identity, b"", *reply])
+            except zmq.ZMQError as exc:
+                logger.warning("reply from %s dropped: %s", self.address, exc)
+
+    def _send_given(self, sock: Any, box: Outbox) -> None:
+        """Send, on this thread's socket, the replies this thread's request gave to
+        waiting requests (answers.py; their workers send nothing for them)."""
+        try:
+            for to, frames in given_replies(box, self.address):
+                if not self._closed:
+                    try:
+                        send_frames(sock, [to, b"", *frames])
+                    except zmq.ZMQError as exc:
+                        logger.warning("reply from %s dropped: %s", self.address, exc)
+        finally:
+            box.sent()
 
     # ------------------------------------------------------------------ handling
 
