@@ -25,7 +25,7 @@ def _wait_in_thread(ctrl, out, srv=None, reply_to=None, req_id=0, **kw):
             if srv is None:
                 out.append(ctrl.get_meta(P, "t", **kw))
             else:
-                with serving(srv, reply_to, req_id):
+                with serving(srv, reply_to, req_id, "get_meta"):
                     out.append(ctrl.get_meta(P, "t", **kw))
         except Exception as exc:  # noqa: BLE001 — the test asserts on it
             out.append(exc)
@@ -45,7 +45,7 @@ def test_a_commit_gives_each_waiting_rank_its_rows(stream, rows):
     got: list[list] = [[], []]
     threads = [_wait_in_thread(ctrl, got[r], srv, f"conn{r}", 10 + r, step=0, dp_rank=r,
                                timeout=10.0) for r in (0, 1)]
-    with serving(srv, "producer", 99) as box:
+    with serving(srv, "producer", 99, "commit_new") as box:
         put_rows(stream, keys_of("k", 2 * rows))  # the producer's request
     given = {p.req_id: (p.reply_to, meta) for p, meta in box.replies}
     box.sent()  # the server sent the replies given: it wakes the waiting threads
@@ -66,7 +66,7 @@ def test_without_a_server_the_waiter_returns_the_step_the_commit_formed(stream):
     stream.client().register_task(P, "t", ["x"], batch_size=2)
     ctrl, got = stream._controller(), []
     th = _wait_in_thread(ctrl, got, step=0, timeout=10.0)  # embedded: no server
-    with serving(object(), "producer", 1) as box:  # a server the waiter is not on
+    with serving(object(), "producer", 1, "commit_new") as box:  # a server the waiter is not on
         put_rows(stream, keys_of("k", 2))
     th.join(10)
     assert box.replies == [] and sorted(got[0]["keys"]) == keys_of("k", 2)
@@ -101,7 +101,7 @@ def test_a_sampler_error_reaches_the_waiter_not_the_producer(stream):
     ctrl, got = stream._controller(), []
     srv = object()
     th = _wait_in_thread(ctrl, got, srv, "conn", 5, step=0, timeout=10.0)
-    with serving(srv, "producer", 6) as box:
+    with serving(srv, "producer", 6, "commit_new") as box:
         stream.writer(P).put(["k"], {"x": torch.zeros(1, 4)})  # succeeds
     box.sent()
     th.join(10)
@@ -119,3 +119,24 @@ def test_a_waiter_that_times_out_leaves_no_registration(stream):
     assert len(ctrl._waiters) == 0
     put_rows(stream, keys_of("k", 1))  # nothing to answer
     assert ctrl.get_meta(P, "t", 0, timeout=1.0)["keys"] == ["k0"]
+
+
+def test_a_get_meta_inside_another_handler_does_not_answer_that_handlers_caller(stream):
+    """The Pending a waiter takes is its own request's: a get_meta called from inside
+    another method's handler waits and returns its rows like a direct call."""
+    stream.create_partition(P, consumers=["t"])
+    stream.client().register_task(P, "t", ["x"], batch_size=1)
+    ctrl, srv, got = stream._controller(), object(), []
+
+    def outer():  # a request of another method, whose handler calls get_meta
+        with serving(srv, "outer-conn", 1, "kv_batch_get"):
+            got.append(ctrl.get_meta(P, "t", 0, timeout=10.0))
+
+    th = threading.Thread(target=outer, daemon=True)
+    th.start()
+    wait_until(lambda: len(ctrl._waiters) == 1)
+    with serving(srv, "producer", 2, "commit_new") as box:
+        put_rows(stream, keys_of("k", 1))
+    box.sent()
+    th.join(10)
+    assert box.replies == [] and got[0]["keys"] == ["k0"]

@@ -29,7 +29,7 @@ class Mailbox:
 
     def wait(self, name: str, timeout: float):
         with self.cond:
-            rec = self.waiting[name] = [pending(), None, False]
+            rec = self.waiting[name] = [pending("wait"), None, False]
             self.cond.notify_all()
             self.cond.wait_for(lambda: rec[1] is not None, timeout)
             out = ANSWERED if rec[2] else rec[1]

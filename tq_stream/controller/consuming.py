@@ -87,7 +87,7 @@ class ConsumingLogic:
             # Wait, registered as a waiter: a commit that makes rows ready forms the step
             # in its own thread and answers (waiters.py).
             waiter = Waiter(state, (step, dp_rank, replica, session, consumer),
-                            deadline - timeout, deadline, pending())
+                            deadline - timeout, deadline, pending("get_meta"))
             self._waiters.add(partition, waiter)
             try:
                 return self._wait_step(part, state, waiter, timeout)

@@ -9,8 +9,9 @@ lets a handler answer a waiting request from the thread that ends the wait:
 
 - the server runs each request inside ``serving(server, reply_to, req_id)``, which
   names where the request's reply goes and gives the thread an outbox;
-- a handler about to wait takes ``pending()``: its request's ``Pending``, or None
-  when the call did not come through such a server (embedded mode, a direct call);
+- a handler about to wait takes ``pending(method)``: its request's ``Pending``, or
+  None when the call did not come through such a server as a call of that method
+  (embedded mode, a direct call, a call from inside another handler);
 - a thread that ends that wait calls ``Pending.give(result)``. When that thread is
   itself serving a request of the same server, the result goes into its outbox and
   ``give`` returns True; the server sends the outbox's replies as soon as that
@@ -50,12 +51,13 @@ _local = threading.local()
 class Pending:
     """The reply address of one request a server is running (see module docstring)."""
 
-    __slots__ = ("reply_to", "req_id", "server")
+    __slots__ = ("method", "reply_to", "req_id", "server")
 
-    def __init__(self, server: object, reply_to: Any, req_id: int) -> None:
+    def __init__(self, server: object, reply_to: Any, req_id: int, method: str) -> None:
         self.server = server
         self.reply_to = reply_to  # the server's own handle: a connection, a zmq identity
         self.req_id = req_id
+        self.method = method
 
     def give(self, result: Any, then: Callable[[], None] | None = None) -> bool:
         """Answer this request with ``result`` from the current thread: True if the
@@ -93,10 +95,11 @@ class Outbox:
 
 
 @contextmanager
-def serving(server: object, reply_to: Any, req_id: int) -> Iterator[Outbox]:
-    """Run a request of ``server`` (whose reply goes to ``reply_to``) on this thread;
-    yields the thread's outbox, for the server to send once the handler returned."""
-    box = Outbox(server, Pending(server, reply_to, req_id))
+def serving(server: object, reply_to: Any, req_id: int, method: str) -> Iterator[Outbox]:
+    """Run a request of ``server`` (a call of ``method`` whose reply goes to
+    ``reply_to``) on this thread; yields the thread's outbox, for the server to send
+    once the handler returned."""
+    box = Outbox(server, Pending(server, reply_to, req_id, method))
     outer = getattr(_local, "box", None)
     _local.box = box
     try:
@@ -105,7 +108,9 @@ def serving(server: object, reply_to: Any, req_id: int) -> Iterator[Outbox]:
         _local.box = outer
 
 
-def pending() -> Pending | None:
-    """The request the current thread is serving, or None outside ``serving``."""
+def pending(method: str) -> Pending | None:
+    """The request the current thread is serving if it is a call of ``method`` (so a
+    handler that calls another one inside cannot answer its caller's request with the
+    inner call's result), else None."""
     box = getattr(_local, "box", None)
-    return None if box is None else box.request
+    return box.request if box is not None and box.request.method == method else None

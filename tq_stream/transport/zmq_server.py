@@ -269,7 +269,7 @@ class RpcServer:
             identity, received = msg[0], time.monotonic()
             request, reply = read_request(msg[2:], self.address)
             if request is not None and request[1] in self._dispatch.inline:
-                with serving(self, identity, request[0]) as box:
+                with serving(self, identity, *request[:2]) as box:
                     reply = run_request(self._dispatch, request, received, True, self.address,
                                         lambda: self._send_given(self._router, box))
                 if reply is not DEFER:
@@ -318,7 +318,7 @@ class RpcServer:
             self._group.release(push)
 
     def _reply(self, push: Any, identity: Any, request: Any, received: float) -> None:
-        with serving(self, identity, request[0]) as box:
+        with serving(self, identity, *request[:2]) as box:
             reply = run_request(self._dispatch, request, received, False, self.address,
                                 lambda: self._send_given(push, box))
         # After close() the IO thread is gone and a send would wait for sndtimeo.
