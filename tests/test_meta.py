@@ -78,3 +78,20 @@ def test_from_dict_sets_every_field_and_the_result_stays_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         meta.step = 5  # type: ignore[misc]
     assert meta.select([1]).keys == ("b",) and meta.select([1]).slot.tolist() == [6]
+
+
+def test_a_batch_meta_from_the_embedded_controller_cannot_change_its_state(stream):
+    """In embedded mode the reply's ``index`` is the controller's own share array: a
+    BatchMeta hands it out read-only (as a decoded reply's arrays are in local mode)."""
+    from conftest import keys_of, put_rows
+
+    put_rows(stream, keys_of("k", 2))
+    client = stream.client()
+    client.register_task("train", "t", ["x"], batch_size=1)
+    meta = client.get_meta("train", "t", 0)
+    for name in ("index", "generation", "unit", "slot"):
+        with pytest.raises(ValueError, match="read-only"):
+            getattr(meta, name)[0] = 1
+    assert client.get_meta("train", "t", 0).keys == meta.keys == ("k0",)
+    client.ack(meta)
+    assert stream.stats()["train"]["tasks"]["t"]["acked"] == 1

@@ -16,10 +16,17 @@ _INT32 = np.dtype(np.int32)
 
 
 def _int_array(values: Any, dtype: np.dtype = _INT64) -> np.ndarray:
-    """``values`` as an array of ``dtype`` (as decoded from a reply, they mostly are one)."""
-    if type(values) is np.ndarray and values.dtype is dtype:
+    """``values`` as a read-only array of ``dtype``. Decoded from a reply they mostly
+    are one already (views of the received bytes); in embedded mode an array may be the
+    controller's own (a step's share), so a writable one is handed out as a read-only
+    view: a caller cannot change controller state through a BatchMeta."""
+    if type(values) is not np.ndarray or values.dtype is not dtype:
+        values = np.asarray(values, dtype=dtype)
+    elif not values.flags.writeable:
         return values
-    return np.asarray(values, dtype=dtype)
+    out = values.view()
+    out.flags.writeable = False
+    return out
 
 
 @dataclass(frozen=True)
