@@ -327,7 +327,7 @@ def ext(code: int, payload) -> msgspec.msgpack.Ext:
         ([header("xyz", 1, 1, None)], "not a tq_stream message"),
         ([header("tqs", 99, 1, None)], "version 99"),
         # a bad envelope is named even when its body would fail to decode too
-        ([header("tqs", 2, 1, ext(6, ["<f4", [0, 2**63], b""]))], "format version 2"),
+        ([header("tqs", 3, 1, ext(6, ["<f4", [0, 2**63], b""]))], "format version 3"),
         ([header("tqs", 1, 2, ext(6, ["<f4", [0, 2**63], b""]))], "announces 2 frames"),
         ([header("tqs", "1", 1, None)], "malformed"),
         ([header("tqs", 1, 2, None)], "announces 2 frames, got 1"),
@@ -518,3 +518,12 @@ def test_lazy_conjugate_and_negated_views_are_sent_with_their_values():
     f = torch.tensor([1.5, -2.5])
     got = decode([bytes(x) for x in encode({"c": v.conj(), "f": torch._neg_view(f)})])
     assert got["c"].tolist() == [1 - 2j, 3 + 4j] and got["f"].tolist() == [-1.5, 2.5]
+
+
+def test_messages_of_format_version_1_are_still_read():
+    """Version 2 added ext 7 (a reader that knows only 1 says "unsupported format
+    version 2"); what a version-1 writer sent, or a file it dumped, reads as before."""
+    body = {"index": msgspec.msgpack.Ext(7, b"q" + (5).to_bytes(8, "little")), "n": 1}
+    got = decode([msgspec.msgpack.encode(["tqs", 1, 1, body])])
+    assert got["index"].tolist() == [5] and got["n"] == 1
+    assert msgspec.msgpack.decode(bytes(encode({"a": 1})[0]))[1] == VERSION == 2

@@ -59,7 +59,8 @@ from tq_stream.errors import SerializationError
 
 __all__ = ["VERSION", "decode", "dump", "encode", "load"]
 
-VERSION = 1
+VERSION = 2  # 2: ext 7 added (a reader of 1 only then says so, instead of "unknown ext")
+_READS = frozenset({1, VERSION})  # what 1 wrote is read as before
 _MAGIC = "tqs"
 _EXT_TENSOR, _EXT_NDARRAY, _EXT_RAGGED, _EXT_TUPLE = 1, 2, 3, 4
 _EXT_SMALL_TENSOR, _EXT_SMALL_NDARRAY = 5, 6
@@ -312,7 +313,7 @@ def _body(header: memoryview, n_views: int) -> msgspec.Raw:
     """The body of a header frame, once its envelope is checked."""
     try:  # a well-formed envelope in one decode (the common case)
         magic, version, n_frames, body = _HEAD.decode(header)
-        if magic == _MAGIC and version == VERSION and n_frames == n_views:
+        if magic == _MAGIC and version in _READS and n_frames == n_views:
             return body
     except msgspec.MsgspecError:
         pass  # the checks below name what is wrong
@@ -323,8 +324,9 @@ def _body(header: memoryview, n_views: int) -> msgspec.Raw:
     if len(parts) != 4 or _STR.decode(parts[0]) != _MAGIC:
         raise SerializationError("header frame is not a tq_stream message (bad magic or length)")
     version = _INT.decode(parts[1])
-    if version != VERSION:
-        raise SerializationError(f"unsupported format version {version}; this reads {VERSION}")
+    if version not in _READS:
+        raise SerializationError(f"unsupported format version {version}; this reads "
+                                 f"{sorted(_READS)}")
     n_frames = _INT.decode(parts[2])
     if n_frames != n_views:
         raise SerializationError(f"header announces {n_frames} frames, got {n_views}")
@@ -337,7 +339,7 @@ def _decode_views(views: list[memoryview]) -> Any:
     try:
         try:  # a well-formed message in one pass: envelope and body (the common case)
             magic, version, n_frames, obj = reader.message.decode(views[0])
-            whole = magic == _MAGIC and version == VERSION and n_frames == len(views)
+            whole = magic == _MAGIC and version in _READS and n_frames == len(views)
         except Exception:  # noqa: BLE001 — decoded again below, the envelope checked first
             whole = False
         if not whole:  # the envelope checked first, so the error names what is wrong
