@@ -24,6 +24,7 @@ from tq_stream.controller.reservations import WRITER_TASK
 from tq_stream.controller.task import MAX_REPLICAS, TaskState
 from tq_stream.controller.waiters import Waiter
 from tq_stream.errors import ConfigError, WaitTimeout, check_positive, check_timeout
+from tq_stream.samplers.sequential import SequentialSampler
 from tq_stream.transport.answers import ANSWERED, pending
 from tq_stream.transport.dispatch import WouldBlock, may_block
 
@@ -39,6 +40,13 @@ def _check_ids(state: TaskState, dp_rank: Any, replica: Any) -> None:
             not 0 <= replica < cfg.replicas:
         raise ConfigError(f"replica must be an int in [0, {cfg.replicas}) (replicas="
                           f"{cfg.replicas} of task {state.name!r}), got {replica!r}")
+
+
+def _forms_inline(part: PartitionMeta, state: TaskState) -> bool:
+    """A commit running on a server's IO thread (``may_block()`` False) may form this
+    waiter's step: the default sampler on an open partition never discards rows, so
+    forming it frees no storage (a call to the units) and runs no user sampler code."""
+    return type(state.sampler) is SequentialSampler and not part.closed
 
 
 def check_session(name: str, value: Any) -> str:
@@ -126,10 +134,14 @@ class ConsumingLogic:
         waiting = self._waiters.of(part.name)
         now = time.monotonic()
         given = wake_now = False
+        inline = not may_block()
         for waiter in waiting:
             step, dp_rank, replica, session, consumer = waiter.args
             if waiter.meta is not None or waiter.deadline <= now or \
                     (session and session in self._cancelled):
+                continue
+            if inline and not _forms_inline(part, waiter.state):
+                wake_now = True  # its own worker forms the step (and frees what it drops)
                 continue
             try:
                 meta = self._try_step(part, waiter.state, step, dp_rank, replica, session,

@@ -1,0 +1,78 @@
+"""Early answers (``controller/waiters.py``) with a Controller served on a socket server:
+what the committing thread does for a waiter must be what the waiter's own worker may
+do (review of the early-answers change)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from rpc_handler import wait_until
+
+from tq_stream.controller.controller import Controller
+from tq_stream.samplers import Candidates, Sampler, Selection
+from tq_stream.transport.dispatch import may_block
+from tq_stream.transport.rpc import rpc_client, rpc_server
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+P = "train"
+X = {"x": {"kind": "dense", "dtype": "float32", "shape": [4]}}
+
+
+class DropFirst(Sampler):
+    """Discards the oldest ready row and hands out the next one (a staleness-like
+    sampler: forming a step frees storage through the units)."""
+
+    def sample(self, candidates: Candidates, batch_size: int) -> Selection:
+        if candidates.count < 2:
+            return Selection.wait()
+        return Selection.split(candidates.index[1:2], 1,
+                               discard={"old": candidates.index[:1]})
+
+
+def _put(client, key: str) -> None:
+    """One row through reserve + commit (commit runs inline on the zmq IO thread)."""
+    placed = client.call("reserve", {"partition": P, "keys": [key], "schemas": X,
+                                     "timeout": 5.0})
+    client.call("commit", {"partition": P, "index": np.asarray(placed["index"]),
+                           "generation": np.asarray(placed["generation"]), "schemas": X})
+
+
+@pytest.mark.parametrize("address", ["tcp://127.0.0.1:0", "unix"])
+def test_a_sampler_discard_never_frees_storage_on_the_io_thread(address, tmp_path):
+    """The zmq server runs ``commit`` on its IO thread (RPC_INLINE: no I/O to another
+    process). A waiter's step formed by that commit must not free the discarded rows'
+    storage there (a call to a unit, up to 5 s, stalls every client of the server)."""
+    frees: list[bool] = []  # may_block() in each free of storage
+
+    def free(unit: int, partition: str, slots: np.ndarray) -> None:
+        frees.append(may_block())
+
+    ctrl = Controller(1, free=free)
+    ctrl.create_partition(P, consumers=["t"])
+    ctrl.register_task(P, "t", ["x"], batch_size=1, sampler=DropFirst())
+    if address == "unix":
+        address = f"unix://{tmp_path}/ctrl.sock"
+    srv = rpc_server(ctrl, address, workers=4, backlog=8)
+    got: list = []
+    try:
+        with rpc_client(srv.address, timeout=10) as producer, \
+                rpc_client(srv.address, timeout=20) as consumer:
+            _put(producer, "k0")  # one ready row: the sampler waits for a second
+
+            def wait() -> None:
+                got.append(consumer.call("get_meta", {"partition": P, "task": "t",
+                                                      "step": 0, "timeout": 10.0}))
+
+            th = threading.Thread(target=wait, daemon=True)
+            th.start()
+            wait_until(lambda: len(ctrl._waiters) == 1)
+            _put(producer, "k1")  # makes the step: k0 discarded, k1 handed out
+            th.join(15)
+        assert got and got[0]["keys"] == ["k1"]
+        assert frees == [True]  # freed once, on a thread that may block
+    finally:
+        srv.close()
+        ctrl.close()
