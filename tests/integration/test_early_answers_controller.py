@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 from rpc_handler import wait_until
 
+from tq_stream.backends.memory import MemoryUnit
 from tq_stream.controller.controller import Controller
+from tq_stream.deploy.services import ControllerService, UnitService
 from tq_stream.samplers import Candidates, Sampler, Selection
-from tq_stream.transport.dispatch import may_block
+from tq_stream.transport.dispatch import OWNER_ARG, may_block
 from tq_stream.transport.rpc import rpc_client, rpc_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -73,6 +75,63 @@ def test_a_sampler_discard_never_frees_storage_on_the_io_thread(address, tmp_pat
             th.join(15)
         assert got and got[0]["keys"] == ["k1"]
         assert frees == [True]  # freed once, on a thread that may block
+    finally:
+        srv.close()
+        ctrl.close()
+
+
+class SlowGrantUnit:
+    """A unit client whose ``grant`` blocks until the test lets it go (a slow unit)."""
+
+    def __init__(self) -> None:
+        self.service = UnitService(MemoryUnit())
+        self.granting = threading.Event()
+        self.go = threading.Event()
+
+    def call(self, method, args=None, timeout=None):
+        args = {k: v for k, v in (args or {}).items() if k != OWNER_ARG}
+        if method == "grant" and self.granting.is_set():
+            self.go.wait(20)
+        return getattr(self.service, method)(**args)
+
+
+def test_a_waiting_consumer_is_answered_while_the_commit_grants_slots(tmp_path):
+    """``ControllerService.commit_new`` grants new spare slots to a unit (a call to it)
+    after the rows were committed. The waiting consumer's reply, given by that commit,
+    must not wait for that call (before early answers it was woken at once)."""
+    unit = SlowGrantUnit()
+    ctrl = ControllerService(1, unit_client=lambda address: unit, unit_timeout=None)
+    ctrl.attach_units([{"address": "u0", "host": "", "pid": -1}])
+    ctrl.create_partition(P, consumers=["t"])
+    ctrl.register_task(P, "t", ["x"], batch_size=1)
+    placed = ctrl.reserve(P, ["k0"], X, spare=1)  # the producer's spare row
+    spare = placed["spare"]
+    srv = rpc_server(ctrl, f"unix://{tmp_path}/ctrl.sock", workers=4, backlog=8)
+    got: list = []
+    try:
+        with rpc_client(srv.address, timeout=30) as producer, \
+                rpc_client(srv.address, timeout=30) as consumer:
+            def wait() -> None:
+                got.append(consumer.call("get_meta", {"partition": P, "task": "t",
+                                                      "step": 0, "timeout": 20.0}))
+
+            th = threading.Thread(target=wait, daemon=True)
+            th.start()
+            wait_until(lambda: len(ctrl._waiters) == 1)
+            unit.granting.set()
+            put = threading.Thread(target=producer.call, daemon=True, args=(
+                "commit_new", {"partition": P, "keys": ["k1"],
+                               "index": [int(spare["index"][0])],
+                               "generation": [int(spare["generation"][0])],
+                               "schemas": X, "spare": 1000}))  # new spares need a grant
+            put.start()
+            try:
+                wait_until(lambda: got, timeout=10)  # while the grant still waits
+            finally:
+                unit.go.set()
+            put.join(10)
+            th.join(10)
+        assert got[0]["keys"] == ["k1"] and got[0]["units_epoch"] == ctrl._units_epoch
     finally:
         srv.close()
         ctrl.close()

@@ -76,13 +76,14 @@ class Pending:
 class Outbox:
     """What one thread serving one request gave to other waiting requests."""
 
-    __slots__ = ("replies", "request", "server", "then")
+    __slots__ = ("replies", "request", "send", "server", "then")
 
     def __init__(self, server: object, request: Pending) -> None:
         self.server = server
         self.request = request
         self.replies: list[tuple[Pending, Any]] = []
         self.then: list[Callable[[], None]] = []  # to call once the replies were sent
+        self.send: Callable[[], None] | None = None  # the server's: send replies, sent()
 
     def sent(self) -> None:
         """The server sent (or dropped) every reply given here: call the ``then``s."""
@@ -106,6 +107,16 @@ def serving(server: object, reply_to: Any, req_id: int, method: str) -> Iterator
         yield box
     finally:
         _local.box = outer
+
+
+def send_given() -> None:
+    """Send now the replies the current thread gave so far (then call the ``then``s): a
+    handler that made rows ready and is about to block (a call to another process)
+    lets the waiting callers have their replies first. Nothing happens outside a
+    server, or when nothing was given. Call it without holding the handler's lock."""
+    box = getattr(_local, "box", None)
+    if box is not None and box.replies and box.send is not None:
+        box.send()
 
 
 def pending(method: str) -> Pending | None:
