@@ -34,6 +34,18 @@ class DropFirst(Sampler):
                                discard={"old": candidates.index[:1]})
 
 
+def _start_get_meta(ctrl, consumer, got: list) -> threading.Thread:
+    """A consumer's get_meta of step 0 on its own thread, once it waits."""
+    def wait() -> None:
+        got.append(consumer.call("get_meta", {"partition": P, "task": "t", "step": 0,
+                                              "timeout": 20.0}))
+
+    th = threading.Thread(target=wait, daemon=True)
+    th.start()
+    wait_until(lambda: len(ctrl._waiters) == 1)
+    return th
+
+
 def _put(client, key: str) -> None:
     """One row through reserve + commit (commit runs inline on the zmq IO thread)."""
     placed = client.call("reserve", {"partition": P, "keys": [key], "schemas": X,
@@ -64,13 +76,7 @@ def test_a_sampler_discard_never_frees_storage_on_the_io_thread(address, tmp_pat
                 rpc_client(srv.address, timeout=20) as consumer:
             _put(producer, "k0")  # one ready row: the sampler waits for a second
 
-            def wait() -> None:
-                got.append(consumer.call("get_meta", {"partition": P, "task": "t",
-                                                      "step": 0, "timeout": 10.0}))
-
-            th = threading.Thread(target=wait, daemon=True)
-            th.start()
-            wait_until(lambda: len(ctrl._waiters) == 1)
+            th = _start_get_meta(ctrl, consumer, got)
             _put(producer, "k1")  # makes the step: k0 discarded, k1 handed out
             th.join(15)
         assert got and got[0]["keys"] == ["k1"]
@@ -111,13 +117,7 @@ def test_a_waiting_consumer_is_answered_while_the_commit_grants_slots(tmp_path):
     try:
         with rpc_client(srv.address, timeout=30) as producer, \
                 rpc_client(srv.address, timeout=30) as consumer:
-            def wait() -> None:
-                got.append(consumer.call("get_meta", {"partition": P, "task": "t",
-                                                      "step": 0, "timeout": 20.0}))
-
-            th = threading.Thread(target=wait, daemon=True)
-            th.start()
-            wait_until(lambda: len(ctrl._waiters) == 1)
+            th = _start_get_meta(ctrl, consumer, got)
             unit.granting.set()
             put = threading.Thread(target=producer.call, daemon=True, args=(
                 "commit_new", {"partition": P, "keys": ["k1"],
