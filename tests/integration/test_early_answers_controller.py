@@ -4,7 +4,9 @@ do (review of the early-answers change)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from tq_stream.backends.memory import MemoryUnit
 from tq_stream.controller.controller import Controller
 from tq_stream.deploy.services import ControllerService, UnitService
 from tq_stream.samplers import Candidates, Sampler, Selection
+from tq_stream.transport.answers import ANSWERED
 from tq_stream.transport.dispatch import OWNER_ARG, may_block
 from tq_stream.transport.rpc import rpc_client, rpc_server
 
@@ -32,6 +35,22 @@ class DropFirst(Sampler):
             return Selection.wait()
         return Selection.split(candidates.index[1:2], 1,
                                discard={"old": candidates.index[:1]})
+
+
+@contextlib.contextmanager
+def _served(ctrl, address: str, tmp_path) -> Iterator[tuple]:
+    """``ctrl`` served at ``address`` ("unix": a socket in ``tmp_path``): yields a
+    producer's and a consumer's client; closes everything after."""
+    if address == "unix":
+        address = f"unix://{tmp_path}/ctrl.sock"
+    srv = rpc_server(ctrl, address, workers=4, backlog=8)
+    try:
+        with rpc_client(srv.address, timeout=10) as producer, \
+                rpc_client(srv.address, timeout=30) as consumer:
+            yield producer, consumer
+    finally:
+        srv.close()
+        ctrl.close()
 
 
 def _start_get_meta(ctrl, consumer, got: list) -> threading.Thread:
@@ -67,23 +86,14 @@ def test_a_sampler_discard_never_frees_storage_on_the_io_thread(address, tmp_pat
     ctrl = Controller(1, free=free)
     ctrl.create_partition(P, consumers=["t"])
     ctrl.register_task(P, "t", ["x"], batch_size=1, sampler=DropFirst())
-    if address == "unix":
-        address = f"unix://{tmp_path}/ctrl.sock"
-    srv = rpc_server(ctrl, address, workers=4, backlog=8)
     got: list = []
-    try:
-        with rpc_client(srv.address, timeout=10) as producer, \
-                rpc_client(srv.address, timeout=20) as consumer:
-            _put(producer, "k0")  # one ready row: the sampler waits for a second
-
-            th = _start_get_meta(ctrl, consumer, got)
-            _put(producer, "k1")  # makes the step: k0 discarded, k1 handed out
-            th.join(15)
-        assert got and got[0]["keys"] == ["k1"]
-        assert frees == [True]  # freed once, on a thread that may block
-    finally:
-        srv.close()
-        ctrl.close()
+    with _served(ctrl, address, tmp_path) as (producer, consumer):
+        _put(producer, "k0")  # one ready row: the sampler waits for a second
+        th = _start_get_meta(ctrl, consumer, got)
+        _put(producer, "k1")  # makes the step: k0 discarded, k1 handed out
+        th.join(15)
+    assert got and got[0]["keys"] == ["k1"]
+    assert frees == [True]  # freed once, on a thread that may block
 
 
 class SlowGrantUnit:
@@ -135,3 +145,27 @@ def test_a_waiting_consumer_is_answered_while_the_commit_grants_slots(tmp_path):
     finally:
         srv.close()
         ctrl.close()
+
+
+@pytest.mark.parametrize("address", ["tcp://127.0.0.1:0", "unix"])
+def test_the_default_sampler_is_answered_early_by_any_commit(address, tmp_path):
+    """With the default sampler a commit forms the waiter's step even on the zmq IO
+    thread (it frees nothing), and the waiting handler sends nothing itself."""
+    ctrl = Controller(1)
+    ctrl.create_partition(P, consumers=["t"])
+    ctrl.register_task(P, "t", ["x"], batch_size=1)
+    returned: list = []
+    get_meta = ctrl.get_meta
+
+    def recorded(*args, **kwargs):
+        out = get_meta(*args, **kwargs)
+        returned.append(out)
+        return out
+
+    ctrl.get_meta = recorded  # what the waiting handler returns to its server
+    got: list = []
+    with _served(ctrl, address, tmp_path) as (producer, consumer):
+        th = _start_get_meta(ctrl, consumer, got)
+        _put(producer, "k0")
+        th.join(15)
+    assert got[0]["keys"] == ["k0"] and returned == [ANSWERED]
