@@ -129,11 +129,14 @@ class ConsumingLogic:
     def _answer_waiters(self, part: PartitionMeta) -> bool:
         """Rows of ``part`` became ready: form the step of each waiter that now has one,
         here, and give it to its server (waiters.py). Lock held. True when the waiters
-        may be woken later, once the server sent the replies given (``_wake``): every
-        step formed here was given, and no waiter's try raised."""
+        must be woken now: a step formed here could not be given (its waiter returns
+        it), a waiter's try raised (it raises it itself), or a waiter was left to its
+        own worker. Waiters answered here are woken once their replies were sent
+        (``_wake``); a waiter this call found nothing for is not woken at all (it
+        would only repeat the same try)."""
         waiting = self._waiters.of(part.name)
         now = time.monotonic()
-        given = wake_now = False
+        wake_now = False
         inline = not may_block()
         for waiter in waiting:
             step, dp_rank, replica, session, consumer = waiter.args
@@ -154,15 +157,15 @@ class ConsumingLogic:
                 waiter.meta = self._handout(meta)
                 waiter.given = waiter.pending is not None and \
                     waiter.pending.give(waiter.meta, self._wake)
-                given, wake_now = given or waiter.given, wake_now or not waiter.given
-        return given and not wake_now
+                wake_now = wake_now or not waiter.given
+        return wake_now
 
     def _rows_ready(self, part: PartitionMeta) -> None:
         """Rows of ``part`` may have become ready: answer the waiters that can take
-        them, and wake every waiter (the others look again): now, or once the replies
-        given were sent (a thread woken earlier would compete with the send). Lock
-        held."""
-        if not self._answer_waiters(part):
+        them, and wake the waiters that must look themselves (``_answer_waiters``);
+        the others are woken once the replies given were sent (a thread woken earlier
+        would compete with the send). Lock held."""
+        if self._answer_waiters(part):
             self._cond.notify_all()
 
     def _wake(self) -> None:
