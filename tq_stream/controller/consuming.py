@@ -7,7 +7,10 @@ A waiting ``get_meta`` is one wait on the controller's condition, woken by
 every commit, ack, release, clear and tag change, and ended early by
 ``cancel(session)`` when its loader stops. A call that makes rows ready (a commit,
 a release, a tag change) forms the waiters' steps itself and hands each reply to
-the waiting request's server (``waiters.py``, ``transport/answers.py``).
+the waiting request's server (``waiters.py``, ``transport/answers.py``); it wakes
+only the waiters it could not answer that way (a waiter it found no step for is not
+woken: it would only repeat that try). On a server's IO thread it forms steps only
+for the default sampler on an open partition (``_forms_inline``).
 
 Called by the Controller's public methods; ``self`` is the Controller.
 """

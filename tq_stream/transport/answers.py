@@ -21,7 +21,9 @@ lets a handler answer a waiting request from the thread that ends the wait:
   the send for the GIL and the cores). Otherwise ``give`` returns False and the
   waiting handler forms its reply itself;
 - the waiting handler, once it sees its ``Pending`` was given, returns ``ANSWERED``,
-  and its server sends nothing for it.
+  and its server sends nothing for it;
+- a handler that gave replies and then has to block (a call to another process)
+  calls ``send_given()`` first, outside its lock: the server sends them at once.
 
 Invariants: a request is answered once (the handler decides, under its own lock,
 whether its ``Pending`` was given, and only one thread gives it); an outbox belongs to
