@@ -4,8 +4,8 @@ Leases are held by consumer *sessions* (a random id per loader iteration or per
 client) and kept alive by their heartbeat (``renew(session=...)``); see
 ``task.py`` for what a claim is and ``steps.py`` for how a step is found.
 A waiting ``get_meta`` is one wait on the controller's condition, woken by
-every commit, ack, release, clear and tag change, and ended early by
-``cancel(session)`` when its loader stops. A call that makes rows ready (a commit,
+acks, clears, version changes and closes (and by row changes as below), and ended
+early by ``cancel(session)`` when its loader stops. A call that makes rows ready (a commit,
 a release, a tag change) forms the waiters' steps itself and hands each reply to
 the waiting request's server (``waiters.py``, ``transport/answers.py``); it wakes
 only the waiters it could not answer that way (a waiter it found no step for is not
