@@ -140,3 +140,25 @@ def test_a_get_meta_inside_another_handler_does_not_answer_that_handlers_caller(
     box.sent()
     th.join(10)
     assert box.replies == [] and got[0]["keys"] == ["k0"]
+
+
+def test_a_commit_that_forms_no_step_does_not_wake_the_waiters_to_look_again(stream):
+    """The commit already tried every waiter: waking them would only repeat each try
+    under the lock (twice the work of each commit that does not fill a batch)."""
+    stream.create_partition(P, consumers=["t"])
+    stream.client().register_task(P, "t", ["x"], batch_size=4)
+    ctrl, got = stream._controller(), []
+    th = _wait_in_thread(ctrl, got, step=0, timeout=10.0)
+    notify_all, wakes = ctrl._cond.notify_all, []
+
+    def counted() -> None:
+        wakes.append(threading.current_thread().name)
+        notify_all()
+
+    ctrl._cond.notify_all = counted  # every wake of the waiting thread goes through it
+    for i in range(3):  # not a batch yet
+        put_rows(stream, [f"k{i}"])
+    assert wakes == []
+    put_rows(stream, ["k3"])  # a batch: the commit forms it, the waiter returns it
+    th.join(10)
+    assert sorted(got[0]["keys"]) == ["k0", "k1", "k2", "k3"] and len(wakes) == 1

@@ -9,7 +9,7 @@ import pytest
 from rpc_handler import wait_until
 
 from tq_stream.errors import WaitTimeout
-from tq_stream.transport.answers import ANSWERED, pending
+from tq_stream.transport.answers import ANSWERED, pending, send_given
 from tq_stream.transport.rpc import rpc_client, rpc_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 class Mailbox:
     """``wait(name)`` waits until ``put(name, value)``; the putting thread answers."""
 
-    RPC_METHODS = frozenset({"wait", "put", "put_all", "echo"})
+    RPC_METHODS = frozenset({"wait", "put", "put_all", "put_then_block", "echo"})
     RPC_INLINE = frozenset({"put"})  # the zmq server runs it on its IO thread
 
     def __init__(self) -> None:
@@ -26,6 +26,8 @@ class Mailbox:
         self.waiting: dict[str, list] = {}  # name -> [pending, value, given]
         self.returned: list = []  # what each wait returned to its server
         self.calls_after_sent = 0
+        self.blocking = threading.Event()  # put_then_block is blocked
+        self.go = threading.Event()  # ... until this is set
 
     def wait(self, name: str, timeout: float):
         with self.cond:
@@ -47,6 +49,14 @@ class Mailbox:
     def put_all(self, values: dict):
         """Several puts in one request (not inline: a zmq worker thread runs it)."""
         return [self.put(name, value) for name, value in values.items()]
+
+    def put_then_block(self, name: str, value):
+        """A put, then a long call to another process (its given reply goes first)."""
+        given = self.put(name, value)
+        send_given()
+        self.blocking.set()
+        self.go.wait(20)
+        return given
 
     def after_sent(self):
         self.calls_after_sent += 1
@@ -149,4 +159,23 @@ def test_a_given_reply_to_a_caller_that_gave_up_is_dropped_and_the_server_goes_o
         putter.call("put", {"name": "gone", "value": 1})  # its send fails, quietly
         assert putter.call("echo", {"value": "still serving"}) == "still serving"
     assert waiter.call("echo", {"value": 2}) == 2  # a new connection, a clean reply
+    waiter.close()
+
+
+def test_a_handler_that_blocks_after_giving_sends_the_given_replies_first(server, mailbox):
+    got: list = []
+    waiter, th = _start_wait(server, mailbox, "a", got)
+    with rpc_client(server.address, timeout=30) as putter:
+        put = threading.Thread(target=putter.call, daemon=True,
+                               args=("put_then_block", {"name": "a", "value": 9}))
+        put.start()
+        try:
+            mailbox.blocking.wait(10)
+            wait_until(lambda: got == [9], timeout=10)  # while the putting call blocks
+            assert mailbox.calls_after_sent == 1
+        finally:
+            mailbox.go.set()
+        put.join(10)
+    th.join(10)
+    assert mailbox.returned == [ANSWERED]
     waiter.close()

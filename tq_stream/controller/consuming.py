@@ -4,10 +4,13 @@ Leases are held by consumer *sessions* (a random id per loader iteration or per
 client) and kept alive by their heartbeat (``renew(session=...)``); see
 ``task.py`` for what a claim is and ``steps.py`` for how a step is found.
 A waiting ``get_meta`` is one wait on the controller's condition, woken by
-every commit, ack, release, clear and tag change, and ended early by
-``cancel(session)`` when its loader stops. A call that makes rows ready (a commit,
+acks, clears, version changes and closes (and by row changes as below), and ended
+early by ``cancel(session)`` when its loader stops. A call that makes rows ready (a commit,
 a release, a tag change) forms the waiters' steps itself and hands each reply to
-the waiting request's server (``waiters.py``, ``transport/answers.py``).
+the waiting request's server (``waiters.py``, ``transport/answers.py``); it wakes
+only the waiters it could not answer that way (a waiter it found no step for is not
+woken: it would only repeat that try). On a server's IO thread it forms steps only
+for the default sampler on an open partition (``_forms_inline``).
 
 Called by the Controller's public methods; ``self`` is the Controller.
 """
@@ -24,6 +27,7 @@ from tq_stream.controller.reservations import WRITER_TASK
 from tq_stream.controller.task import MAX_REPLICAS, TaskState
 from tq_stream.controller.waiters import Waiter
 from tq_stream.errors import ConfigError, WaitTimeout, check_positive, check_timeout
+from tq_stream.samplers.sequential import SequentialSampler
 from tq_stream.transport.answers import ANSWERED, pending
 from tq_stream.transport.dispatch import WouldBlock, may_block
 
@@ -39,6 +43,13 @@ def _check_ids(state: TaskState, dp_rank: Any, replica: Any) -> None:
             not 0 <= replica < cfg.replicas:
         raise ConfigError(f"replica must be an int in [0, {cfg.replicas}) (replicas="
                           f"{cfg.replicas} of task {state.name!r}), got {replica!r}")
+
+
+def _forms_inline(part: PartitionMeta, state: TaskState) -> bool:
+    """A commit running on a server's IO thread (``may_block()`` False) may form this
+    waiter's step: the default sampler on an open partition never discards rows, so
+    forming it frees no storage (a call to the units) and runs no user sampler code."""
+    return type(state.sampler) is SequentialSampler and not part.closed
 
 
 def check_session(name: str, value: Any) -> str:
@@ -121,15 +132,22 @@ class ConsumingLogic:
     def _answer_waiters(self, part: PartitionMeta) -> bool:
         """Rows of ``part`` became ready: form the step of each waiter that now has one,
         here, and give it to its server (waiters.py). Lock held. True when the waiters
-        may be woken later, once the server sent the replies given (``_wake``): every
-        step formed here was given, and no waiter's try raised."""
+        must be woken now: a step formed here could not be given (its waiter returns
+        it), a waiter's try raised (it raises it itself), or a waiter was left to its
+        own worker. Waiters answered here are woken once their replies were sent
+        (``_wake``); a waiter this call found nothing for is not woken at all (it
+        would only repeat the same try)."""
         waiting = self._waiters.of(part.name)
         now = time.monotonic()
-        given = wake_now = False
+        wake_now = False
+        inline = not may_block()
         for waiter in waiting:
             step, dp_rank, replica, session, consumer = waiter.args
             if waiter.meta is not None or waiter.deadline <= now or \
                     (session and session in self._cancelled):
+                continue
+            if inline and not _forms_inline(part, waiter.state):
+                wake_now = True  # its own worker forms the step (and frees what it drops)
                 continue
             try:
                 meta = self._try_step(part, waiter.state, step, dp_rank, replica, session,
@@ -142,15 +160,15 @@ class ConsumingLogic:
                 waiter.meta = self._handout(meta)
                 waiter.given = waiter.pending is not None and \
                     waiter.pending.give(waiter.meta, self._wake)
-                given, wake_now = given or waiter.given, wake_now or not waiter.given
-        return given and not wake_now
+                wake_now = wake_now or not waiter.given
+        return wake_now
 
     def _rows_ready(self, part: PartitionMeta) -> None:
         """Rows of ``part`` may have become ready: answer the waiters that can take
-        them, and wake every waiter (the others look again): now, or once the replies
-        given were sent (a thread woken earlier would compete with the send). Lock
-        held."""
-        if not self._answer_waiters(part):
+        them, and wake the waiters that must look themselves (``_answer_waiters``);
+        the others are woken once the replies given were sent (a thread woken earlier
+        would compete with the send). Lock held."""
+        if self._answer_waiters(part):
             self._cond.notify_all()
 
     def _wake(self) -> None:

@@ -32,6 +32,7 @@ from tq_stream.deploy.meta_checkpoint import Recovery
 from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT, UnitWatch, process_alive
 from tq_stream.errors import AuthError, ConfigError, StateError
 from tq_stream.samplers.spec import from_spec
+from tq_stream.transport.answers import send_given
 from tq_stream.transport.dispatch import OWNER_ARG, WouldBlock, may_block, rpc_stats
 
 
@@ -339,6 +340,8 @@ class ControllerService(Controller, Recovery):
                 raise WouldBlock
             out = super().commit_new(partition, keys, index, generation, schemas, tags,
                                      unit, spare)
+        if out.get("spare") is not None:
+            send_given()  # the consumers it answered must not wait for a grant's call
         self._grant_placed(partition, out.get("spare"))
         out["units_epoch"] = self._units_epoch  # a dict of this call's own
         return out

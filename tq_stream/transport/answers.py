@@ -21,7 +21,9 @@ lets a handler answer a waiting request from the thread that ends the wait:
   the send for the GIL and the cores). Otherwise ``give`` returns False and the
   waiting handler forms its reply itself;
 - the waiting handler, once it sees its ``Pending`` was given, returns ``ANSWERED``,
-  and its server sends nothing for it.
+  and its server sends nothing for it;
+- a handler that gave replies and then has to block (a call to another process)
+  calls ``send_given()`` first, outside its lock: the server sends them at once.
 
 Invariants: a request is answered once (the handler decides, under its own lock,
 whether its ``Pending`` was given, and only one thread gives it); an outbox belongs to
@@ -76,13 +78,14 @@ class Pending:
 class Outbox:
     """What one thread serving one request gave to other waiting requests."""
 
-    __slots__ = ("replies", "request", "server", "then")
+    __slots__ = ("replies", "request", "send", "server", "then")
 
     def __init__(self, server: object, request: Pending) -> None:
         self.server = server
         self.request = request
         self.replies: list[tuple[Pending, Any]] = []
         self.then: list[Callable[[], None]] = []  # to call once the replies were sent
+        self.send: Callable[[], None] | None = None  # the server's: send replies, sent()
 
     def sent(self) -> None:
         """The server sent (or dropped) every reply given here: call the ``then``s."""
@@ -106,6 +109,16 @@ def serving(server: object, reply_to: Any, req_id: int, method: str) -> Iterator
         yield box
     finally:
         _local.box = outer
+
+
+def send_given() -> None:
+    """Send now the replies the current thread gave so far (then call the ``then``s): a
+    handler that made rows ready and is about to block (a call to another process)
+    lets the waiting callers have their replies first. Nothing happens outside a
+    server, or when nothing was given. Call it without holding the handler's lock."""
+    box = getattr(_local, "box", None)
+    if box is not None and box.replies and box.send is not None:
+        box.send()
 
 
 def pending(method: str) -> Pending | None:

@@ -417,8 +417,9 @@ class UnixRpcServer:
         slot then goes to the oldest parked request of its class, on a worker."""
         try:
             with serving(self, conn, *request[:2]) as box:
+                box.send = lambda: self._send_given(box)
                 reply = run_request(self._dispatch, request, received, False, self.address,
-                                    lambda: self._send_given(box))
+                                    box.send)
             self._send(conn, reply)
         finally:
             parked = self._waits.release(request[1])
