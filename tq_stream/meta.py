@@ -20,11 +20,12 @@ def _int_array(values: Any, dtype: np.dtype = _INT64) -> np.ndarray:
     are one already (views of the received bytes); in embedded mode an array may be the
     controller's own (a step's share), so a writable one is handed out as a read-only
     view: a caller cannot change controller state through a BatchMeta."""
+    array: np.ndarray = values
     if type(values) is not np.ndarray or values.dtype is not dtype:
-        values = np.asarray(values, dtype=dtype)
+        array = np.asarray(values, dtype=dtype)
     elif not values.flags.writeable:
-        return values
-    out = values.view()
+        return array
+    out: np.ndarray = array.view()
     out.flags.writeable = False
     return out
 
