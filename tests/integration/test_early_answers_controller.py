@@ -219,3 +219,38 @@ def test_a_pool_of_waiting_consumers_gets_every_row_exactly_once(address, tmp_pa
     finally:
         srv.close()
         ctrl.close()
+
+
+@pytest.mark.parametrize(("address", "early"), [("tcp://127.0.0.1:0", False),
+                                                ("unix", True)])
+def test_a_large_step_is_not_formed_on_the_io_thread(address, early, tmp_path):
+    """A step of more than ``MAX_INLINE_STEP`` rows takes milliseconds to form and encode:
+    a commit on the zmq IO thread leaves it to the waiter's own worker (every other
+    caller of the server waits while the IO thread works); a unix worker forms it."""
+    from tq_stream.controller.consuming import MAX_INLINE_STEP
+
+    n = MAX_INLINE_STEP + 1
+    ctrl = Controller(1)
+    ctrl.create_partition(P, consumers=["t"])
+    ctrl.register_task(P, "t", ["x"], batch_size=n)
+    returned: list = []
+    get_meta = ctrl.get_meta
+
+    def recorded(*args, **kwargs):
+        out = get_meta(*args, **kwargs)
+        returned.append(out)
+        return out
+
+    ctrl.get_meta = recorded
+    got: list = []
+    keys = [f"k{i}" for i in range(n)]
+    with _served(ctrl, address, tmp_path) as (producer, consumer):
+        th = _start_get_meta(ctrl, consumer, got)
+        placed = producer.call("reserve", {"partition": P, "keys": keys, "schemas": X,
+                                           "timeout": 5.0})
+        producer.call("commit", {"partition": P, "index": np.asarray(placed["index"]),
+                                 "generation": np.asarray(placed["generation"]),
+                                 "schemas": X})
+        th.join(15)
+    assert sorted(got[0]["keys"]) == sorted(keys)
+    assert (returned == [ANSWERED]) is early
