@@ -65,6 +65,24 @@ def _start_get_meta(ctrl, consumer, got: list) -> threading.Thread:
     return th
 
 
+def _recording_controller(batch_size: int) -> tuple[Controller, list]:
+    """A controller with task "t" on P, and the list of what each of its get_meta calls
+    returned to its server (``ANSWERED`` when a commit answered it)."""
+    ctrl = Controller(1)
+    ctrl.create_partition(P, consumers=["t"])
+    ctrl.register_task(P, "t", ["x"], batch_size=batch_size)
+    returned: list = []
+    get_meta = ctrl.get_meta
+
+    def recorded(*args, **kwargs):
+        out = get_meta(*args, **kwargs)
+        returned.append(out)
+        return out
+
+    ctrl.get_meta = recorded  # type: ignore[method-assign]
+    return ctrl, returned
+
+
 def _put(client, key: str) -> None:
     """One row through reserve + commit (commit runs inline on the zmq IO thread)."""
     placed = client.call("reserve", {"partition": P, "keys": [key], "schemas": X,
@@ -151,18 +169,7 @@ def test_a_waiting_consumer_is_answered_while_the_commit_grants_slots(tmp_path):
 def test_the_default_sampler_is_answered_early_by_any_commit(address, tmp_path):
     """With the default sampler a commit forms the waiter's step even on the zmq IO
     thread (it frees nothing), and the waiting handler sends nothing itself."""
-    ctrl = Controller(1)
-    ctrl.create_partition(P, consumers=["t"])
-    ctrl.register_task(P, "t", ["x"], batch_size=1)
-    returned: list = []
-    get_meta = ctrl.get_meta
-
-    def recorded(*args, **kwargs):
-        out = get_meta(*args, **kwargs)
-        returned.append(out)
-        return out
-
-    ctrl.get_meta = recorded  # what the waiting handler returns to its server
+    ctrl, returned = _recording_controller(batch_size=1)
     got: list = []
     with _served(ctrl, address, tmp_path) as (producer, consumer):
         th = _start_get_meta(ctrl, consumer, got)
@@ -230,18 +237,7 @@ def test_a_large_step_is_not_formed_on_the_io_thread(address, early, tmp_path):
     from tq_stream.controller.consuming import MAX_INLINE_STEP
 
     n = MAX_INLINE_STEP + 1
-    ctrl = Controller(1)
-    ctrl.create_partition(P, consumers=["t"])
-    ctrl.register_task(P, "t", ["x"], batch_size=n)
-    returned: list = []
-    get_meta = ctrl.get_meta
-
-    def recorded(*args, **kwargs):
-        out = get_meta(*args, **kwargs)
-        returned.append(out)
-        return out
-
-    ctrl.get_meta = recorded
+    ctrl, returned = _recording_controller(batch_size=n)
     got: list = []
     keys = [f"k{i}" for i in range(n)]
     with _served(ctrl, address, tmp_path) as (producer, consumer):
