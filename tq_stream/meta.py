@@ -48,6 +48,9 @@ class BatchMeta:
         session: the consumer session holding the lease (its heartbeat renews it).
         end: True for the end-of-stream marker (no rows).
 
+    A BatchMeta is frozen, and ``index``, ``generation``, ``unit`` and ``slot`` are
+    read-only arrays (``select`` and ``chunk`` build new ones).
+
     Example:
         >>> meta = client.get_meta("train", "actor", step=0)
         >>> first, second = meta.chunk(2)
