@@ -7,8 +7,8 @@ whose threads have just idled, that wake-up and the waiting worker's own run cos
 more than forming the reply (``docs/design.md``, "Write→wake"), so a socket server
 lets a handler answer a waiting request from the thread that ends the wait:
 
-- the server runs each request inside ``serving(server, reply_to, req_id)``, which
-  names where the request's reply goes and gives the thread an outbox;
+- the server runs each request inside ``serving(server, reply_to, req_id, method)``,
+  which names the request and where its reply goes, and gives the thread an outbox;
 - a handler about to wait takes ``pending(method)``: its request's ``Pending``, or
   None when the call did not come through such a server as a call of that method
   (embedded mode, a direct call, a call from inside another handler);
@@ -19,7 +19,7 @@ lets a handler answer a waiting request from the thread that ends the wait:
   request's own reply, and then calls the ``then`` callbacks given with them (a
   handler wakes its waiting threads there: woken earlier, they would compete with
   the send for the GIL and the cores). Otherwise ``give`` returns False and the
-  waiting handler forms its reply itself;
+  waiting handler, woken, returns that result to its own server;
 - the waiting handler, once it sees its ``Pending`` was given, returns ``ANSWERED``,
   and its server sends nothing for it;
 - a handler that gave replies and then has to block (a call to another process)
