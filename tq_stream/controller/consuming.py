@@ -95,46 +95,42 @@ class ConsumingLogic:
         with self._cond:
             part, state = self._task(partition, task)
             _check_ids(state, dp_rank, replica)
-            if session and session in self._cancelled:
-                return None
-            self._abort_reservations()  # a dead producer's rows must not hold the end
-            meta = self._try_step(part, state, step, dp_rank, replica, session, consumer)
-            if meta is not None:
-                self._timings.waited(partition, task, deadline - timeout)
-                return self._handout(meta)
-            # Wait, registered as a waiter: a commit that makes rows ready forms the step
-            # in its own thread and answers (waiters.py).
             waiter = Waiter(state, (step, dp_rank, replica, session, consumer),
                             deadline - timeout, deadline, pending("get_meta"))
-            self._waiters.add(partition, waiter)
-            try:
-                return self._wait_step(part, state, waiter, timeout)
-            finally:
-                self._waiters.remove(partition, waiter)
+            return self._wait_step(part, state, waiter, timeout)
 
     def _wait_step(self, part: PartitionMeta, state: TaskState, waiter: Waiter,
                    timeout: float) -> dict[str, Any] | None:
-        """``get_meta``'s wait (lock held, ``waiter`` registered): the reply, ``ANSWERED``
-        once a commit answered it, or None if the session was cancelled."""
+        """``get_meta``'s tries and waits (lock held): the reply, ``ANSWERED`` once a
+        commit answered it, or None if the session was cancelled. While it waits it is
+        registered as a waiter: a commit that makes rows ready forms the step in its own
+        thread and answers (waiters.py)."""
         step, dp_rank, replica, session, consumer = waiter.args
-        while True:
-            left = waiter.deadline - time.monotonic()
-            if left > 0:
+        registered = False
+        try:
+            while True:
+                if session and session in self._cancelled:
+                    return None
+                self._abort_reservations()  # a dead producer's rows must not hold the end
+                meta = self._try_step(part, state, step, dp_rank, replica, session, consumer)
+                if meta is not None:
+                    self._timings.waited(part.name, state.name, waiter.since)
+                    return self._handout(meta)
+                left = waiter.deadline - time.monotonic()
+                if left <= 0:
+                    raise self._wait_error(part, state, step, dp_rank, timeout)
+                if not registered:
+                    self._waiters.add(part.name, waiter)
+                    registered = True
                 self._timings.wait(self._cond, min(left, self._next_wake(state)),
                                    waiter.since, "get_meta", part.name,
                                    lambda: self._waiting_for(part, state, step, dp_rank))
-            if waiter.meta is not None:  # formed by a commit: sent already, or ours to send
-                return ANSWERED if waiter.given else waiter.meta
-            self._check_open()
-            if session and session in self._cancelled:
-                return None
-            self._abort_reservations()  # a dead producer's rows must not hold the end
-            meta = self._try_step(part, state, step, dp_rank, replica, session, consumer)
-            if meta is not None:
-                self._timings.waited(part.name, state.name, waiter.since)
-                return self._handout(meta)
-            if waiter.deadline <= time.monotonic():
-                raise self._wait_error(part, state, step, dp_rank, timeout)
+                if waiter.meta is not None:  # formed by a commit: sent, or ours to send
+                    return ANSWERED if waiter.given else waiter.meta
+                self._check_open()
+        finally:
+            if registered:
+                self._waiters.remove(part.name, waiter)
 
     def _answer_waiters(self, part: PartitionMeta) -> bool:
         """Rows of ``part`` became ready: form the step of each waiter that now has one,
