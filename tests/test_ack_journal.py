@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -219,6 +220,11 @@ def test_a_checkpoint_covers_exactly_the_acks_before_its_rotation(tmp_path):
             meta = _take(a, step)
             _ack(a, meta)
             acked += meta["keys"]
+            if step in (50, 100):  # let checkpoints land mid-run however threads are run
+                written = a._checkpointer.written
+                deadline = time.monotonic() + 10
+                while a._checkpointer.written == written and time.monotonic() < deadline:
+                    time.sleep(0.001)
     finally:
         stop.set()
         t.join(10)
