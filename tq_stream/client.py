@@ -173,6 +173,10 @@ class Client:
         self._controller.set_version(partition=partition, task=task, version=version,
                                      at_step=at_step)
 
+    def reading(self, partition: str, task: str, step: int) -> None:
+        """The consumer reads ``step`` now (see ``Controller.reading``)."""
+        self._controller.reading(partition=partition, task=task, step=step)
+
     def _check_step(self, meta: BatchMeta, what: str) -> None:
         if not isinstance(meta, BatchMeta):
             raise ConfigError(f"meta must be a BatchMeta from get_meta, got {meta!r:.80}")

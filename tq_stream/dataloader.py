@@ -98,6 +98,8 @@ class StreamingDataLoader:
         self._yielded = False  # a batch was yielded (``_next_step`` is then the next one)
         self._saved_done: list[tuple[str, int]] = []  # yielded before a loaded state
         self._rows: Counter[str] = Counter()  # rows yielded per partition
+        self._version: int | None = None  # the version set last (``set_version``)
+        self._reported: int | None = None  # the step the controller knows we read
 
     def _ack_saved(self) -> None:
         """Batches yielded before the restored state_dict was taken count as trained:
@@ -117,6 +119,7 @@ class StreamingDataLoader:
             self._holds.append(ds.stream._keeper().hold(p, ds.task, ds.session,
                                                         ds.lease_timeout))
         batches = iter(DataLoader(ds, **self._kwargs))
+        step, skip = ds.plan  # the step this iteration yields next
         try:
             while True:
                 try:
@@ -124,6 +127,7 @@ class StreamingDataLoader:
                     # torch's SIGCHLD handler raises a worker's death in whatever this
                     # thread runs, the ack as well as the fetch.
                     self.ack()
+                    self._reading(step)
                     batch = next(batches)
                 except StopIteration:
                     return
@@ -139,7 +143,9 @@ class StreamingDataLoader:
                 if self._pin:
                     batch = copy_meta(batch, batch.pin_memory())
                 self._unacked.append(batch)
-                self._next_step = loader_step(batch) + 1
+                self._next_step = step = loader_step(batch) + 1
+                while step in skip:
+                    step += 1
                 self._yielded = True
                 self._rows[batch_meta(batch).partition] += len(batch_meta(batch))
                 yield batch
@@ -174,14 +180,28 @@ class StreamingDataLoader:
                 h.close()
             del self._holds[: -len(self.dataset.partitions)]
 
+    def _reading(self, step: int) -> None:
+        """Tell the controller the training loop waits for ``step`` now, under the
+        version set last: a step formed ahead for a predicted version is then formed
+        for the real one (rows in time for it are never dropped on a prediction)."""
+        ds = self.dataset
+        if self._version is None or len(ds.partitions) != 1 or step == self._reported:
+            return
+        self._client.reading(ds.partitions[0], ds.task, step)
+        self._reported = step
+
     def set_version(self, version: int) -> None:
         """The trainer's current policy version (for staleness-aware samplers); works
         before the first batch too (a resumed trainer sets its version first). It is in
         effect from the next batch on, and steps fetched ahead are formed for the
-        version predicted at their turn (one version per ``steps_per_version`` steps,
-        see ``Stream.set_admission``), so a ``StalenessSampler`` bound holds when a batch
-        reaches the training loop, provided the trainer bumps its version at most that
-        often."""
+        highest version the trainer may hold at their turn (one change per
+        ``steps_per_version`` steps, see ``Stream.set_admission``), so a
+        ``StalenessSampler`` bound holds when a batch reaches the training loop, provided
+        the trainer changes its version at most that often. Rows that may be stale at
+        that predicted version are only held back: the loader tells the controller which
+        step the loop waits for, and that step is formed for the version actually set
+        (a row is discarded only if stale against it). A trainer may set its version
+        every step, every few steps, or never again."""
         ds = self.dataset
         at = None  # a multi-partition loader's steps are not the partitions' steps
         if len(ds.partitions) == 1:
@@ -192,6 +212,7 @@ class StreamingDataLoader:
                 at = ds.resume_plan()[0]
         for p in ds.partitions:
             self._client.set_version(p, ds.task, version, at_step=at)
+        self._version, self._reported = version, at
 
     def minibatches(self, batch: TensorDict, minibatch_size: int | None = None,
                     epochs: int = 1, shuffle: bool = False, seed: int | None = None, *,

@@ -196,6 +196,12 @@ class ConsumingLogic:
         which = "the next step" if step is None else f"step {step}"
         missing = [t for t in state.tags if t not in part.tags.present]
         hint = f"; no row has tag(s) {missing} the sampler needs yet" if missing else ""
+        turn = state.version_at(state.next_step)
+        if turn != state.version:
+            hint += (f"; step {state.next_step} is formed ahead of its turn for version "
+                     f"{turn} (the consumer set {state.version} and reads step "
+                     f"{state.position}), so rows that may be stale by then wait for it "
+                     f"(a loader says which step it reads: Controller.reading)")
         return f"task {state.name!r} {which} (rank {dp_rank}): {progress}{hint}"
 
     def _wait_error(self, part: PartitionMeta, state: TaskState, step: int | None,

@@ -82,8 +82,8 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
     RPC_METHODS = frozenset({
         "create_partition", "close_partition", "reserve", "commit", "abort",
         "register_task", "get_meta", "ack", "release", "renew", "clear", "lookup",
-        "list_rows", "list_tags", "keys_of", "set_tags", "set_version", "stats", "partitions",
-        "admit", "set_admission", "admission", "commit_new", "release_spares",
+        "list_rows", "list_tags", "keys_of", "set_tags", "set_version", "reading", "stats",
+        "partitions", "admit", "set_admission", "admission", "commit_new", "release_spares",
         "first_unfinished", "cancel", "task_rows", "dead_units",
     })
     # Methods that never wait, so a server may run them on its IO thread: they hold the
@@ -93,7 +93,8 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
     # (work proportional to the partition, or a sampler module import).
     RPC_INLINE = frozenset({
         "create_partition", "close_partition", "partitions", "reserve", "commit", "release",
-        "renew", "lookup", "keys_of", "set_tags", "set_version", "stats", "admit",
+        "renew", "lookup", "keys_of", "set_tags", "set_version", "reading", "stats",
+        "admit",
         "set_admission", "admission", "commit_new", "release_spares", "first_unfinished",
         "cancel", "task_rows", "dead_units",
     })
@@ -457,9 +458,11 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
 
         Args:
             at_step: the step the consumer reads next under ``version`` (a loader passes
-                it). Steps formed ahead of their turn then see the version predicted for
-                it, ``version + (step - at_step) // steps_per_version``, so a staleness
-                bound still holds when a prefetched batch reaches the training loop.
+                it). Steps formed ahead of their turn then see the highest version the
+                consumer may hold at their turn (``TaskState.version_at``), so a
+                staleness bound still holds when a prefetched batch reaches the training
+                loop; rows are discarded as stale only against ``version`` itself. The
+                same version again only moves the consumer's position (``reading``).
         """
         if isinstance(version, bool) or not isinstance(version, int):
             raise ConfigError(f"version must be an int, got {version!r}")
@@ -471,8 +474,21 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
             if state is None:  # before the consumer registers (a resumed trainer)
                 part.versions[task] = (version, at_step)
             else:
-                state.version, state.version_step = version, at_step
+                state.set_version(version, at_step)
             self._cond.notify_all()
+
+    def reading(self, partition: str, task: str, step: int) -> None:
+        """The consumer reads ``step`` now, under the version it set last: a step held
+        back because rows might be stale at a version predicted for its turn is then
+        formed for the version the consumer actually holds (a loader calls this before
+        it waits for a batch). A call for a step already passed changes nothing."""
+        check_positive("step", step, allow_zero=True)
+        with self._cond:
+            state = self._task(partition, task)[1]
+            before = state.position
+            state.reading(step)
+            if state.position != before:
+                self._cond.notify_all()
 
     def close(self) -> None:
         with self._cond:

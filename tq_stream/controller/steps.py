@@ -152,6 +152,11 @@ class StepLogic:
                 break
         if not part.closed or self._pending(part, state):
             return False
+        if state.version_at(step) != state.version:
+            # Ahead of its turn: a sampler may have left rows out that are in time for
+            # the version the consumer will actually hold. The last steps and the end
+            # wait for the turn (``reading``), so no row is dropped on a prediction.
+            return False
         cands = self._candidates(part, state, cfg.dp_size, step)
         if not cfg.drop_last and cands.count:
             sel = state.sampler.tail(cands, cfg.batch_size)

@@ -91,7 +91,8 @@ class TaskState:
         self.next_step = 0
         self.ended = False
         self.version: int | None = None
-        self.version_step: int | None = None  # the step read next under ``version``
+        self.version_step: int | None = None  # the first step read under ``version``
+        self.position: int | None = None  # the step the consumer reads now (``reading``)
         self.steps_per_version = 1
         self.discards: Counter[str] = Counter()
         self.handed_out = 0
@@ -184,11 +185,35 @@ class TaskState:
         return n
 
     def version_at(self, step: int) -> int | None:
-        """The consumer's version when it reads ``step`` (predicted for a step formed
-        ahead of its turn: one version per ``steps_per_version`` steps)."""
-        if self.version is None or self.version_step is None or step <= self.version_step:
+        """The consumer's version when it reads ``step``. Up to the step it reads now
+        (``position``), that is its version; a later step, formed ahead of its turn, is
+        given the highest version the consumer may hold by then: its next change comes
+        after ``position`` and ``steps_per_version`` steps after the last one, then one
+        every ``steps_per_version`` steps. A prediction: a step formed for it only
+        leaves out rows that may be stale at its turn, it never discards them."""
+        if self.version is None or self.version_step is None:
             return self.version
-        return self.version + (step - self.version_step) // self.steps_per_version
+        now = max(self.version_step, self.position if self.position is not None else -1)
+        if step <= now:
+            return self.version
+        first = max(now + 1, self.version_step + self.steps_per_version)
+        return self.version if step < first else \
+            self.version + 1 + (step - first) // self.steps_per_version
+
+    def set_version(self, version: int, at_step: int | None) -> None:
+        """The consumer's version from step ``at_step`` on. The same version set again
+        (every rank sets it, or a trainer that repeats it) is no change: ``at_step``
+        then only says where the consumer reads (see ``reading``)."""
+        if version == self.version and at_step is not None and self.version_step is not None:
+            self.reading(at_step)
+            return
+        self.version, self.version_step = version, at_step
+        self.position = at_step
+
+    def reading(self, step: int) -> None:
+        """The consumer reads ``step`` now, under its current version (the step's turn
+        has come: it is formed for that version, not a predicted one)."""
+        self.position = step if self.position is None else max(self.position, step)
 
     def soonest_expiry(self) -> float:
         return min((c.expiry for rec in self.steps.values() for c in rec.claims.values()),

@@ -152,6 +152,9 @@ class RemoteController:
         self._call("set_version", partition=partition, task=task, version=version,
                    at_step=at_step)
 
+    def reading(self, partition: str, task: str, step: int) -> None:
+        self._call("reading", partition=partition, task=task, step=step)
+
     def admit(self, partition: str, n: int, timeout: float = 60.0) -> int:
         return self._long_poll("admit", timeout, partition=partition, n=n)
 

@@ -114,15 +114,11 @@ class StalenessSampler(Sampler):
         return self.inner.sample(self._in_time(fresh), batch_size).with_discard(discard)
 
     def tail(self, candidates: Candidates, batch_size: int) -> Selection:
-        """The closed partition's last steps: rows that would be stale at their turn
-        will never be in time any more, so they are discarded as stale."""
+        """The closed partition's last steps: like ``sample``, stale rows (against the
+        consumer's version) are discarded, rows that may be stale at a predicted turn
+        are only left out (the controller ends a stream only at the end step's turn)."""
         fresh, discard = self._filter(candidates)
-        in_time = self._in_time(fresh)
-        if in_time.count < fresh.count:
-            late = fresh.index[~np.isin(fresh.index, in_time.index)]
-            discard = {**discard, "stale": np.concatenate(
-                [discard.get("stale", np.zeros(0, np.int64)), late])}
-        return self.inner.tail(in_time, batch_size).with_discard(discard)
+        return self.inner.tail(self._in_time(fresh), batch_size).with_discard(discard)
 
     def _born(self, candidates: Candidates) -> np.ndarray:
         born = numeric_tag(candidates.tag(self.version_tag), self.version_tag)
@@ -135,8 +131,8 @@ class StalenessSampler(Sampler):
         """The candidates still within the bound when the consumer reads this step (a
         step formed ahead of its turn, see ``Candidates.turn_version``). The others are
         not discarded: fresh now, they wait, and are discarded only once they are stale
-        for the current version; the step waits for newer rows instead (prefetch is
-        limited by the bound)."""
+        for a version the consumer set; the step waits for newer rows or for its turn,
+        when it is formed for the version the consumer then holds."""
         turn = candidates.turn_version
         if turn is None or candidates.version is None or turn <= candidates.version \
                 or candidates.count == 0:

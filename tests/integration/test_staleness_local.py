@@ -1,0 +1,39 @@
+"""Issue 20 item 2 in local mode, with DataLoader worker processes: a row is discarded
+only when it is stale against a version the trainer set (see tests/staleness_cases.py
+and the embedded twin tests/test_staleness_versions.py)."""
+
+from __future__ import annotations
+
+import pytest
+from staleness_cases import (
+    async_groups_constant_version,
+    closed_constant_version,
+    every_n_steps,
+)
+from tq_fixtures import local_stream
+
+__all__ = ["local_stream"]
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+FORK = {"multiprocessing_context": "fork"}
+
+
+def test_constant_version_discards_only_rows_out_of_the_bound(local_stream):
+    trained, st = closed_constant_version(local_stream, "const", num_workers=1, **FORK)
+    assert st["discarded"] == {"stale": 24}
+    assert sorted(trained) == [4] * 16 + [5] * 16 + [6] * 8
+
+
+@pytest.mark.parametrize(("n", "workers"), [(0, 1), (2, 2)])
+def test_a_trainer_setting_its_version_every_n_steps(local_stream, n, workers):
+    lags, versions, st = every_n_steps(local_stream, f"every{n}", n, num_workers=workers,
+                                       **FORK)
+    assert lags and max(lags) <= 1, sorted(set(lags))
+    stale = st["discarded"].get("stale", 0)
+    assert len(lags) + stale == len(versions)
+    assert stale <= sum(v < st["final_version"] - 1 for v in versions)
+
+
+def test_async_groups_with_a_constant_version_do_not_stall(local_stream):
+    lags = async_groups_constant_version(local_stream, "groups", num_workers=1, **FORK)
+    assert len(lags) == 12 * 8 and max(lags) <= 1

@@ -1,0 +1,115 @@
+"""Staleness scenarios shared by the embedded and the local-mode tests (issue 20 item 2):
+a row is discarded only when it is stale against a version the trainer actually set,
+prefetch never discards on a prediction, and the bound holds when a batch is yielded."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+import tq_stream as tq
+from tq_stream.errors import WaitTimeout
+
+BLOCKS = ((3, 16), (4, 16), (5, 16), (6, 8), (2, 8))  # (version, rows): 64 rows
+
+
+def _put_versions(stream: tq.Stream, part: str, blocks: Any = BLOCKS) -> int:
+    keys, tags = [], []
+    for v, n in blocks:
+        tags += [{"version": v}] * n
+        keys += [f"v{v}-{i}" for i in range(n)]
+    stream.writer(part).put(keys, {"x": torch.zeros(len(keys), 2)}, tags=tags)
+    return len(keys)
+
+
+def closed_constant_version(stream: tq.Stream, part: str, num_workers: int = 0,
+                            **loader: Any) -> tuple[list[int], dict[str, Any]]:
+    """The replay: ``set_version(5)``, max_staleness=1, 64 rows at versions 3/4/5/6/2,
+    the partition closed, the trainer never changes its version. Returns the versions
+    of the rows trained and the task's stats."""
+    stream.create_partition(part, consumers=["actor"])
+    _put_versions(stream, part)
+    stream.close_partition(part)
+    ds = tq.StreamingDataset(stream, part, "actor", ["x"], batch_size=4, prefetch=3,
+                             timeout=20,
+                             sampler=tq.samplers.StalenessSampler(max_staleness=1))
+    dl = tq.StreamingDataLoader(ds, num_workers=num_workers, **loader)
+    dl.set_version(5)
+    trained: list[int] = []
+    for batch in dl:
+        trained += [t["version"] for t in tq.batch_meta(batch).tags]
+    return trained, stream.stats()[part]["tasks"]["actor"]
+
+
+def every_n_steps(stream: tq.Stream, part: str, n: int, num_workers: int = 0,
+                  admission: int | None = None,
+                  **loader: Any) -> tuple[list[int], list[int], dict[str, Any]]:
+    """All 96 rows written at versions 0..5 (16 each) before training, the partition
+    closed; the trainer starts at version 0 and bumps it by one every ``n`` steps
+    (``n=0``: never). Returns the lags of the rows trained (version at yield - row
+    version), the versions of all rows, and the task's stats."""
+    stream.create_partition(part, consumers=["actor"])
+    blocks = [(v, 16) for v in range(6)]
+    _put_versions(stream, part, blocks)
+    stream.close_partition(part)
+    ds = tq.StreamingDataset(stream, part, "actor", ["x"], batch_size=4, prefetch=3,
+                             timeout=20,
+                             sampler=tq.samplers.StalenessSampler(max_staleness=1))
+    dl = tq.StreamingDataLoader(ds, num_workers=num_workers, **loader)
+    if admission is not None:
+        ds.register()
+        stream.set_admission(part, "actor", admission)
+    version = 0
+    dl.set_version(version)
+    lags: list[int] = []
+    for step, batch in enumerate(dl):
+        lags += [version - t["version"] for t in tq.batch_meta(batch).tags]
+        if n and (step + 1) % n == 0:
+            version += 1
+            dl.set_version(version)
+    return lags, [v for v, k in blocks for _ in range(k)], \
+        stream.stats()[part]["tasks"]["actor"] | {"final_version": version}
+
+
+def async_groups_constant_version(stream: tq.Stream, part: str, num_workers: int = 0,
+                                  steps: int = 12, **loader: Any) -> list[int]:
+    """An async run with groups: producers write groups of 4 rows tagged with the
+    trainer's version (paced by admission), the trainer never changes its version.
+    Every step must come (no WaitTimeout while complete groups within the bound are
+    ready). Returns the lags of the rows trained."""
+    stream.create_partition(part, consumers=["actor"])
+    sampler = tq.samplers.StalenessSampler(tq.samplers.GroupSampler(group_size=4),
+                                           max_staleness=1)
+    ds = tq.StreamingDataset(stream, part, "actor", ["x"], batch_size=8, prefetch=3,
+                             timeout=20, sampler=sampler)
+    dl = tq.StreamingDataLoader(ds, num_workers=num_workers, **loader)
+    dl.set_version(0)
+    writer = stream.writer(part)
+    stop = threading.Event()
+
+    def produce() -> None:
+        g = 0
+        while not stop.is_set():
+            try:
+                writer.reserve(4, timeout=0.5)
+            except WaitTimeout:
+                continue
+            keys = [f"g{g}-{i}" for i in range(4)]
+            writer.put(keys, {"x": torch.zeros(4, 2)},
+                       tags=[{"version": 0, "uid": g}] * 4)
+            g += 1
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    lags: list[int] = []
+    try:
+        for step, batch in enumerate(dl):
+            lags += [0 - t["version"] for t in tq.batch_meta(batch).tags]
+            if step + 1 == steps:
+                break
+    finally:
+        stop.set()
+        producer.join(20)
+    return lags

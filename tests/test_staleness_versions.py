@@ -1,0 +1,60 @@
+"""Issue 20 item 2 (embedded): a row is discarded only when it is stale against a
+version the trainer actually set; prefetch holds a step back instead of discarding on
+a predicted version. The local-mode twin is tests/integration/test_staleness_local.py."""
+
+from __future__ import annotations
+
+import pytest
+from staleness_cases import (
+    async_groups_constant_version,
+    closed_constant_version,
+    every_n_steps,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_constant_version_discards_only_rows_out_of_the_bound(stream):
+    trained, st = closed_constant_version(stream, "train")
+    assert st["version"] == 5
+    assert st["discarded"] == {"stale": 24}  # versions 2 and 3: 8 + 16 rows
+    assert sorted(trained) == [4] * 16 + [5] * 16 + [6] * 8
+
+
+@pytest.mark.parametrize(("n", "admission"), [(0, None), (1, None), (3, None), (3, 3),
+                                              (0, 3)])
+def test_a_trainer_setting_its_version_every_n_steps(stream, n, admission):
+    """Version bumped every n steps (0: never); with or without telling the controller
+    (set_admission, an upper bound on how often): the bound holds at yield, every row is trained or
+    discarded, and a row is discarded only if stale against the final version."""
+    lags, versions, st = every_n_steps(stream, "train", n, admission=admission)
+    assert lags and max(lags) <= 1, sorted(set(lags))
+    stale = st["discarded"].get("stale", 0)
+    assert len(lags) + stale == len(versions)  # nothing lost, nothing twice
+    assert stale <= sum(v < st["final_version"] - 1 for v in versions)
+    if n == 0:
+        assert stale == 0
+
+
+def test_async_groups_with_a_constant_version_do_not_stall(stream):
+    lags = async_groups_constant_version(stream, "train")
+    assert len(lags) == 12 * 8 and max(lags) <= 1
+
+
+def test_the_predicted_turn_version_follows_the_consumer():
+    """TaskState.version_at: the next change comes after the step being read and
+    steps_per_version steps after the last change; repeating a version is no change."""
+    from tq_stream.controller.task import TaskConfig, TaskState
+    from tq_stream.samplers.sequential import SequentialSampler
+
+    state = TaskState("t", TaskConfig(("x",), 1, 1, 1, 60.0, False), SequentialSampler(), 8)
+    state.steps_per_version = 3
+    state.set_version(5, at_step=10)
+    assert [state.version_at(s) for s in (10, 12, 13, 15, 16)] == [5, 5, 6, 6, 7]
+    state.set_version(5, at_step=14)  # the same version again: only the position moves
+    assert (state.version_step, state.position) == (10, 14)
+    assert [state.version_at(s) for s in (14, 15, 17, 18)] == [5, 6, 6, 7]
+    state.reading(12)  # a rank that lags behind does not move the position back
+    assert state.position == 14
+    state.set_version(6, at_step=15)
+    assert [state.version_at(s) for s in (15, 17, 18)] == [6, 6, 7]
