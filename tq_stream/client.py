@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tensordict import TensorDict
 
-from tq_stream import placement
+from tq_stream import fieldpath, placement
 from tq_stream.backends.base import occupancy
 from tq_stream.convert import to_columns, to_tensordict
 from tq_stream.errors import ConfigError, check_name, check_timeout
@@ -113,8 +113,10 @@ class Client:
 
     def get_data(self, meta: BatchMeta, fields: Sequence[str] | None = None,
                  ragged: str = "nested") -> TensorDict:
-        """The values of ``fields`` (default: ``meta.fields``) of meta's rows."""
-        fields = list(meta.fields if fields is None else fields)
+        """The values of ``fields`` (default: ``meta.fields``) of meta's rows; a parent
+        path (``"obs"``) reads every field of meta under it, as a nested TensorDict."""
+        fields = list(meta.fields) if fields is None else \
+            fieldpath.resolve(fields, meta.fields)
         cols = placement.load(self._stream._units(), meta.partition, meta.unit, meta.slot, fields,
                               occupancy(meta.index, meta.generation), meta.schemas)
         return to_tensordict(cols, len(meta), ragged=ragged)

@@ -7,12 +7,13 @@ dotted name written flat (``{"obs.image": ...}``) is the same field. Two names
 collide when one is a path prefix of the other (``"obs"`` and ``"obs.image"``: the
 first would be a tensor and a TensorDict at once); that is a SchemaError in one
 put, and the controller refuses a new field that collides with a partition's
-existing one.
+existing one. A read may name a parent (``"obs"``): it stands for every field
+under it (``resolve``), and the reader gets the subtree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from tq_stream.errors import SchemaError
 
@@ -55,3 +56,21 @@ def check_paths(names: Iterable[str], existing: Iterable[str] = ()) -> None:
                     raise SchemaError(
                         f"field {join(parts[:i])!r} collides with field {other!r}: a "
                         f"field cannot be a value and hold nested fields at once")
+
+
+def under(name: str, fields: Iterable[str]) -> list[str]:
+    """The fields of ``fields`` at or below path ``name`` (``"obs"`` ->
+    ``["obs.image", "obs.state"]``), in the order of ``fields``."""
+    prefix = name + SEP
+    return [f for f in fields if f == name or f.startswith(prefix)]
+
+
+def resolve(names: Iterable[str], fields: Collection[str]) -> list[str]:
+    """``names`` with each parent path replaced by the fields of ``fields`` below it; a
+    name that is a field, or names nothing in ``fields``, stays as it is (the caller
+    reports it). No name comes twice."""
+    out: list[str] = []
+    for name in names:
+        below = [name] if name in fields else under(name, fields) or [name]
+        out += [f for f in below if f not in out]
+    return out

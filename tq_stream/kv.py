@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tensordict import TensorDict
 
-from tq_stream import placement
+from tq_stream import fieldpath, placement
 from tq_stream.backends.base import occupancy
 from tq_stream.convert import to_tensordict
 from tq_stream.errors import ConfigError, check_name
@@ -67,7 +67,8 @@ class KV:
 
     def get(self, key: str, fields: Sequence[str] | None = None,
             partition: str = DEFAULT_PARTITION) -> dict[str, Any]:
-        """The fields of one row as a dict (tensors without a batch dim)."""
+        """The fields of one row as a dict (tensors without a batch dim); a parent path
+        in ``fields`` (``"obs"``) gives the fields under it as a nested TensorDict."""
         if not isinstance(key, str):
             raise ConfigError(f"key must be a str (use get_batch for many), got {key!r}")
         meta = self.meta([key], fields, partition)
@@ -77,7 +78,7 @@ class KV:
         out: dict[str, Any] = {}
         for f, c in cols.items():
             out[f] = c.row(0) if hasattr(c, "row") else c[0]
-        return out
+        return out if fields is None else _nest_parents(out, fields)
 
     def list(self, partition: str = DEFAULT_PARTITION) -> list[dict[str, Any]]:
         """Every row of ``partition``: ``{"key", "tags", "fields"}``, oldest first."""
@@ -89,3 +90,16 @@ class KV:
         keys_ = None if keys is None else check_keys([keys] if isinstance(keys, str) else keys)
         return self._stream._controller().clear(partition=check_name("partition", partition),
                                                 keys=keys_)
+
+
+def _nest_parents(row: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """``row`` (values by field) with the fields under each parent path of ``names``
+    (``"obs"``) gathered into a nested TensorDict ``row["obs"]`` (no batch dim)."""
+    for name in names:
+        below = [f for f in fieldpath.under(name, row) if f != name]
+        if below:
+            sub = TensorDict({}, batch_size=[])
+            for f in below:
+                sub[tuple(f[len(name) + 1:].split(fieldpath.SEP))] = row.pop(f)
+            row[name] = sub
+    return row

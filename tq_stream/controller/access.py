@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from tq_stream import fieldpath
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.report import add_measurements
 from tq_stream.errors import KeyConflictError, StateError
@@ -36,7 +37,8 @@ class AccessLogic:
                fields: Sequence[str] | None = ()) -> dict[str, Any]:
         """Placement of existing ``keys`` whose ``fields`` are all written.
 
-        ``fields=None`` means every field written for all of ``keys``.
+        ``fields=None`` means every field written for all of ``keys``; a parent path
+        (``"obs"``) means every field under it (``fieldpath.resolve``).
         """
         with self._cond:
             part = self._part(partition)
@@ -51,6 +53,8 @@ class AccessLogic:
                 if not fields:
                     raise StateError(f"keys {list(keys)[:5]} of partition {partition!r} "
                                      f"must share a written field to be read, they share none")
+            else:  # a parent path "obs" reads every field under it
+                fields = fieldpath.resolve(fields, part.ready)
             for f in fields:
                 r = part.ready.get(f)
                 if r is None or not r[idx].all():
@@ -62,6 +66,9 @@ class AccessLogic:
 
     def _placement(self, part: PartitionMeta, idx: np.ndarray,
                    fields: Sequence[str]) -> dict[str, Any]:
+        """Where rows ``idx`` live; a parent path in ``fields`` is given as the fields
+        under it, so a reader of ``"obs"`` reads ``"obs.image"`` and ``"obs.state"``."""
+        fields = fieldpath.resolve(fields, part.schemas)
         return {
             "partition": part.name, "index": idx,
             "keys": [part.keys[idx[0]]] if len(idx) == 1 else part.keys[idx].tolist(),

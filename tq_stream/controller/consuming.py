@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from tq_stream import fieldpath
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.reservations import WRITER_TASK
 from tq_stream.controller.task import MAX_REPLICAS, TaskState
@@ -206,7 +207,7 @@ class ConsumingLogic:
 
     def _wait_error(self, part: PartitionMeta, state: TaskState, step: int | None,
                     dp_rank: int, timeout: float) -> Exception:
-        unknown = [f for f in state.config.fields if f not in part.schemas]
+        unknown = [f for f in state.config.fields if not fieldpath.under(f, part.schemas)]
         if unknown and part.live:  # a timeout still: a later stage may write the field
             return WaitTimeout(
                 f"get_meta waited timeout={timeout}s for task {state.name!r} on partition "

@@ -254,14 +254,14 @@ class PartitionMeta:
 
     def ready_for(self, fields: tuple[str, ...], idx: np.ndarray,
                   tags: tuple[str, ...] = ()) -> np.ndarray:
-        """Mask over ``idx``: rows with every field in ``fields`` written and every tag
-        in ``tags`` set."""
+        """Mask over ``idx``: rows with every field in ``fields`` written (every field
+        under a parent path ``"obs"``) and every tag in ``tags`` set."""
         mask = self.used[idx]
         for f in fields:
-            r = self.ready.get(f)
-            if r is None:
-                return np.zeros(len(idx), dtype=bool)
-            mask &= r[idx]
+            for r in self._ready_masks(f):
+                if r is None:
+                    return np.zeros(len(idx), dtype=bool)
+                mask &= r[idx]
         for t in tags:
             present = self.tags.present.get(t)
             if present is None:
@@ -274,14 +274,22 @@ class PartitionMeta:
         if not self.used[i]:
             return False
         for f in fields:
-            r = self.ready.get(f)
-            if r is None or not r[i]:
-                return False
+            for r in self._ready_masks(f):
+                if r is None or not r[i]:
+                    return False
         for t in tags:
             present = self.tags.present.get(t)
             if present is None or not present[i]:
                 return False
         return True
+
+    def _ready_masks(self, name: str) -> list[np.ndarray | None]:
+        """The written-masks ``name`` needs: its own, or those of every field under it
+        (a parent path, see ``fieldpath.resolve``); ``[None]`` if it names no field."""
+        r = self.ready.get(name)
+        if r is not None:
+            return [r]
+        return [self.ready[f] for f in fieldpath.under(name, self.ready)] or [None]
 
     def fields_of(self, i: int) -> list[str]:
         return [f for f, r in self.ready.items() if r[i]]
