@@ -208,7 +208,8 @@ def test_best_is_never_worse_than_either_method(costs, k, equal):
 
 
 def test_lpt_is_kept_where_it_beats_kk():
-    # a case where KK's heaviest rank is heavier than LPT's; "best" keeps LPT's split
+    # a case where KK's heaviest rank is heavier than LPT's; "best" is at least as good
+    # as LPT's split (both are refined by balance_refine first)
     found = None
     rng = np.random.default_rng(0)
     for _ in range(400):
@@ -221,7 +222,7 @@ def test_lpt_is_kept_where_it_beats_kk():
     cands = Candidates.from_arrays(np.arange(16), {"seqlen": found}, dp_size=4)
     sel = SeqlenBalancedSampler().sample(cands, 4)
     best = max(found[s].sum() for s in sel.shares)
-    assert best == part_loads(found, lpt(found, 4, True)).max()
+    assert best <= part_loads(found, lpt(found, 4, True)).max()
 
 
 @SETTINGS

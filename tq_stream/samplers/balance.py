@@ -1,7 +1,8 @@
 """Multiway number partitioning: split unit costs into ``k`` parts of near-equal total.
 
 Two heuristics, each optionally with equal part sizes (every part gets ``n / k`` items),
-and ``best_partition`` that runs both and keeps the better split. Used by
+and ``best_partition`` that runs both (with equal sizes, each followed by the local
+search of ``balance_refine``) and keeps the better split. Used by
 SeqlenBalancedSampler; a part is an int64 array of item positions.
 """
 
@@ -13,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from tq_stream.errors import ConfigError
+from tq_stream.samplers.balance_refine import refine_equal
 
 Partition = Callable[[np.ndarray, int], list[np.ndarray]]
 
@@ -108,10 +110,13 @@ def part_loads(costs: np.ndarray, parts: list[np.ndarray]) -> np.ndarray:
 
 def best_partition(costs: np.ndarray, k: int, equal_size: bool = False) -> list[np.ndarray]:
     """The better of ``karmarkar_karp`` and ``lpt``: the lower heaviest part (the slowest
-    rank sets the step time), then the higher lightest part; Karmarkar-Karp on a tie."""
+    rank sets the step time), then the higher lightest part; Karmarkar-Karp on a tie.
+    With ``equal_size`` each is first improved by ``balance_refine.refine_equal``."""
     best, key = None, None
     for method in (karmarkar_karp, lpt):
         parts = method(costs, k, equal_size)
+        if equal_size:
+            parts = refine_equal(costs, parts)
         loads = part_loads(costs, parts)
         score = (float(loads.max()), -float(loads.min())) if len(loads) else (0.0, 0.0)
         if key is None or score < key:
