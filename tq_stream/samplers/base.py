@@ -40,8 +40,9 @@ class Candidates:
         closed: True when the partition will receive no new rows.
         pending: rows not yet ready for the task that may still become ready.
         version: the consumer's current policy version (None if never set).
-        turn_version: the version the consumer will hold when it reads this step
-            (predicted for a step formed ahead of its turn; = ``version`` otherwise).
+        turn_version: the highest version the consumer may hold when it reads this
+            step (predicted for a step formed ahead of its turn; = ``version`` otherwise).
+            A prediction: rows must not be discarded for it, only left out.
         step: the step number being selected.
         partition: the partition name.
     """
