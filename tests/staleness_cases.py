@@ -15,7 +15,7 @@ from tq_stream.errors import WaitTimeout
 BLOCKS = ((3, 16), (4, 16), (5, 16), (6, 8), (2, 8))  # (version, rows): 64 rows
 
 
-def _put_versions(stream: tq.Stream, part: str, blocks: Any = BLOCKS) -> int:
+def put_versions(stream: tq.Stream, part: str, blocks: Any = BLOCKS) -> int:
     keys, tags = [], []
     for v, n in blocks:
         tags += [{"version": v}] * n
@@ -30,7 +30,7 @@ def closed_constant_version(stream: tq.Stream, part: str, num_workers: int = 0,
     the partition closed, the trainer never changes its version. Returns the versions
     of the rows trained and the task's stats."""
     stream.create_partition(part, consumers=["actor"])
-    _put_versions(stream, part)
+    put_versions(stream, part)
     stream.close_partition(part)
     ds = tq.StreamingDataset(stream, part, "actor", ["x"], batch_size=4, prefetch=3,
                              timeout=20,
@@ -52,7 +52,7 @@ def every_n_steps(stream: tq.Stream, part: str, n: int, num_workers: int = 0,
     version), the versions of all rows, and the task's stats."""
     stream.create_partition(part, consumers=["actor"])
     blocks = [(v, 16) for v in range(6)]
-    _put_versions(stream, part, blocks)
+    put_versions(stream, part, blocks)
     stream.close_partition(part)
     ds = tq.StreamingDataset(stream, part, "actor", ["x"], batch_size=4, prefetch=3,
                              timeout=20,

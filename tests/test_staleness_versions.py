@@ -4,12 +4,17 @@ a predicted version. The local-mode twin is tests/integration/test_staleness_loc
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from staleness_cases import (
     async_groups_constant_version,
     closed_constant_version,
     every_n_steps,
+    put_versions,
 )
+
+import tq_stream as tq
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -58,3 +63,22 @@ def test_the_predicted_turn_version_follows_the_consumer():
     assert state.position == 14
     state.set_version(6, at_step=15)
     assert [state.version_at(s) for s in (15, 17, 18)] == [6, 6, 7]
+
+
+def test_a_step_held_for_its_turn_outlasts_a_slow_training_step(stream):
+    """A prefetched step held back for its turn waits for the trainer, however long its
+    step takes: the timeout counts from the step's turn while the loader's session is
+    alive (it holds the batch being trained)."""
+    stream.create_partition("slow", consumers=["actor"])
+    put_versions(stream, "slow", [(4, 12), (5, 4)])
+    stream.close_partition("slow")
+    ds = tq.StreamingDataset(stream, "slow", "actor", ["x"], batch_size=4, prefetch=3,
+                             timeout=0.5,
+                             sampler=tq.samplers.StalenessSampler(max_staleness=1))
+    loader = tq.StreamingDataLoader(ds)
+    loader.set_version(5)
+    trained = []
+    for batch in loader:
+        trained += [t["version"] for t in tq.batch_meta(batch).tags]
+        time.sleep(1.2)  # longer than the timeout
+    assert sorted(trained) == [4] * 12 + [5] * 4

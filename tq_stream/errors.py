@@ -65,6 +65,12 @@ class Unreachable(WaitTimeout):
     (so it had no effect, and may be sent again)."""
 
 
+class TurnNotReached(WaitTimeout):
+    """A step formed ahead of its turn waited its timeout while the trainer, alive (its
+    session holds the batch it trains), was still on an earlier step: the step waits
+    for that turn (see ``StalenessSampler``); asking again is safe."""
+
+
 class ConnectionLost(WaitTimeout):
     """The connection broke after the request was sent (the server went away): it may or
     may not have run."""

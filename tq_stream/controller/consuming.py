@@ -27,7 +27,13 @@ from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.reservations import WRITER_TASK
 from tq_stream.controller.task import MAX_REPLICAS, TaskState
 from tq_stream.controller.waiters import Waiter
-from tq_stream.errors import ConfigError, WaitTimeout, check_positive, check_timeout
+from tq_stream.errors import (
+    ConfigError,
+    TurnNotReached,
+    WaitTimeout,
+    check_positive,
+    check_timeout,
+)
 from tq_stream.samplers.sequential import SequentialSampler
 from tq_stream.transport.answers import ANSWERED, pending
 from tq_stream.transport.dispatch import WouldBlock, may_block
@@ -118,6 +124,11 @@ class ConsumingLogic:
                     self._timings.waited(part.name, state.name, waiter.since)
                     return self._handout(meta)
                 left = waiter.deadline - time.monotonic()
+                if left <= 0 and state.awaits_turn(step, session, time.time()):
+                    what = self._waiting_for(part, state, step, dp_rank)
+                    raise TurnNotReached(
+                        f"get_meta waited timeout={timeout}s on partition {part.name!r} "
+                        f"for {what}; the trainer is alive on an earlier step: ask again")
                 if left <= 0:
                     raise self._wait_error(part, state, step, dp_rank, timeout)
                 if not registered:

@@ -200,6 +200,15 @@ class TaskState:
         return self.version if step < first else \
             self.version + 1 + (step - first) // self.steps_per_version
 
+    def awaits_turn(self, step: int | None, session: str, now: float) -> bool:
+        """``step`` is formed ahead of its turn (see ``version_at``) for a reader whose
+        session holds a live claim here (the batch its trainer is on): a wait for that
+        step that runs out says so (``TurnNotReached``), and a dataset asks again."""
+        if step is None or not session or self.version_at(step) == self.version:
+            return False
+        return any(c.session == session and c.expiry > now
+                   for rec in self.steps.values() for c in rec.claims.values())
+
     def set_version(self, version: int, at_step: int | None) -> None:
         """The consumer's version from step ``at_step`` on. The same version set again
         (every rank sets it, or a trainer that repeats it) is no change: ``at_step``

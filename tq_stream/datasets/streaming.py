@@ -37,6 +37,7 @@ from tq_stream.errors import (
     ConfigError,
     LeaseError,
     StateError,
+    TurnNotReached,
     WaitTimeout,
     check_name,
     check_positive,
@@ -230,6 +231,12 @@ class StreamingDataset(IterableDataset[TensorDict]):
             try:
                 return client.get_meta(partition, self.task, step, self.dp_rank, timeout,
                                        replica=self.replica)
+            except TurnNotReached:
+                # a step fetched ahead waits for the trainer to reach it (the trainer is
+                # alive): its own wait of ``timeout`` starts again
+                deadline = time.monotonic() + self.timeout
+                timeout = self.timeout
+                continue
             except WaitTimeout:
                 # Before the deadline, a timeout is a broken connection, not a wait that
                 # ran out: the controller died and may be restarting. Ask again.
