@@ -126,8 +126,10 @@ class StreamingDataLoader:
                     # Acks come before waiting: the end of a stream waits for every ack.
                     # torch's SIGCHLD handler raises a worker's death in whatever this
                     # thread runs, the ack as well as the fetch.
-                    self.ack()
+                    # The turn first: while a batch is unacked, a wait for a step held
+                    # for its turn knows the trainer is alive (``TurnNotReached``).
                     self._reading(step)
+                    self.ack()
                     batch = next(batches)
                 except StopIteration:
                     return
