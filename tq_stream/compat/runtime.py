@@ -19,7 +19,12 @@ verl's ``transfer_queue`` config node maps onto tq_stream as follows:
   partition the starting process creates (a put beyond it waits up to ``timeout``
   for rows to be cleared, then raises ``WaitTimeout``);
 - ``metrics.enabled`` / ``metrics.port`` -> a Prometheus text endpoint of
-  ``stream.stats()`` on loopback (``get_metrics_endpoint``).
+  ``stream.stats()`` on loopback (``get_metrics_endpoint``);
+- ``controller.polling_mode`` -> what the client's ``get_meta`` does with too few
+  ready rows: return an empty BatchMeta at once (True) or wait up to ``timeout``;
+- ``controller.sampler``: ``SequentialSampler`` only (any other is a ConfigError).
+  Keys TransferQueue has and tq_stream does not use (``zmq_info``, other backends'
+  sections) are ignored, so the package's ``config.yaml`` merged with an overlay works.
 
 tq_stream's own settings live in an optional ``tq_stream`` node: ``mode``, ``name`` /
 ``namespace`` (of the Ray actors), ``timeout`` (of every blocking call) and
@@ -40,6 +45,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from tq_stream.compat.variants import Schemas
 from tq_stream.config import StreamConfig
 from tq_stream.errors import ConfigError, StateError, WaitTimeout
 
@@ -50,9 +56,11 @@ MAX_THREADS = 16  # blocking calls that async callers may have in flight at once
 ATTACH_TIMEOUT = 60.0  # seconds init() waits for a Ray deployment that is starting
 MODES = ("embedded", "local", "ray")
 BACKENDS = ("SimpleStorage",)
+SAMPLERS = ("SequentialSampler",)
 
 DEFAULTS: dict[str, Any] = {
     "metrics": {"enabled": False, "port": 0},
+    "controller": {"sampler": "SequentialSampler", "polling_mode": False},
     "backend": {"storage_backend": "SimpleStorage",
                 "SimpleStorage": {"total_storage_size": None, "num_data_storage_units": 2}},
     "tq_stream": {"mode": None, "name": RAY_NAME, "namespace": RAY_NAMESPACE,
@@ -103,8 +111,17 @@ def settings(conf: dict[str, Any]) -> dict[str, Any]:
     mode = own.get("mode")
     if mode is not None and mode not in MODES:
         raise ConfigError(f"tq_stream.mode must be one of {MODES} or None, got {mode!r}")
+    controller = conf.get("controller") or {}
+    sampler = controller.get("sampler", "SequentialSampler")
+    if sampler not in SAMPLERS:
+        raise ConfigError(f"controller.sampler must be one of {SAMPLERS} under tq_stream.compat "
+                          f"(use tq_stream's own samplers through tq_stream.compat.stream()), "
+                          f"got {sampler!r}")
+    polling = controller.get("polling_mode", False)
+    if not isinstance(polling, bool):
+        raise ConfigError(f"controller.polling_mode must be a bool, got {polling!r}")
     metrics = conf.get("metrics") or {}
-    return {"units": units, "capacity": size, "mode": mode,
+    return {"polling": polling,"units": units, "capacity": size, "mode": mode,
             "name": own.get("name", RAY_NAME), "namespace": own.get("namespace", RAY_NAMESPACE),
             "timeout": float(own.get("timeout", 60.0)),
             "start_timeout": float(own.get("start_timeout", 300.0)),
@@ -127,6 +144,8 @@ class Runtime:
         self.stream: Any = None
         self.conf: dict[str, Any] | None = None
         self.capacity: int | None = None
+        self.polling = False
+        self.schemas = Schemas()
         self.owner = False
         self.partitions: set[str] = set()
         self.metrics: Any = None
@@ -143,9 +162,10 @@ class Runtime:
             opts = settings(merged)
             mode = opts["mode"] or ("ray" if _ray_running() else "embedded")
             if mode == "ray" and self._attach_ray(opts["name"], opts["namespace"], 0.0):
+                self.polling = opts["polling"]
                 return to_plain(conf)
             self._start(mode, opts)
-            self.conf, self.capacity = merged, opts["capacity"]
+            self.conf, self.capacity, self.polling = merged, opts["capacity"], opts["polling"]
             if opts["metrics"]:
                 from tq_stream.compat.metrics import MetricsServer
 
@@ -216,8 +236,9 @@ class Runtime:
                 self.metrics = None
             if self.owner and os.environ.get(ADDRESS_ENV) == getattr(stream, "address", None):
                 os.environ.pop(ADDRESS_ENV, None)
-            self.owner, self.conf, self.capacity = False, None, None
+            self.owner, self.conf, self.capacity, self.polling = False, None, None, False
             self.partitions.clear()
+            self.schemas.clear()
             if self._executor is not None:
                 self._executor.shutdown(wait=False)
                 self._executor = None
