@@ -18,9 +18,8 @@ from tensordict import TensorDict
 
 def driver_conf(capacity: int = 1024, units: int = 1, extra: dict | None = None) -> Any:
     """The default ``config.yaml`` of the package merged with NeMo-RL's overlay."""
-    from omegaconf import OmegaConf
-
     import transfer_queue
+    from omegaconf import OmegaConf
 
     base = OmegaConf.load(str(resources.files("transfer_queue") / "config.yaml"))
     overlay = {"controller": {"polling_mode": True},

@@ -273,12 +273,12 @@ def list_partition(rt: Runtime, partition: str) -> dict[str, dict]:
     keys = d["keys"]
     out: dict[str, dict] = {k: {} for k in keys}
     rows = list(out.values())
-    for name, (pos, values) in d["tags"].items():
-        if len(values) == len(rows):  # every row has the tag: no positions to follow
-            for row, v in zip(rows, values, strict=True):
+    for name, (pos, vals) in d["tags"].items():
+        if len(vals) == len(rows):  # every row has the tag: no positions to follow
+            for row, v in zip(rows, vals, strict=True):
                 row[name] = v
         else:
-            for p, v in zip(pos.tolist() if hasattr(pos, "tolist") else pos, values,
+            for p, v in zip(pos.tolist() if hasattr(pos, "tolist") else pos, vals,
                             strict=True):
                 rows[p][name] = v
     return out

@@ -146,6 +146,10 @@ class Runtime:
         self.capacity: int | None = None
         self.polling = False
         self.schemas = Schemas()
+        # (partition, task) -> (data_fields, batch_size, physical fields) of get_meta
+        self.tasks: dict[tuple[str, str], tuple[tuple[str, ...], int, tuple[str, ...]]] = {}
+        self.task_names: dict[tuple[str, str], frozenset[str]] = {}  # stored names then
+        self._client: Any = None
         self.owner = False
         self.partitions: set[str] = set()
         self.metrics: Any = None
@@ -239,6 +243,9 @@ class Runtime:
             self.owner, self.conf, self.capacity, self.polling = False, None, None, False
             self.partitions.clear()
             self.schemas.clear()
+            self.tasks.clear()
+            self.task_names.clear()
+            self._client = None
             if self._executor is not None:
                 self._executor.shutdown(wait=False)
                 self._executor = None
@@ -262,6 +269,14 @@ class Runtime:
         return stream
 
     # -------------------------------------------------------------- helpers
+    def native_client(self) -> Any:
+        """This process's tq_stream ``Client`` (one consumer session) for get_meta."""
+        stream = self.get()
+        with self.lock:
+            if self._client is None:
+                self._client = stream.client()
+            return self._client
+
     def ensure_partition(self, partition: str) -> None:
         """Create ``partition`` with the configured capacity before its first put."""
         if partition in self.partitions:
