@@ -9,7 +9,7 @@ the synchronous ones (``get_meta``, ``kv_retrieve_keys``, ``check_consumption_st
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tensordict import TensorDict
@@ -84,7 +84,8 @@ class TransferQueueClient:
         return ops.get_data(self._rt, metadata)
 
     def put(self, data: TensorDict, metadata: BatchMeta | None = None,
-            partition_id: str | None = None, data_parser: Any = None) -> BatchMeta:
+            partition_id: str | None = None,
+            data_parser: Callable[[dict], None] | None = None) -> BatchMeta:
         return ops.put_data(self._rt, ops.parse_fields(data, data_parser), metadata,
                             partition_id)
 

@@ -46,7 +46,7 @@ def _physical(rt: Runtime, partition: str, fields: Sequence[str]) -> list[str] |
         return None  # a field nobody wrote yet: its name is not known
     live: set[str] = set()  # (a name whose rows were all cleared, e.g. a warm-up row,
     # may not be the one the next rows use)
-    for row in stream._controller().list_rows(partition=partition):
+    for row in stream.kv.list(partition=partition):
         live.update(row["fields"])
     out = []
     for f, c in cands.items():

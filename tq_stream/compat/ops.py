@@ -107,7 +107,7 @@ def describe(rt: Runtime, keys: list[str], partition: str) -> tuple[list[dict], 
     return d["tags"], _visible(d["fields"])
 
 
-def prepare(fields: Any, n: int) -> tuple[dict[str, Any], set[str]]:
+def prepare(fields: TensorDictBase | dict[str, Any], n: int) -> tuple[dict[str, Any], set[str]]:
     """A put's fields as tq_stream stores them (see ``values``, ``per_sample``), and the
     names of those whose rows hold encoded tensors."""
     items = fields.items() if isinstance(fields, dict) else \
@@ -201,8 +201,7 @@ def batch_get(rt: Runtime, keys: str | Sequence[str], partition: str,
         except StateError:
             pass  # some row holds a field under a variant name: find out below
     try:
-        common = stream._controller().lookup(partition=partition, keys=keys,
-                                             fields=None)["fields"]
+        common = list(stream.kv.meta(keys, None, partition=partition).fields)
     except StateError:  # no field under one name in every row
         common = []
     shared: dict[str, list[str]] = {}
@@ -241,10 +240,11 @@ def batch_get(rt: Runtime, keys: str | Sequence[str], partition: str,
     return out
 
 
-def _row_by_row(rt: Runtime, keys: list[str], partition: str, name: str) -> Any:
+def _row_by_row(rt: Runtime, keys: list[str], partition: str,
+                name: str) -> torch.Tensor | NonTensorStack:
     """Field ``name`` of ``keys`` whose rows hold it under different physical names."""
     stream = rt.get()
-    where = {r["key"]: r["fields"] for r in stream._controller().list_rows(partition=partition)}
+    where = {r["key"]: r["fields"] for r in stream.kv.list(partition=partition)}
     groups: dict[str, list[int]] = {}
     for i, key in enumerate(keys):
         names = [f for f in where.get(key, []) if variants.logical(f) == name]

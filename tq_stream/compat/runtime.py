@@ -43,11 +43,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tq_stream.compat.variants import Schemas
 from tq_stream.config import StreamConfig
 from tq_stream.errors import ConfigError, StateError, WaitTimeout
+
+if TYPE_CHECKING:
+    from tq_stream.client import Client
 
 ADDRESS_ENV = "TQ_STREAM_COMPAT_ADDRESS"
 RAY_NAME = "tq_stream_compat"
@@ -269,7 +272,7 @@ class Runtime:
         return stream
 
     # -------------------------------------------------------------- helpers
-    def native_client(self) -> Any:
+    def native_client(self) -> Client:
         """This process's tq_stream ``Client`` (one consumer session) for get_meta."""
         stream = self.get()
         with self.lock:

@@ -15,8 +15,6 @@ those), never pickle. This module bridges the two, per field:
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack
@@ -27,7 +25,7 @@ TENSOR = "__tq_compat_tensor__"
 _MAX_DEPTH = 16
 
 
-def rows_of(value: Any, n: int) -> list | None:
+def rows_of(value: object, n: int) -> list | None:
     """``value``'s rows as a list when it is a non-tensor field, else None."""
     if isinstance(value, NonTensorStack):
         return value.tolist()
@@ -45,7 +43,7 @@ def rows_of(value: Any, n: int) -> list | None:
     return None
 
 
-def _has_tensor(value: Any, depth: int = 0) -> bool:
+def _has_tensor(value: object, depth: int = 0) -> bool:
     if isinstance(value, torch.Tensor):
         return True
     if depth >= _MAX_DEPTH:
@@ -63,7 +61,7 @@ def needs_encoding(rows: list) -> bool:
     return any(isinstance(r, dict | list | tuple) and _has_tensor(r) for r in rows)
 
 
-def _encode(value: Any, depth: int = 0) -> Any:
+def _encode(value: object, depth: int = 0) -> object:
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu().contiguous()
         data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
@@ -77,7 +75,7 @@ def _encode(value: Any, depth: int = 0) -> Any:
     return value
 
 
-def _decode(value: Any, depth: int = 0) -> Any:
+def _decode(value: object, depth: int = 0) -> object:
     if isinstance(value, dict):
         spec = value.get(TENSOR) if len(value) == 1 else None
         if isinstance(spec, dict):

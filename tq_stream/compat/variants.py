@@ -23,13 +23,16 @@ of the fixed schemas: a schema once fixed never changes, so the view is only ext
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from tensordict import NonTensorStack
 
 from tq_stream.columns import FieldSchema, dtype_name, schema_of
 from tq_stream.convert import to_column
+
+if TYPE_CHECKING:
+    from tq_stream.stream import Stream
 
 SEP = "@"
 ENCODED = "object+tensors"
@@ -43,7 +46,7 @@ def logical(name: str) -> str:
     return name.split(SEP, 1)[0]
 
 
-def describe(name: str, value: Any, n: int) -> str:
+def describe(name: str, value: object, n: int) -> str:
     """The schema description tq_stream will fix for ``value`` (n rows)."""
     if isinstance(value, torch.Tensor):
         if value.is_nested:
@@ -68,7 +71,7 @@ class Schemas:
         with self._lock:
             self._parts.setdefault(partition, {}).update(fields)
 
-    def refresh(self, stream: Any, partition: str) -> dict[str, str]:
+    def refresh(self, stream: Stream, partition: str) -> dict[str, str]:
         stats = stream.stats().get(partition)
         if stats is not None:
             self.learn(partition, dict(stats["fields"]))
@@ -96,16 +99,16 @@ def names_for(fixed: dict[str, str], descs: dict[str, str], encoded: set[str]) -
     return out
 
 
-def rows_of_column(value: Any, n: int) -> list:
+def rows_of_column(value: object, n: int) -> list:
     """A read field's values one per row (tensors as per-row tensors)."""
     if isinstance(value, torch.Tensor):
         return list(value.unbind()) if n else []
     if isinstance(value, NonTensorStack):
         return value.tolist()
-    return list(value)
+    return list(value) if isinstance(value, list | tuple) else [value] * n
 
 
-def pack(values: list) -> Any:
+def pack(values: list) -> torch.Tensor | NonTensorStack:
     """Per-row values as TransferQueue packs them: 0-d tensors stacked, other tensors
     as one jagged nested tensor (when their trailing dims agree), else a
     NonTensorStack of the values as written."""

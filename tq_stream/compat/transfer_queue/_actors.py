@@ -21,7 +21,7 @@ class _Options:
         self.name = name
         self.kwargs = kwargs
 
-    def remote(self, *args: Any, **kwargs: Any) -> Any:
+    def remote(self, *args: object, **kwargs: object) -> None:
         raise StateError(f"{self.name} is not started by hand under tq_stream: "
                          f"transfer_queue.init(conf) starts tq_stream's controller and "
                          f"storage units")
@@ -35,5 +35,5 @@ class ActorStandIn:
         return _Options(cls.__name__, dict(kwargs))
 
     @classmethod
-    def remote(cls, *args: Any, **kwargs: Any) -> Any:
-        return cls.options().remote(*args, **kwargs)
+    def remote(cls, *args: object, **kwargs: object) -> None:
+        cls.options().remote(*args, **kwargs)
