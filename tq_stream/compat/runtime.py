@@ -10,7 +10,11 @@ the controller and storage, ``init()`` anywhere else attaches to them. Here:
 - ``init()`` with no ``conf`` attaches to the running deployment: in a Ray job by
   actor name, else at the address the starting process exported in
   ``TQ_STREAM_COMPAT_ADDRESS`` (inherited by the processes it spawns). With nothing
-  running, it starts one with the default settings, as TransferQueue does.
+  running, it starts one with the default settings, as TransferQueue does. An
+  embedded deployment lives in its driver's memory and no other process can reach
+  it: the driver exports its pid in ``TQ_STREAM_COMPAT_EMBEDDED_PID``, and ``init()``
+  in another process (forked, which inherits a copy of the handle, or spawned) raises
+  StateError instead of writing to a private copy the driver never sees.
 
 verl's ``transfer_queue`` config node maps onto tq_stream as follows:
 
@@ -53,6 +57,7 @@ if TYPE_CHECKING:
     from tq_stream.client import Client
 
 ADDRESS_ENV = "TQ_STREAM_COMPAT_ADDRESS"
+EMBEDDED_ENV = "TQ_STREAM_COMPAT_EMBEDDED_PID"  # set by a driver whose deployment is embedded
 RAY_NAME = "tq_stream_compat"
 RAY_NAMESPACE = "transfer_queue"
 MAX_THREADS = 16  # blocking calls that async callers may have in flight at once
@@ -131,6 +136,22 @@ def settings(conf: dict[str, Any]) -> dict[str, Any]:
             "metrics": bool(metrics.get("enabled", False)), "port": int(metrics.get("port", 0))}
 
 
+def _split_message(pid: int) -> str:
+    return (f"transfer_queue.init() in process {os.getpid()} cannot reach the driver's "
+            f"deployment: it is embedded in process {pid} (in its memory, visible to no other "
+            f"process), so this process would write to a private copy. Start the driver with "
+            f"conf tq_stream.mode: local (or inside a Ray job, mode ray)")
+
+
+def _check_not_split() -> None:
+    """Raise StateError in a process whose driver runs an embedded deployment (item 4 of
+    issue 21: its puts would go to a private copy the driver never sees)."""
+    pid = os.environ.get(EMBEDDED_ENV)
+    if pid and pid != str(os.getpid()) and not os.environ.get(ADDRESS_ENV) \
+            and not _ray_running():
+        raise StateError(_split_message(int(pid)))
+
+
 def _ray_running() -> bool:
     try:
         import ray
@@ -154,6 +175,7 @@ class Runtime:
         self.task_names: dict[tuple[str, str], frozenset[str]] = {}  # stored names then
         self._client: Any = None
         self.owner = False
+        self.pid = os.getpid()  # the process this runtime's handle belongs to
         self.partitions: set[str] = set()
         self.metrics: Any = None
         self._executor: ThreadPoolExecutor | None = None
@@ -161,6 +183,10 @@ class Runtime:
     # ------------------------------------------------------------ lifecycle
     def init(self, conf: Any = None) -> dict[str, Any] | None:
         with self.lock:
+            if self.stream is not None and self.pid != os.getpid():
+                self._forked()
+            if conf is None and self.stream is None:
+                _check_not_split()
             if self.stream is not None:
                 return self.conf if conf is None else to_plain(conf)
             if conf is None and self._attach(ATTACH_TIMEOUT):
@@ -201,8 +227,25 @@ class Runtime:
                 f"start_timeout or lower backend.SimpleStorage.num_data_storage_units"
             ) from exc
         self.owner = True
+        self.pid = os.getpid()
         if self.stream.address is not None:
             os.environ[ADDRESS_ENV] = self.stream.address
+        elif mode == "embedded":
+            os.environ[EMBEDDED_ENV] = str(self.pid)
+
+    def _forked(self) -> None:
+        """A forked child inherited this runtime: an embedded deployment is a copy (refused);
+        a local or Ray one is attached to again from this process."""
+        stream, self.stream = self.stream, None
+        self.owner, self._client, self._executor = False, None, None
+        self.tasks.clear()
+        self.task_names.clear()
+        if stream.mode == "embedded":
+            raise StateError(_split_message(self.pid))
+        self.pid = os.getpid()
+        if not self._attach(ATTACH_TIMEOUT):
+            raise StateError(f"transfer_queue.init() in forked process {os.getpid()} found no "
+                             f"deployment to attach to ({ADDRESS_ENV} is not set)")
 
     def _attach(self, wait: float) -> bool:
         """Connect to the running deployment (in a Ray job: waiting up to ``wait`` s for
@@ -215,6 +258,7 @@ class Runtime:
         import tq_stream
 
         self.stream = tq_stream.connect(address)
+        self.pid = os.getpid()
         return True
 
     def _attach_ray(self, name: str, namespace: str, wait: float) -> bool:
@@ -243,6 +287,8 @@ class Runtime:
                 self.metrics = None
             if self.owner and os.environ.get(ADDRESS_ENV) == getattr(stream, "address", None):
                 os.environ.pop(ADDRESS_ENV, None)
+            if self.owner and os.environ.get(EMBEDDED_ENV) == str(self.pid):
+                os.environ.pop(EMBEDDED_ENV, None)
             self.owner, self.conf, self.capacity, self.polling = False, None, None, False
             self.partitions.clear()
             self.schemas.clear()
@@ -263,6 +309,11 @@ class Runtime:
             StateError: no deployment to use: call ``tq.init(conf)`` first.
         """
         stream = self.stream
+        if stream is not None and self.pid != os.getpid():  # a forked child's copy
+            with self.lock:
+                if self.stream is not None and self.pid != os.getpid():
+                    self._forked()
+                stream = self.stream
         if stream is None:
             with self.lock:
                 if self.stream is None and not (auto and self._attach(0.0)):
