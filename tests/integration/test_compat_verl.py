@@ -163,3 +163,52 @@ def test_validation_partition_and_bridge(store):
     for a, b in zip(got["old_log_probs"].unbind(), logp, strict=True):
         assert torch.equal(a, b)
     assert bridge._postprocess_common(None, True, False).size == 0  # BatchMeta()
+
+
+def submit_with_fields(partition: str, step: int, n_prompts: int) -> list[str]:
+    """The async trainer modes' prompt put: tags and the prompt's fields, ``index`` as
+    an int64 tensor (the agent loop later writes ``index`` as a Python int)."""
+    import uuid
+
+    from tensordict import NonTensorStack, TensorDict
+
+    uids = [uuid.uuid4().hex for _ in range(n_prompts)]
+    tags = [{"is_prompt": True, "status": "pending", "global_steps": step} for _ in uids]
+    fields = TensorDict({
+        "index": torch.arange(n_prompts, dtype=torch.int64) + 100,
+        "raw_prompt": NonTensorStack(*[[{"role": "user", "content": u}] for u in uids]),
+        "multi_modal_inputs": NonTensorStack(*[{"pixel_values": torch.ones(i + 1, 2)}
+                                               for i in range(n_prompts)]),
+    }, batch_size=[n_prompts])
+    tq.kv_batch_put(keys=uids, partition_id=partition, tags=tags, fields=fields)
+    return uids
+
+
+def rollout_with_index(uids: list[str], partition: str, step: int) -> None:
+    """``rollout`` whose sessions also carry ``index`` as a Python int."""
+    rollout(uids, partition, step)
+    for i, uid in enumerate(uids):
+        keys = [f"{uid}_{s}_0" for s in range(N)]
+        td = list_of_dict_to_tensordict([{"index": i} for _ in keys])
+        tq.kv_batch_put(keys=keys, partition_id=partition, fields=td)
+
+
+def test_colocate_async_prompts_with_fields_and_a_checkpoint_round_trip(store, tmp_path):
+    uids = submit_with_fields("train", 2, 3)
+    rollout_with_index(uids[:2], "train", 2)
+    rb = buffer(replay.ReplayBufferAsync, max_off_policy_threshold=2)
+    batch, _ = rb.sample(global_steps=2, partition_id="train", batch_size=2)
+    assert sorted({k.split("_")[0] for k in batch.keys}) == sorted(uids[:2])
+    data = tq.kv_batch_get(keys=batch.keys, partition_id="train",
+                           select_fields=["index", "responses"])
+    assert [type(v) for v in data["index"].tolist()] == [int] * len(batch)
+    tq.save_checkpoint(tmp_path / "ckpt", metadata={"global_steps": 2})
+    tq.close()
+    tq.init(verl_tq_conf())
+    tq.load_checkpoint(tmp_path / "ckpt")
+    pending = uids[2]
+    assert tq.kv_list("train")["train"][pending]["status"] == "pending"
+    prompt = tq.kv_batch_get(keys=[pending], partition_id="train")  # _reissue_inflight_prompts
+    assert prompt["index"].dtype == torch.int64 and prompt["index"].tolist() == [102]
+    assert prompt["raw_prompt"].tolist() == [[{"role": "user", "content": pending}]]
+    assert torch.equal(prompt["multi_modal_inputs"].tolist()[0]["pixel_values"], torch.ones(3, 2))

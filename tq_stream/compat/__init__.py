@@ -18,6 +18,10 @@ from types import ModuleType
 from typing import Any
 
 MODULE = "transfer_queue"
+# TransferQueue's submodules that clients import or patch, registered under its names so
+# ``from transfer_queue.storage.simple_storage import X`` finds tq_stream's module (one
+# copy, not a second import of the same file under another name).
+SUBMODULES = ("client", "controller", "metadata", "storage", "storage.simple_storage")
 
 
 def install(force: bool = True) -> ModuleType:
@@ -33,6 +37,8 @@ def install(force: bool = True) -> ModuleType:
     if current is not None and current is not module and not force:
         return current
     sys.modules[MODULE] = module
+    for sub in SUBMODULES:
+        sys.modules[f"{MODULE}.{sub}"] = importlib.import_module(f"{module.__name__}.{sub}")
     return module
 
 
@@ -53,6 +59,8 @@ def uninstall() -> None:
     module = sys.modules.get(MODULE)
     if module is not None and module.__name__ == "tq_stream.compat.transfer_queue":
         del sys.modules[MODULE]
+        for sub in SUBMODULES:
+            sys.modules.pop(f"{MODULE}.{sub}", None)
 
 
 __all__ = ["install", "stream", "uninstall"]

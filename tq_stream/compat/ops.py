@@ -15,9 +15,12 @@ from typing import Any
 import torch
 from tensordict import NonTensorStack, TensorDict, TensorDictBase
 
+from tq_stream.compat import values, variants
 from tq_stream.compat.meta import BatchMeta, KVBatchMeta
 from tq_stream.compat.runtime import Runtime
-from tq_stream.errors import ConfigError, KeyConflictError, StateError
+from tq_stream.errors import ConfigError, KeyConflictError, SchemaError, StateError
+
+PUT_TRIES = 3  # a put refused for a schema learned meanwhile is renamed and tried again
 
 TAG_ONLY_FIELD = "__tq_compat_row__"
 
@@ -94,13 +97,57 @@ def parse_fields(fields: Any, data_parser: Any) -> Any:
 
 
 def _visible(fields: list[str]) -> list[str]:
-    return [f for f in fields if f != TAG_ONLY_FIELD]
+    """The TransferQueue (logical) fields of stored ones, hidden field left out."""
+    return list(dict.fromkeys(variants.logical(f) for f in fields if f != TAG_ONLY_FIELD))
 
 
 def describe(rt: Runtime, keys: list[str], partition: str) -> tuple[list[dict], list[str]]:
     """Current (merged) tags of ``keys`` and the fields every one of them has."""
     d = rt.get()._controller().lookup(partition=partition, keys=keys, fields=None)
     return d["tags"], _visible(d["fields"])
+
+
+def prepare(fields: TensorDictBase | dict[str, Any], n: int) -> tuple[dict[str, Any], set[str]]:
+    """A put's fields as tq_stream stores them (see ``values``, ``per_sample``), and the
+    names of those whose rows hold encoded tensors."""
+    items = fields.items() if isinstance(fields, dict) else \
+        ((k, fields.get(k)) for k in fields.keys())
+    out: dict[str, Any] = {}
+    encoded: set[str] = set()
+    for name, value in items:
+        rows = None if isinstance(value, torch.Tensor) else values.rows_of(value, n)
+        if rows is not None:
+            if values.needs_encoding(rows):
+                rows = values.encode_rows(rows)
+                encoded.add(name)
+            value = rows
+        out[name] = value
+    return per_sample(out), encoded
+
+
+def write(rt: Runtime, keys: list[str], partition: str, data: dict[str, Any],
+          encoded: set[str], tags: list[dict] | None) -> dict[str, str]:
+    """Put ``data`` (logical names) under the physical name each value's schema needs
+    (``variants``); returns logical -> physical names."""
+    stream = rt.get()
+    n = len(keys)
+    descs = {name: "" if isinstance(v, TensorDictBase | dict) else variants.describe(name, v, n)
+             for name, v in data.items()}
+    for attempt in range(PUT_TRIES):
+        names = variants.names_for(rt.schemas.fixed(partition), descs, encoded)
+        names.update({k: k for k, d in descs.items() if not d})  # nested: as they are
+        try:
+            stream.kv.put_batch(keys, {names[k]: v for k, v in data.items()}, tags=tags,
+                                partition=partition)
+        except SchemaError:
+            if attempt == PUT_TRIES - 1:
+                raise
+            rt.schemas.refresh(stream, partition)
+            continue
+        rt.schemas.learn(partition, {names[k]: ("object" if k in encoded else descs[k])
+                                     for k in data if names[k] != k})
+        return names
+    raise AssertionError("unreachable")
 
 
 def batch_put(rt: Runtime, keys: list[str], partition: str, fields: Any,
@@ -120,7 +167,8 @@ def batch_put(rt: Runtime, keys: list[str], partition: str, fields: Any,
     stream = rt.get()
     rt.ensure_partition(partition)
     if fields is not None:
-        stream.kv.put_batch(keys, per_sample(fields), tags=tags, partition=partition)
+        data, encoded = prepare(fields, len(keys))
+        write(rt, keys, partition, data, encoded, tags)
     else:
         try:  # keys that exist: merge the tags, nothing else
             stream.set_tags(partition, keys, tags)
@@ -137,18 +185,82 @@ def batch_put(rt: Runtime, keys: list[str], partition: str, fields: Any,
 
 def batch_get(rt: Runtime, keys: str | Sequence[str], partition: str,
               select_fields: str | Sequence[str] | None) -> TensorDict:
-    """``kv_batch_get``: rows in ``keys`` order; ``select_fields`` or every common field."""
+    """``kv_batch_get``: rows in ``keys`` order; ``select_fields`` or every common field.
+
+    A field stored under one name for all of ``keys`` is one columnar read; one whose
+    rows were written with different types is read per group and packed row by row.
+    """
     keys = as_keys(keys)
     fields = as_fields(select_fields)
     stream = rt.get()
+    if fields is not None and TAG_ONLY_FIELD in fields:
+        raise ConfigError(f"select_fields must name stored fields, got {TAG_ONLY_FIELD!r}")
+    if fields is not None and not rt.schemas.has_variants(partition, fields):
+        try:  # the common case: every row has each field under its own name
+            return stream.kv.get_batch(keys, fields, partition=partition)
+        except StateError:
+            pass  # some row holds a field under a variant name: find out below
+    try:
+        common = list(stream.kv.meta(keys, None, partition=partition).fields)
+    except StateError:  # no field under one name in every row
+        common = []
+    shared: dict[str, list[str]] = {}
+    for f in common:
+        if f != TAG_ONLY_FIELD:
+            shared.setdefault(variants.logical(f), []).append(f)
     if fields is None:
-        _, fields = describe(rt, keys, partition)
+        fields = list(shared)
         if not fields:
             raise StateError(f"keys {keys[:5]} of partition {partition!r} must share a written "
                              f"field to be read; they have tags only")
-    elif TAG_ONLY_FIELD in fields:
-        raise ConfigError(f"select_fields must name stored fields, got {TAG_ONLY_FIELD!r}")
-    return stream.kv.get_batch(keys, fields, partition=partition)
+    chosen: dict[str, str] = {}
+    for name in fields:
+        names = shared.get(name, [])
+        if len(names) > 1:
+            raise StateError(f"field {name!r} of keys {keys[:5]} in partition {partition!r} "
+                             f"must hold one type per row to be read; these rows were "
+                             f"overwritten with another type ({names}): clear and put them "
+                             f"again")
+        if names:
+            chosen[name] = names[0]
+    if all(chosen.get(f) == f for f in fields):
+        return stream.kv.get_batch(keys, fields, partition=partition)
+    read = stream.kv.get_batch(keys, list(chosen.values()), partition=partition) \
+        if chosen else None
+    out = TensorDict({}, batch_size=[len(keys)])
+    for name in fields:
+        p = chosen.get(name)
+        if p is None:
+            out.set(name, _row_by_row(rt, keys, partition, name))
+        elif p.endswith(variants.SEP + variants.ENCODED):
+            rows = variants.rows_of_column(read.get(p), len(keys))
+            out.set(name, NonTensorStack(*values.decode_rows(rows)))
+        else:
+            out.set(name, read.get(p))
+    return out
+
+
+def _row_by_row(rt: Runtime, keys: list[str], partition: str,
+                name: str) -> torch.Tensor | NonTensorStack:
+    """Field ``name`` of ``keys`` whose rows hold it under different physical names."""
+    stream = rt.get()
+    where = {r["key"]: r["fields"] for r in stream.kv.list(partition=partition)}
+    groups: dict[str, list[int]] = {}
+    for i, key in enumerate(keys):
+        names = [f for f in where.get(key, []) if variants.logical(f) == name]
+        if len(names) != 1:
+            raise StateError(f"field {name!r} must be written once before it is read; key "
+                             f"{key!r} of partition {partition!r} holds {names or 'none'}")
+        groups.setdefault(names[0], []).append(i)
+    rows: list[Any] = [None] * len(keys)
+    for p, pos in groups.items():
+        got = stream.kv.get_batch([keys[i] for i in pos], [p], partition=partition).get(p)
+        vals = variants.rows_of_column(got, len(pos))
+        if p.endswith(variants.SEP + variants.ENCODED):
+            vals = values.decode_rows(vals)
+        for i, v in zip(pos, vals, strict=True):
+            rows[i] = v
+    return variants.pack(rows)
 
 
 def list_partition(rt: Runtime, partition: str) -> dict[str, dict]:
@@ -161,12 +273,12 @@ def list_partition(rt: Runtime, partition: str) -> dict[str, dict]:
     keys = d["keys"]
     out: dict[str, dict] = {k: {} for k in keys}
     rows = list(out.values())
-    for name, (pos, values) in d["tags"].items():
-        if len(values) == len(rows):  # every row has the tag: no positions to follow
-            for row, v in zip(rows, values, strict=True):
+    for name, (pos, vals) in d["tags"].items():
+        if len(vals) == len(rows):  # every row has the tag: no positions to follow
+            for row, v in zip(rows, vals, strict=True):
                 row[name] = v
         else:
-            for p, v in zip(pos.tolist() if hasattr(pos, "tolist") else pos, values,
+            for p, v in zip(pos.tolist() if hasattr(pos, "tolist") else pos, vals,
                             strict=True):
                 rows[p][name] = v
     return out
@@ -215,7 +327,8 @@ def retrieve_meta(rt: Runtime, keys: str | Sequence[str], partition: str,
     if not keys:
         return BatchMeta()
     d = ctrl.lookup(partition=partition, keys=keys, fields=None)
-    schema = {f: dict(d["schemas"].get(f, {})) for f in _visible(d["fields"])}
+    schema = {variants.logical(f): dict(d["schemas"].get(f, {}))
+              for f in d["fields"] if f != TAG_ONLY_FIELD}
     return BatchMeta(d["index"].tolist(), [partition] * len(keys), schema,
                      custom_meta=d["tags"], keys=list(d["keys"]))
 
@@ -277,10 +390,11 @@ def put_data(rt: Runtime, data: TensorDict, meta: BatchMeta | None,
         raise ConfigError(f"a BatchMeta must name rows of one partition to be written, got "
                           f"{sorted(parts)}")
     (pid, keys), = parts.items()
-    rt.get().kv.put_batch(keys, per_sample(data), partition=pid)
+    prepared, encoded = prepare(data, len(keys))
+    names = write(rt, keys, pid, prepared, encoded, None)
     out = meta.copy()
-    d = rt.get()._controller().lookup(partition=pid, keys=keys, fields=list(data.keys()))
-    for f in data.keys():
-        out.field_schema[f] = dict(d["schemas"].get(f, {}))
+    d = rt.get()._controller().lookup(partition=pid, keys=keys, fields=list(names.values()))
+    for f, p in names.items():
+        out.field_schema[f] = dict(d["schemas"].get(p, {}))
     out.keys = list(keys)
     return out

@@ -194,6 +194,7 @@ def load_checkpoint(checkpoint_dir: str | Path) -> None:
                          f"but it has partitions {ctrl.partitions()}")
     snapshot.restore(str(target / STATE_FILE), ctrl, stream._units())
     RUNTIME.partitions.clear()
+    RUNTIME.schemas.clear()
 
 
 def _one(fields: Any, data_parser: Any) -> Any:

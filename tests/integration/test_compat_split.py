@@ -1,0 +1,66 @@
+"""Issue 21 item 4: outside Ray, a worker process's ``tq.init()`` must find the
+driver's deployment or fail loudly, never write to a private copy."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import tq_stream.compat
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def _worker(queue) -> None:
+    """A rollout worker: attach with ``init()``, put one row, report what happened."""
+    tq_stream.compat.install()
+    import transfer_queue as tq
+
+    try:
+        tq.init()
+        tq.kv_batch_put(keys=["w0"], partition_id="train",
+                        fields=TensorDict({"x": torch.ones(1, 2)}, batch_size=[1]))
+        queue.put("put")
+    except Exception as exc:  # the error travels back as a value
+        queue.put(f"{type(exc).__name__}: {exc}")
+
+
+def _run(method: str) -> str:
+    ctx = mp.get_context(method)
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_worker, args=(queue,))
+    proc.start()
+    try:
+        return queue.get(timeout=60)
+    finally:
+        proc.join(timeout=30)
+
+
+@pytest.fixture
+def tq():
+    tq_stream.compat.install()
+    import transfer_queue
+
+    try:
+        yield transfer_queue
+    finally:
+        transfer_queue.close()
+        tq_stream.compat.uninstall()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_worker_of_an_embedded_driver_fails_loudly(tq, method):
+    tq.init({"tq_stream": {"mode": "embedded"}})
+    out = _run(method)
+    assert out.startswith("StateError") and "embedded" in out and "local" in out, out
+    assert tq.kv_list("train") == {}
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_worker_of_a_local_driver_writes_to_the_driver_s_deployment(tq, method):
+    tq.init({"tq_stream": {"mode": "local", "timeout": 30.0}})
+    assert _run(method) == "put"
+    assert list(tq.kv_list("train")["train"]) == ["w0"]
