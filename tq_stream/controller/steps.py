@@ -13,8 +13,16 @@ Readers find their step in one of two ways:
   what was acked since an older ``state_dict``;
 - "the next batch for me" (``get_meta(step=None)``): a pool of stage workers.
   A caller gets, in order, a share its own consumer name claimed under an
-  earlier (dead) session, a share nobody claims (released or expired), or a
-  newly formed step; two live sessions never get the same share.
+  earlier, dead session (its lease expired, or it was cancelled), a share nobody
+  claims (released, expired or cancelled), or a newly formed step. A share
+  claimed by a live session is never handed to another session, whatever its
+  consumer name.
+
+By number too, a (step, rank, replica) claimed by another live session is not
+handed out: the caller waits for that claim to end (acked, released, expired or
+cancelled; a restarted consumer thus takes back its dead predecessor's share)
+and at its timeout gets a ConfigError naming ``replica``. A replica that acked
+its share of a step is refused it again (LeaseError).
 
 A closed, drained partition ends with one ``end`` step that every rank
 receives, so all ranks see the same number of batches.
@@ -32,7 +40,7 @@ import numpy as np
 
 from tq_stream.controller import events
 from tq_stream.controller.partition import PartitionMeta
-from tq_stream.controller.task import ACKED, LEASED, StepRecord, TaskState
+from tq_stream.controller.task import ACKED, LEASED, Claim, StepRecord, TaskState
 from tq_stream.errors import LeaseError, StateError
 from tq_stream.samplers.base import Candidates, Selection
 from tq_stream.samplers.sequential import SequentialSampler
@@ -55,6 +63,7 @@ class StepLogic:
 
     _tasks: dict[str, dict[str, TaskState]]
     _journal: Any  # the ack journal (deploy/ack_journal.py), or None
+    _cancelled: dict[str, float]  # sessions that stopped (consuming.py ``cancel``)
 
     def _candidates(self, part: PartitionMeta, state: TaskState, dp_size: int,
                     step: int, limit: int | None = None) -> Candidates:
@@ -210,6 +219,15 @@ class StepLogic:
                 f"step {step} of task {state.name!r} was already acked by every replica of "
                 f"rank {dp_rank}; it must not be read again (rank {dp_rank} resumes at step "
                 f"{state.first_unfinished(dp_rank)['step']})")
+        if rec.share_done(dp_rank, 1 << replica, state.acks):
+            raise LeaseError(
+                f"replica {replica} of rank {dp_rank} acked its share of step {step} of task "
+                f"{state.name!r} already; it must not read it again (it resumes at step "
+                f"{state.first_unfinished(dp_rank, replica)['step']}). If two TP/PP peers "
+                f"read as one replica, give each its own replica= (replicas="
+                f"{state.config.replicas})")
+        if self._held_by_other(rec, (dp_rank, replica), session) is not None:
+            return None  # wait: until that session's lease expires, it is cancelled or acks
         state.claim(step, dp_rank, replica, session, consumer, now)
         share = rec.shares[dp_rank]
         meta = self._placement(part, share, state.config.fields)  # type: ignore[attr-defined]
@@ -233,16 +251,28 @@ class StepLogic:
             if rec.share_done(rank, full, state.acks):
                 continue
             claim = rec.claims.get(key)
-            if claim is None:
-                if unclaimed is None:
-                    unclaimed = s
-            elif claim.session != session and consumer and claim.consumer == consumer:
-                return s  # this consumer's own share from an earlier session: resume it
+            if claim is not None and claim.session not in self._cancelled:
+                continue  # a live session reads it (this one, or another): never twice
+            name = rec.left.get(key, "") if claim is None else claim.consumer
+            if consumer and name == consumer:
+                return s  # what this consumer's dead earlier session held: resume it
+            if unclaimed is None:
+                unclaimed = s
         if unclaimed is not None:
             return unclaimed
         if state.ended:
             return state.next_step - 1
         return state.next_step  # form a new step
+
+    def _held_by_other(self, rec: StepRecord, key: tuple[int, int],
+                       session: str) -> Claim | None:
+        """The claim on (rank, replica) ``key`` of another live session, if any: one
+        not expired (``TaskState.expire`` dropped those) whose session was not
+        cancelled (its iteration or client stopped)."""
+        claim = rec.claims.get(key)
+        if claim is None or claim.session == session or claim.session in self._cancelled:
+            return None
+        return claim
 
     def _next_wake(self, state: TaskState) -> float:
         soonest = min(state.soonest_expiry(), self._reservations.soonest())  # type: ignore[attr-defined]
