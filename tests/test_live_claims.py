@@ -194,3 +194,23 @@ def test_expired_rows_come_back_to_the_next_pool_worker(stream, clock):
     live.ack(nxt)
     clock.advance(6)
     assert live.get_meta(P, "t", timeout=0.5).keys == held.keys  # whoever asks next
+
+
+def test_a_pool_worker_at_the_end_waits_for_a_dead_workers_share(stream):
+    """A closed partition: the live worker's next batch is not the end while a dead
+    worker's share may come back; it gets that share once the lease expired (this is
+    what Ray mode showed: the waiting worker got the end, and the rows never came)."""
+    stream.create_partition(P, consumers=["t"])
+    put_rows(stream, keys_of("k", 4))
+    stream.close_partition(P)
+    stream.client().register_task(P, "t", ["x"], batch_size=2, lease_timeout=0.5)
+    dead = tq.Client(stream, consumer="w1")
+    held = dead.get_meta(P, "t")
+    die(dead)
+    live = tq.Client(stream, consumer="w2")
+    live.ack(live.get_meta(P, "t"))
+    again = live.get_meta(P, "t", timeout=10.0)  # waits ~0.5 s, not the end
+    assert not again.end and again.keys == held.keys
+    live.ack(again)
+    assert live.get_meta(P, "t", timeout=1.0).end
+    assert stream.stats()[P]["rows"] == 0

@@ -25,7 +25,10 @@ and at its timeout gets a ConfigError naming ``replica``. A replica that acked
 its share of a step is refused it again (LeaseError).
 
 A closed, drained partition ends with one ``end`` step that every rank
-receives, so all ranks see the same number of batches.
+receives, so all ranks see the same number of batches. A caller asking for "the
+next batch" gets the end only once no share of its rank and replica is held by
+another live session: until then it waits, and a share whose holder died (its
+lease expired) comes back to it.
 
 Called with the controller's lock held; ``self`` is the Controller.
 """
@@ -185,6 +188,7 @@ class StepLogic:
                   consumer: str) -> dict[str, Any] | None:
         now = time.time()
         events.expired(part.name, state.name, state.expire(now))
+        asked_next = step is None
         if step is None:
             step = self._next_for(part, state, dp_rank, replica, session, consumer)
             if step is None:
@@ -203,6 +207,8 @@ class StepLogic:
                 f"fresh loader finds it by itself)"
             )
         if rec.end:
+            if asked_next and self._held_elsewhere(state, dp_rank, replica, session):
+                return None  # not the end yet: a share another session holds may come back
             meta = self._placement(part, np.zeros(0, np.int64), state.config.fields)  # type: ignore[attr-defined]
             # An end meta carries the end step itself, so a reader that asked for a later
             # step learns where the stream ended (multi-partition loaders route by it).
@@ -273,6 +279,16 @@ class StepLogic:
         if claim is None or claim.session == session or claim.session in self._cancelled:
             return None
         return claim
+
+    def _held_elsewhere(self, state: TaskState, rank: int, replica: int,
+                        session: str) -> bool:
+        """Some share of (rank, replica) that replica has not acked is claimed by another
+        live session: a pool worker asking for the next batch at the end waits for it
+        (acked: the end; its holder died: the share comes back to the next asker)."""
+        bit = 1 << replica
+        return any(not rec.end and self._held_by_other(rec, (rank, replica), session)
+                   is not None and not rec.share_done(rank, bit, state.acks)
+                   for rec in state.steps.values())
 
     def _next_wake(self, state: TaskState) -> float:
         soonest = min(state.soonest_expiry(), self._reservations.soonest())  # type: ignore[attr-defined]
