@@ -274,9 +274,11 @@ class StepLogic:
                        session: str) -> Claim | None:
         """The claim on (rank, replica) ``key`` of another live session, if any: one
         not expired (``TaskState.expire`` dropped those) whose session was not
-        cancelled (its iteration or client stopped)."""
+        cancelled (its iteration or client stopped). A caller without a session (a
+        direct controller call: no heartbeat, no Client) is not checked."""
         claim = rec.claims.get(key)
-        if claim is None or claim.session == session or claim.session in self._cancelled:
+        if claim is None or not session or claim.session == session or \
+                claim.session in self._cancelled:
             return None
         return claim
 
