@@ -13,7 +13,9 @@ renews it (the loader and the client keep their claims alive from a
 heartbeat thread). An expired or released claim only drops the claim: the
 rows stay in their share, LEASED to the step, for the next reader of that
 (step, rank) — a replacement consumer, or the next stage worker asking for
-"the next batch for me".
+"the next batch for me" (an expired claim's consumer name is kept in ``left``,
+so a restarted worker of that name gets it first). A claim whose session is live
+(not expired, not cancelled) is never handed to another session (steps.py).
 
 Invariants: a row is LEASED iff it belongs to exactly one share of a formed,
 not fully acked step; the ready queue holds exactly the rows that are NEW and
