@@ -114,8 +114,8 @@ def test_dp_shares_are_disjoint_and_replicas_identical(stream):
     put_rows(stream, keys_of("a", 8))
     c = stream.client()
     c.register_task(P, "t", ["x"], batch_size=2, dp_size=2, replicas=2)
-    r0 = c.get_meta(P, "t", 0, dp_rank=0)
-    r1 = c.get_meta(P, "t", 0, dp_rank=1)
+    r0 = c.get_meta(P, "t", 0, dp_rank=0, replica=0)  # required with replicas=2
+    r1 = c.get_meta(P, "t", 0, dp_rank=1, replica=0)
     r0b = c.get_meta(P, "t", 0, dp_rank=0, replica=1)  # the other replica of rank 0
     assert r0.keys == r0b.keys and not set(r0.keys) & set(r1.keys)
     assert c.ack(r0) == 0   # one replica of two: not acked yet

@@ -154,15 +154,23 @@ def test_a_fresh_loader_resumes_at_the_first_unfinished_step(stream):
     assert stream.stats()[P]["tasks"]["t"]["first_unacked"] == [4]  # the end step
 
 
-def test_next_batch_for_me_pool(stream):
+def test_next_batch_for_me_pool(stream, clock):
     """Stage workers each take the next batch: never the same rows; a restarted worker
-    (same consumer name) resumes where the dead one stopped."""
-    put_rows(stream, keys_of("k", 6))
-    stream.client().register_task(P, "stage", ["x"], batch_size=2)
+    (same consumer name) resumes where the dead one stopped, once its lease expired
+    (before, the predecessor may be alive: issue 20 item 5)."""
+    put_rows(stream, keys_of("k", 8))
+    stream.client().register_task(P, "stage", ["x"], batch_size=2, lease_timeout=5.0)
     a, b = stream.client("w0"), stream.client("w1")
     ma, mb = a.get_meta(P, "stage"), b.get_meta(P, "stage")
     assert not set(ma.keys) & set(mb.keys)
+    for hold in a._holds.values():
+        hold.close()  # a's process "died": its heartbeat stops
     restarted = stream.client("w0")
+    early = restarted.get_meta(P, "stage")
+    assert not set(early.keys) & (set(ma.keys) | set(mb.keys))
+    clock.advance(6)
+    b.renew(mb)
+    restarted.renew(early)
     assert restarted.get_meta(P, "stage").keys == ma.keys
     b.ack(mb)
     assert not set(b.get_meta(P, "stage").keys) & (set(ma.keys) | set(mb.keys))

@@ -41,7 +41,9 @@ class Client:
     Args:
         stream: the Stream to call.
         consumer: a stable name for ``get_meta(step=None)`` in a pool of stage workers:
-            a restarted worker of the same name first gets back what it held.
+            a restarted worker of the same name first gets back what its dead
+            predecessor held, once that lease expired. It does not share: a batch a
+            live client holds never goes to another, whatever their names.
         session: the session id (default: a new random one).
     """
 
@@ -66,14 +68,23 @@ class Client:
         )
 
     def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
-                 timeout: float | None = None, replica: int = 0) -> BatchMeta | None:
+                 timeout: float | None = None,
+                 replica: int | None = None) -> BatchMeta | None:
         """The rows of ``step`` for ``dp_rank`` (waits up to ``timeout`` for them).
 
         ``step=None`` asks for the next batch for this client: for a pool of stage
-        workers, each taking the next batch; two clients never get the same rows, and
-        a dead worker's batch goes to the next one that asks once its lease expired
-        (or at once to a restarted worker with the same ``consumer`` name). Pass step
-        numbers for DP lockstep control (``first_unfinished`` tells where to resume).
+        workers, each taking the next batch. Two live clients never get the same rows,
+        even with the same ``consumer`` name. A dead worker's batch (its lease expired:
+        ``lease_timeout`` after its heartbeat stopped, or its client was cancelled)
+        goes to the next one that asks, first to a restarted worker of the same
+        ``consumer`` name. Pass step numbers for DP lockstep control
+        (``first_unfinished`` tells where to resume).
+
+        ``replica`` is which TP/PP peer of ``dp_rank`` reads; required when the task
+        has ``replicas > 1`` (ConfigError otherwise). A step, rank and replica another
+        live client holds is waited for (a restarted consumer gets it once its dead
+        predecessor's lease expired) and refused at ``timeout`` with a ConfigError
+        naming ``replica``; a replica's share it acked already is refused (LeaseError).
 
         Returns:
             the batch's BatchMeta (``meta.end`` once a closed partition is drained), or

@@ -132,3 +132,21 @@ def check_consumers(value: Any) -> tuple[str, ...]:
         raise ConfigError(f"consumers must be a non-empty list of distinct task names, "
                           f"got {value!r}")
     return tuple(value)
+
+
+def check_replica(value: object, replicas: int) -> int:
+    """Return which TP/PP peer (``replica``) of its rank a consumer is. ``None`` means 0,
+    and is refused when the rank has several peers: the library cannot know the
+    framework's layout of TP/PP/DP ranks, and two peers that both ack as replica 0 leave
+    every row leased forever."""
+    if value is None:
+        if replicas > 1:
+            raise ConfigError(
+                f"replica must be given when replicas > 1 (replicas={replicas}: which TP/PP "
+                f"peer of its dp_rank this consumer is, an int in [0, {replicas}), each peer "
+                f"its own, e.g. tp_rank + tp_size * pp_rank), got None")
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < replicas:
+        raise ConfigError(f"replica must be an int in [0, {replicas}) (replicas={replicas}), "
+                          f"got {value!r}")
+    return value

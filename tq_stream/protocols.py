@@ -42,7 +42,7 @@ class ControllerAPI(Protocol):
                       drop_last: bool = False, sampler: Any = None) -> None: ...
 
     def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
-                 timeout: float = 60.0, replica: int = 0, session: str = "",
+                 timeout: float = 60.0, replica: int | None = None, session: str = "",
                  consumer: str = "") -> dict[str, Any] | None: ...
 
     def ack(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,

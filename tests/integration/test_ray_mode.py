@@ -315,3 +315,49 @@ def test_a_producer_killed_between_reserve_and_commit_does_not_block_the_end_in_
         assert stream.stats()["dead"]["rows"] == 0
     finally:
         stream.close()
+
+
+def test_a_dead_tasks_step_comes_back_and_a_fresh_loader_after_a_gap_ends_in_ray_mode(
+        ray_cluster):
+    """Issue 20 item 8 in Ray mode: a Ray task takes step 0 and its process dies; steps
+    1-3 are acked by the driver. A pool worker waiting for the next batch gets step 0
+    once the lease (2 s) expired; a fresh loader (by step number) gets step 0, skips
+    the acked steps and ends (it raised LeaseError for step 1)."""
+    import ray
+
+    def take_and_die(stream: tq.Stream, partition: str) -> None:
+        stream.client().get_meta(partition, "t", 0, timeout=30)
+        os._exit(1)  # the process dies holding the lease
+
+    stream = tq.init(mode="ray", storage_units=2, allow_insecure_tcp=True,
+                     config=tq.StreamConfig(timeout=60, lease_timeout=2.0))
+    try:
+        for part in ("pool", "gap"):
+            stream.create_partition(part, consumers=["t"])
+            keys = [f"{part}_{i}" for i in range(8)]
+            stream.writer(part).put(keys, {"x": torch.ones(8, 1)})
+            stream.close_partition(part)
+            c = stream.client()
+            c.register_task(part, "t", ["x"], batch_size=2, lease_timeout=2.0)
+            ref = ray.remote(num_cpus=0, max_retries=0)(take_and_die).remote(stream, part)
+            with pytest.raises(ray.exceptions.RayError):
+                ray.get(ref, timeout=90)
+            acked = []
+            for s in (1, 2, 3):
+                meta = c.get_meta(part, "t", s)
+                acked += meta.keys
+                c.ack(meta)
+            rest = sorted(set(keys) - set(acked))
+            if part == "pool":
+                again = c.get_meta(part, "t", timeout=30)  # waits for the lease to lapse
+                assert again.step == 0 and sorted(again.keys) == rest
+                c.ack(again)
+                assert c.get_meta(part, "t", timeout=10).end
+            else:
+                ds = tq.StreamingDataset(stream, part, "t", ["x"], batch_size=2,
+                                         lease_timeout=2.0, timeout=30)
+                got = [tq.batch_meta(b) for b in tq.StreamingDataLoader(ds)]
+                assert [m.step for m in got] == [0] and sorted(got[0].keys) == rest
+            assert stream.stats()[part]["rows"] == 0
+    finally:
+        stream.close()

@@ -40,3 +40,23 @@ def consume_and_die(stream: tq.Stream, partition: str, out: Connection) -> None:
     client.get_data(meta)
     out.send(list(meta.keys))  # synchronous, unlike a Queue's feeder thread
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def pool_worker(stream: tq.Stream, partition: str, task: str, consumer: str,
+                out: Connection) -> None:
+    """A stage worker of a pool: take the next batch (``step=None``) under the
+    ``consumer`` name, read it, hold it a moment, ack it; until the end. Reports
+    ``(keys, error)``: every key it processed, and the error that stopped it, if any."""
+    client = tq.Client(stream, consumer=consumer)
+    keys: list[str] = []
+    try:
+        while True:
+            meta = client.get_meta(partition, task, timeout=30)
+            if meta is None or meta.end:
+                break
+            client.get_data(meta)
+            keys += meta.keys
+            client.ack(meta)
+        out.send((keys, ""))
+    except Exception as exc:  # noqa: BLE001 — reported to the test
+        out.send((keys, f"{type(exc).__name__}: {exc}"))

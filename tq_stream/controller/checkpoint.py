@@ -5,9 +5,11 @@ it has not acked are never freed by other tasks' acks, new rows are offered to
 it, and a second checkpoint keeps it), but it serves no step until its consumer
 registers it again with the same settings; the sampler object comes from that
 consumer and the checkpointed sampler state is loaded into it. Formed steps are
-kept with their shares and acks; claims are not (their sessions died with the old
-processes): a resumed consumer asking for a step it had not acked gets the same
-rows again.
+kept with their shares and acks, and so are claims: a restarted controller's live
+consumers go on renewing theirs, so no share a live session holds goes to another.
+A restore into a new deployment drops them first (``without_claims``): their
+sessions died with the old processes, so a resumed consumer asking for a step it
+had not acked gets the same rows again at once.
 """
 
 from __future__ import annotations
@@ -101,6 +103,16 @@ def _detached(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return type(value)(_detached(v) for v in value)
     return value
+
+
+def without_claims(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` (from ``controller_state``) for a new deployment: every step's claims
+    dropped, in place (their sessions belong to the old deployment)."""
+    for tasks in state["tasks"].values():
+        for task in tasks.values():
+            for step in task["steps"]:
+                step["claims"] = []
+    return state
 
 
 def load_controller(state: Any, n_units: int) -> tuple[dict, dict]:

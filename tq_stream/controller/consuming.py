@@ -32,6 +32,7 @@ from tq_stream.errors import (
     TurnNotReached,
     WaitTimeout,
     check_positive,
+    check_replica,
     check_timeout,
 )
 from tq_stream.samplers.sequential import SequentialSampler
@@ -76,17 +77,22 @@ class ConsumingLogic:
     """Mixin of Controller; see the module docstring."""
 
     def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
-                 timeout: float = 60.0, replica: int = 0, session: str = "",
+                 timeout: float = 60.0, replica: int | None = None, session: str = "",
                  consumer: str = "") -> dict[str, Any] | None:
         """The rows of ``step`` for ``dp_rank`` (``step=None``: the next batch for this
         consumer, see ``steps.py``); waits for enough ready rows.
 
         Args:
-            replica: which TP/PP peer of ``dp_rank`` reads (each acks for itself).
+            replica: which TP/PP peer of ``dp_rank`` reads (each acks for itself);
+                required when the task has ``replicas > 1``. A (step, rank, replica)
+                claimed by another live session is waited for, and refused at the
+                timeout (ConfigError naming ``replica``).
             session: the reading session; its heartbeat keeps the lease alive, and
-                ``cancel(session)`` ends this wait.
+                ``cancel(session)`` ends this wait (and its claims: a new session may
+                take them over).
             consumer: a stable name of a stage worker (``step=None``): a restarted
-                worker of that name first gets back what its earlier session held.
+                worker of that name first gets back what its dead earlier session held
+                (once that lease expired); a live session's share never goes to another.
         Returns:
             a BatchMeta as a dict (``end=True`` once a closed partition is drained), or
             None if ``session`` was cancelled while waiting.
@@ -101,6 +107,7 @@ class ConsumingLogic:
         deadline = time.monotonic() + timeout
         with self._cond:
             part, state = self._task(partition, task)
+            replica = check_replica(replica, state.config.replicas)
             _check_ids(state, dp_rank, replica)
             waiter = Waiter(state, (step, dp_rank, replica, session, consumer),
                             deadline - timeout, deadline, pending("get_meta"))
@@ -130,7 +137,7 @@ class ConsumingLogic:
                         f"get_meta waited timeout={timeout}s on partition {part.name!r} "
                         f"for {what}; the trainer is alive on an earlier step: ask again")
                 if left <= 0:
-                    raise self._wait_error(part, state, step, dp_rank, timeout)
+                    raise self._wait_error(part, state, waiter.args, timeout)
                 if not registered:
                     self._waiters.add(part.name, waiter)
                     registered = True
@@ -216,8 +223,22 @@ class ConsumingLogic:
                      f"(a loader says which step it reads: Controller.reading)")
         return f"task {state.name!r} {which} (rank {dp_rank}): {progress}{hint}"
 
-    def _wait_error(self, part: PartitionMeta, state: TaskState, step: int | None,
-                    dp_rank: int, timeout: float) -> Exception:
+    def _wait_error(self, part: PartitionMeta, state: TaskState, args: tuple,
+                    timeout: float) -> Exception:
+        step, dp_rank, replica, session, _consumer = args
+        rec = None if step is None else state.steps.get(step)
+        claim = None if rec is None else self._held_by_other(rec, (dp_rank, replica), session)
+        if claim is not None:
+            left = max(0.0, claim.expiry - time.time())
+            return ConfigError(
+                f"replica={replica} of rank {dp_rank} of task {state.name!r} step {step} is "
+                f"held by another live session ({claim.session[:12]}, its lease renewed by "
+                f"its heartbeat; it expires in {left:.1f} s without one): get_meta waited "
+                f"timeout={timeout}s. Two consumers must not read as one replica: give each "
+                f"TP/PP peer of a rank its own replica= (replicas="
+                f"{state.config.replicas}); a consumer restarted after its predecessor "
+                f"died takes the share back once that lease expired (a shorter "
+                f"lease_timeout makes it sooner)")
         unknown = [f for f in state.config.fields if not fieldpath.under(f, part.schemas)]
         if unknown and part.live:  # a timeout still: a later stage may write the field
             return WaitTimeout(

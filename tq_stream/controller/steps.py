@@ -13,11 +13,22 @@ Readers find their step in one of two ways:
   what was acked since an older ``state_dict``;
 - "the next batch for me" (``get_meta(step=None)``): a pool of stage workers.
   A caller gets, in order, a share its own consumer name claimed under an
-  earlier (dead) session, a share nobody claims (released or expired), or a
-  newly formed step; two live sessions never get the same share.
+  earlier, dead session (its lease expired, or it was cancelled), a share nobody
+  claims (released, expired or cancelled), or a newly formed step. A share
+  claimed by a live session is never handed to another session, whatever its
+  consumer name.
+
+By number too, a (step, rank, replica) claimed by another live session is not
+handed out: the caller waits for that claim to end (acked, released, expired or
+cancelled; a restarted consumer thus takes back its dead predecessor's share)
+and at its timeout gets a ConfigError naming ``replica``. A replica that acked
+its share of a step is refused it again (LeaseError).
 
 A closed, drained partition ends with one ``end`` step that every rank
-receives, so all ranks see the same number of batches.
+receives, so all ranks see the same number of batches. A caller asking for "the
+next batch" gets the end only once no share of its rank and replica is held by
+another live session: until then it waits, and a share whose holder died (its
+lease expired) comes back to it.
 
 Called with the controller's lock held; ``self`` is the Controller.
 """
@@ -32,7 +43,7 @@ import numpy as np
 
 from tq_stream.controller import events
 from tq_stream.controller.partition import PartitionMeta
-from tq_stream.controller.task import ACKED, LEASED, StepRecord, TaskState
+from tq_stream.controller.task import ACKED, LEASED, Claim, StepRecord, TaskState
 from tq_stream.errors import LeaseError, StateError
 from tq_stream.samplers.base import Candidates, Selection
 from tq_stream.samplers.sequential import SequentialSampler
@@ -55,6 +66,7 @@ class StepLogic:
 
     _tasks: dict[str, dict[str, TaskState]]
     _journal: Any  # the ack journal (deploy/ack_journal.py), or None
+    _cancelled: dict[str, float]  # sessions that stopped (consuming.py ``cancel``)
 
     def _candidates(self, part: PartitionMeta, state: TaskState, dp_size: int,
                     step: int, limit: int | None = None) -> Candidates:
@@ -181,6 +193,7 @@ class StepLogic:
                   consumer: str) -> dict[str, Any] | None:
         now = time.time()
         events.expired(part.name, state.name, state.expire(now))
+        asked_next = step is None
         if step is None:
             step = self._next_for(part, state, dp_rank, replica, session, consumer)
             if step is None:
@@ -199,6 +212,8 @@ class StepLogic:
                 f"fresh loader finds it by itself)"
             )
         if rec.end:
+            if asked_next and self._held_elsewhere(state, dp_rank, replica, session):
+                return None  # not the end yet: a share another session holds may come back
             meta = self._placement(part, np.zeros(0, np.int64), state.config.fields)  # type: ignore[attr-defined]
             # An end meta carries the end step itself, so a reader that asked for a later
             # step learns where the stream ended (multi-partition loaders route by it).
@@ -215,6 +230,15 @@ class StepLogic:
                 f"step {step} of task {state.name!r} was already acked by every replica of "
                 f"rank {dp_rank}; it must not be read again (rank {dp_rank} resumes at step "
                 f"{state.first_unfinished(dp_rank)['step']})")
+        if rec.share_done(dp_rank, 1 << replica, state.acks):
+            raise LeaseError(
+                f"replica {replica} of rank {dp_rank} acked its share of step {step} of task "
+                f"{state.name!r} already; it must not read it again (it resumes at step "
+                f"{state.first_unfinished(dp_rank, replica)['step']}). If two TP/PP peers "
+                f"read as one replica, give each its own replica= (replicas="
+                f"{state.config.replicas})")
+        if self._held_by_other(rec, (dp_rank, replica), session) is not None:
+            return None  # wait: until that session's lease expires, it is cancelled or acks
         state.claim(step, dp_rank, replica, session, consumer, now)
         share = rec.shares[dp_rank]
         meta = self._placement(part, share, state.config.fields)  # type: ignore[attr-defined]
@@ -238,16 +262,40 @@ class StepLogic:
             if rec.share_done(rank, full, state.acks):
                 continue
             claim = rec.claims.get(key)
-            if claim is None:
-                if unclaimed is None:
-                    unclaimed = s
-            elif claim.session != session and consumer and claim.consumer == consumer:
-                return s  # this consumer's own share from an earlier session: resume it
+            if claim is not None and claim.session not in self._cancelled:
+                continue  # a live session reads it (this one, or another): never twice
+            name = rec.left.get(key, "") if claim is None else claim.consumer
+            if consumer and name == consumer:
+                return s  # what this consumer's dead earlier session held: resume it
+            if unclaimed is None:
+                unclaimed = s
         if unclaimed is not None:
             return unclaimed
         if state.ended:
             return state.next_step - 1
         return state.next_step  # form a new step
+
+    def _held_by_other(self, rec: StepRecord, key: tuple[int, int],
+                       session: str) -> Claim | None:
+        """The claim on (rank, replica) ``key`` of another live session, if any: one
+        not expired (``TaskState.expire`` dropped those) whose session was not
+        cancelled (its iteration or client stopped). A caller without a session (a
+        direct controller call: no heartbeat, no Client) is not checked."""
+        claim = rec.claims.get(key)
+        if claim is None or not session or claim.session == session or \
+                claim.session in self._cancelled:
+            return None
+        return claim
+
+    def _held_elsewhere(self, state: TaskState, rank: int, replica: int,
+                        session: str) -> bool:
+        """Some share of (rank, replica) that replica has not acked is claimed by another
+        live session: a pool worker asking for the next batch at the end waits for it
+        (acked: the end; its holder died: the share comes back to the next asker)."""
+        bit = 1 << replica
+        return any(not rec.end and self._held_by_other(rec, (rank, replica), session)
+                   is not None and not rec.share_done(rank, bit, state.acks)
+                   for rec in state.steps.values())
 
     def _next_wake(self, state: TaskState) -> float:
         soonest = min(state.soonest_expiry(), self._reservations.soonest())  # type: ignore[attr-defined]

@@ -13,7 +13,9 @@ renews it (the loader and the client keep their claims alive from a
 heartbeat thread). An expired or released claim only drops the claim: the
 rows stay in their share, LEASED to the step, for the next reader of that
 (step, rank) — a replacement consumer, or the next stage worker asking for
-"the next batch for me".
+"the next batch for me" (an expired claim's consumer name is kept in ``left``,
+so a restarted worker of that name gets it first). A claim whose session is live
+(not expired, not cancelled) is never handed to another session (steps.py).
 
 Invariants: a row is LEASED iff it belongs to exactly one share of a formed,
 not fully acked step; the ready queue holds exactly the rows that are NEW and
@@ -55,6 +57,9 @@ class StepRecord:
     claims: dict[tuple[int, int], Claim] = field(default_factory=dict)
     served: set[tuple[int, int]] = field(default_factory=set)  # (rank, replica) handed out
     lost: set[int] = field(default_factory=set)  # ranks whose share lost rows with a unit
+    # (rank, replica) -> the consumer name of a claim that expired: a restarted worker
+    # of that name gets the share back first (steps.py ``_next_for``)
+    left: dict[tuple[int, int], str] = field(default_factory=dict)
 
     def share_done(self, rank: int, full: int, acks: np.ndarray) -> bool:
         """Every replica whose bit is in ``full`` acked every row of rank's share."""
@@ -153,6 +158,7 @@ class TaskState:
             if replica == 0:
                 self.handed_out += len(rec.shares[rank])
         rec.claims[key] = Claim(session, consumer, now + self.config.lease_timeout)
+        rec.left.pop(key, None)
 
     def discard(self, reason: str, rows: np.ndarray) -> np.ndarray:
         rows = rows[(self.state[rows] == NEW)]
@@ -167,7 +173,9 @@ class TaskState:
         n = 0
         for rec in self.steps.values():
             for key in [k for k, c in rec.claims.items() if c.expiry < now]:
-                del rec.claims[key]
+                name = rec.claims.pop(key).consumer
+                if name:
+                    rec.left[key] = name
                 n += len(rec.shares[key[0]])
         self.expired += n
         return n
@@ -246,18 +254,18 @@ class TaskState:
     def first_unfinished(self, rank: int, replica: int | None = None) -> dict[str, Any]:
         """Where a (re)starting reader of ``rank`` resumes: the first step whose share
         for ``rank`` some replica (or ``replica``, if given) has not acked, and the
-        later formed steps whose share is already done (to skip). A replica never
-        reads again a step it acked itself, even while its peers have not."""
+        later steps formed so far that are done (to skip): those whose share is acked,
+        and those every rank acked (gone), so a reader after a gap of steps acked by
+        other calls skips them. A replica never reads again a step it acked itself,
+        even while its peers have not."""
         full = self.full_acks if replica is None else 1 << replica
-        open_, done = [], []
-        for s in sorted(self.steps):
-            rec = self.steps[s]
-            if rec.end or not rec.share_done(rank, full, self.acks):
-                open_.append(s)
-            else:
-                done.append(s)
-        start = open_[0] if open_ else self.next_step
-        return {"step": start, "skip": [s for s in done if s > start]}
+        open_ = [s for s in sorted(self.steps) if self.steps[s].end or
+                 not self.steps[s].share_done(rank, full, self.acks)]
+        if not open_:
+            return {"step": self.next_step, "skip": []}
+        start, still = open_[0], set(open_)
+        return {"step": start,
+                "skip": [s for s in range(start + 1, self.next_step) if s not in still]}
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -41,6 +41,7 @@ from tq_stream.errors import (
     WaitTimeout,
     check_name,
     check_positive,
+    check_replica,
     check_timeout,
 )
 from tq_stream.meta import BatchMeta
@@ -81,7 +82,11 @@ class StreamingDataset(IterableDataset[TensorDict]):
         replicas: how many ranks share this ``dp_rank`` (TP/PP peers); a row is
             acked when all of them acked it.
         replica: which of those peers this is (``0 <= replica < replicas``); each
-            acks for itself, so a double ack by one peer counts once.
+            acks for itself, so a double ack by one peer counts once. Required when
+            ``replicas > 1`` (ConfigError otherwise): it is not derived from
+            torch.distributed, whose rank layout only the framework knows. Two live
+            consumers reading one (task, dp_rank, replica) are refused (see
+            ``Client.get_meta``).
         timeout: seconds to wait for one batch before WaitTimeout.
         lease_timeout: seconds rows stay leased before they are handed out again.
         drop_last: when the partition is closed, drop a short last step
@@ -103,7 +108,7 @@ class StreamingDataset(IterableDataset[TensorDict]):
     def __init__(self, stream: Any, partition: str | list[str] | None, task: str,
                  fields: Sequence[str], batch_size: int,
                  sampler: Sampler | PartitionSampler | None = None, dp_rank: int = 0,
-                 dp_size: int = 1, replicas: int = 1, replica: int = 0,
+                 dp_size: int = 1, replicas: int = 1, replica: int | None = None,
                  timeout: float | None = None,
                  lease_timeout: float | None = None, drop_last: bool = False,
                  ragged: str = "nested", prefetch: int = DEFAULT_PREFETCH,
@@ -132,10 +137,7 @@ class StreamingDataset(IterableDataset[TensorDict]):
             raise ConfigError(f"dp_rank must be an int in [0, {dp_size}), got {dp_rank!r}")
         self.dp_rank = dp_rank
         self.replicas = check_positive("replicas", replicas)
-        if isinstance(replica, bool) or not isinstance(replica, int) or \
-                not 0 <= replica < replicas:
-            raise ConfigError(f"replica must be an int in [0, {replicas}), got {replica!r}")
-        self.replica = replica
+        self.replica = check_replica(replica, self.replicas)
         if sampler is not None and self._router is None:
             if not isinstance(sampler, Sampler):
                 raise ConfigError(f"sampler must be a tq_stream.samplers.Sampler, got "

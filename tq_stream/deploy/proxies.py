@@ -166,7 +166,7 @@ class RemoteController:
         return self._call("admission", partition=partition)
 
     def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
-                 timeout: float = 60.0, replica: int = 0, session: str = "",
+                 timeout: float = 60.0, replica: int | None = None, session: str = "",
                  consumer: str = "") -> dict[str, Any] | None:
         return self._placed(self._long_poll("get_meta", timeout, partition=partition,
                                             task=task, step=step, dp_rank=dp_rank,

@@ -36,6 +36,7 @@ import numpy as np
 from tq_stream import serialization
 from tq_stream.backends.base import occupancy
 from tq_stream.backends.unit_files import invalid_as_checkpoint_error
+from tq_stream.controller.checkpoint import without_claims
 from tq_stream.errors import CheckpointError, ConfigError, StateError
 
 FORMAT = 2
@@ -132,7 +133,7 @@ def restore(path: str, controller: Any, units: Sequence[Any]) -> None:
             os.path.join(path, meta["units"][u]), meta["save"], u))
         for u, rows in enumerate(loaded):
             _check_unit_rows(state, u, rows, os.path.join(path, meta["units"][u]))
-        controller.load_state_dict(state)
+        controller.load_state_dict(without_claims(state))  # a new deployment's sessions
     except BaseException:
         _drop_all(units, state["partitions"])
         raise

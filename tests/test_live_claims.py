@@ -1,0 +1,216 @@
+"""Who may read a share: a share claimed by a live session never goes to another live
+session; a dead one's (lease expired, or its session cancelled) goes to whoever asks
+next, and first to a restarted worker of the same ``consumer`` name. Embedded mode;
+tests/integration/test_claims_local.py replays these across processes (issue 20,
+items 3, 5 and 8)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from conftest import keys_of, put_rows
+
+import tq_stream as tq
+from tq_stream.errors import ConfigError, LeaseError
+
+P = "train"
+
+
+def die(client: tq.Client) -> None:
+    """The client's process "died": its heartbeat stops renewing its leases."""
+    for hold in client._holds.values():
+        hold.close()
+
+
+# item 3: TP/PP peers -------------------------------------------------------------------
+def test_replicas_without_replica_are_refused_naming_the_argument(stream):
+    with pytest.raises(ConfigError, match=r"replica must be given .*replicas=2.*got None"):
+        tq.StreamingDataset(stream, P, "t", ["x"], batch_size=2, replicas=2)
+    put_rows(stream, keys_of("k", 4))
+    c = stream.client()
+    c.register_task(P, "t", ["x"], batch_size=2, replicas=2)
+    with pytest.raises(ConfigError, match=r"replica must be given .*replicas=2"):
+        c.get_meta(P, "t", 0)
+    assert stream.stats()[P]["tasks"]["t"]["claimed"] == 0  # refused before any claim
+    solo = tq.StreamingDataset(stream, P, "solo", ["x"], batch_size=2)  # replicas=1
+    assert solo.replica == 0
+
+
+def test_two_live_sessions_claiming_one_replica_are_refused(stream):
+    put_rows(stream, keys_of("k", 4))
+    a, b = stream.client(), stream.client()
+    a.register_task(P, "t", ["x"], batch_size=2, replicas=2)
+    held = a.get_meta(P, "t", 0, replica=0)
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=r"replica=0 .*rank 0 .*step 0 .*live session"):
+        b.get_meta(P, "t", 0, replica=0, timeout=0.3)
+    assert time.monotonic() - t0 < 5.0
+    assert b.get_meta(P, "t", 0, replica=1).keys == held.keys  # its own replica: fine
+    assert a.get_meta(P, "t", 0, replica=0).keys == held.keys  # the holder itself: fine
+    assert a.ack(held) == 0
+    with pytest.raises(LeaseError, match=r"replica 0 of rank 0 .*acked .*replica="):
+        b.get_meta(P, "t", 0, replica=0, timeout=0.3)  # acked by that replica: not again
+
+
+def test_a_duplicate_replica_waiting_is_refused_once_the_holder_acks(stream):
+    """The second peer of one replica waits while the first trains, and is refused
+    (not handed the step again) when the first acks."""
+    put_rows(stream, keys_of("k", 4))
+    a, b = stream.client(), stream.client()
+    a.register_task(P, "t", ["x"], batch_size=2, replicas=2)
+    held = a.get_meta(P, "t", 0, replica=1)
+    errors: list[Exception] = []
+
+    def second() -> None:
+        try:
+            b.get_meta(P, "t", 0, replica=1, timeout=10.0)
+        except Exception as exc:  # noqa: BLE001 — checked below
+            errors.append(exc)
+
+    th = threading.Thread(target=second)
+    th.start()
+    time.sleep(0.3)
+    a.ack(held)
+    th.join(10)
+    assert not th.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], LeaseError), errors
+    assert "replica=" in str(errors[0])
+
+
+def test_a_restarted_replica_takes_its_step_back_once_the_dead_lease_lapsed(stream):
+    put_rows(stream, keys_of("k", 4))
+    c = stream.client()
+    c.register_task(P, "t", ["x"], batch_size=2, replicas=2, lease_timeout=0.5)
+    dead = stream.client()
+    held = dead.get_meta(P, "t", 0, replica=1)
+    die(dead)
+    again = stream.client().get_meta(P, "t", 0, replica=1, timeout=10.0)  # waits ~0.5 s
+    assert again.keys == held.keys and again.step == 0
+
+
+def test_a_loader_iterated_again_takes_back_its_own_replica_at_once(stream):
+    """A loop left by break: the next iteration (a new session) re-reads the unacked
+    rest at once; the first iteration's session was cancelled when it stopped."""
+    stream.create_partition(P, consumers=["t"])
+    put_rows(stream, keys_of("k", 8))
+    stream.close_partition(P)
+    for r in (0, 1):
+        ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=2, replicas=2,
+                                 replica=r, timeout=2.0)
+        loader = tq.StreamingDataLoader(ds)
+        seen = []
+        for batch in loader:
+            seen += tq.batch_meta(batch).keys
+            break
+        seen += [k for b in loader for k in tq.batch_meta(b).keys]
+        assert sorted(seen) == keys_of("k", 8)
+    assert stream.stats()[P]["rows"] == 0
+
+
+# item 5: workers sharing a consumer name -----------------------------------------------
+def test_live_workers_sharing_a_consumer_name_get_different_rows(stream):
+    stream.create_partition(P, consumers=["reward"])
+    put_rows(stream, keys_of("k", 8))
+    stream.client().register_task(P, "reward", ["x"], batch_size=2)
+    a = tq.Client(stream, consumer="reward")
+    b = tq.Client(stream, consumer="reward")
+    ma, mb = a.get_meta(P, "reward"), b.get_meta(P, "reward")
+    assert ma.step != mb.step and not set(ma.keys) & set(mb.keys)
+    assert a.ack(ma) == 2
+    b.get_data(mb)  # not freed under b's feet
+    assert b.ack(mb) == 2
+
+
+def test_a_restarted_worker_takes_back_what_its_dead_predecessor_held(stream, clock):
+    put_rows(stream, keys_of("k", 8))
+    stream.client().register_task(P, "reward", ["x"], batch_size=2, lease_timeout=5.0)
+    old = tq.Client(stream, consumer="reward")
+    held = old.get_meta(P, "reward")
+    other = tq.Client(stream, consumer="critic")
+    theirs = other.get_meta(P, "reward")
+    die(old)
+    new = tq.Client(stream, consumer="reward")
+    early = new.get_meta(P, "reward")  # old may still be alive: not its share
+    assert early.step not in (held.step, theirs.step)
+    clock.advance(6)
+    other.renew(theirs)  # alive: its heartbeat
+    new.renew(early)
+    again = new.get_meta(P, "reward")
+    assert again.step == held.step and again.keys == held.keys
+    assert tq.Client(stream, consumer="reward").get_meta(P, "reward").step not in (
+        held.step, theirs.step, early.step)
+
+
+# item 8: a fresh loader after a gap ----------------------------------------------------
+def test_a_fresh_loader_after_a_gap_gets_the_unfinished_step_and_ends(stream, clock):
+    stream.create_partition(P, consumers=["t"])
+    put_rows(stream, keys_of("k", 8))
+    stream.close_partition(P)
+    c = stream.client()
+    c.register_task(P, "t", ["x"], batch_size=2, lease_timeout=5.0)
+    dead = stream.client()
+    held = dead.get_meta(P, "t", 0)
+    die(dead)
+    for s in (1, 2, 3):
+        c.ack(c.get_meta(P, "t", s))
+    assert c.first_unfinished(P, "t") == {"step": 0, "skip": [1, 2, 3]}
+    clock.advance(6)
+    ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=2, lease_timeout=5.0,
+                             timeout=2.0)
+    got = [tq.batch_meta(b) for b in tq.StreamingDataLoader(ds)]
+    assert [m.step for m in got] == [0] and got[0].keys == held.keys
+    assert stream.stats()[P]["rows"] == 0
+
+
+def test_a_fresh_loader_after_a_gap_goes_on_with_new_steps(stream, clock):
+    put_rows(stream, keys_of("k", 8))
+    c = stream.client()
+    c.register_task(P, "t", ["x"], batch_size=2, lease_timeout=5.0)
+    dead = stream.client()
+    held = dead.get_meta(P, "t", 0)
+    die(dead)
+    c.ack(c.get_meta(P, "t", 1))
+    clock.advance(6)
+    put_rows(stream, keys_of("m", 4))
+    stream.close_partition(P)
+    ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=2, lease_timeout=5.0,
+                             timeout=2.0)
+    got = [tq.batch_meta(b) for b in tq.StreamingDataLoader(ds)]
+    assert [m.step for m in got] == [0, 2, 3, 4, 5]
+    assert got[0].keys == held.keys
+    assert sorted(k for m in got[1:] for k in m.keys) == keys_of("k", 4, 4) + keys_of("m", 4)
+
+
+def test_expired_rows_come_back_to_the_next_pool_worker(stream, clock):
+    put_rows(stream, keys_of("k", 4))
+    stream.client().register_task(P, "t", ["x"], batch_size=2, lease_timeout=5.0)
+    dead = tq.Client(stream, consumer="w1")
+    held = dead.get_meta(P, "t")
+    die(dead)
+    live = tq.Client(stream, consumer="w2")
+    nxt = live.get_meta(P, "t")
+    live.ack(nxt)
+    clock.advance(6)
+    assert live.get_meta(P, "t", timeout=0.5).keys == held.keys  # whoever asks next
+
+
+def test_a_pool_worker_at_the_end_waits_for_a_dead_workers_share(stream):
+    """A closed partition: the live worker's next batch is not the end while a dead
+    worker's share may come back; it gets that share once the lease expired (this is
+    what Ray mode showed: the waiting worker got the end, and the rows never came)."""
+    stream.create_partition(P, consumers=["t"])
+    put_rows(stream, keys_of("k", 4))
+    stream.close_partition(P)
+    stream.client().register_task(P, "t", ["x"], batch_size=2, lease_timeout=0.5)
+    dead = tq.Client(stream, consumer="w1")
+    held = dead.get_meta(P, "t")
+    die(dead)
+    live = tq.Client(stream, consumer="w2")
+    live.ack(live.get_meta(P, "t"))
+    again = live.get_meta(P, "t", timeout=10.0)  # waits ~0.5 s, not the end
+    assert not again.end and again.keys == held.keys
+    live.ack(again)
+    assert live.get_meta(P, "t", timeout=1.0).end
+    assert stream.stats()[P]["rows"] == 0
