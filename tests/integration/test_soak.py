@@ -9,8 +9,11 @@ import queue
 import time
 
 import pytest
+import torch
 import tq_workers
 from tq_fixtures import start_local
+
+from tq_stream.errors import WaitTimeout
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -102,3 +105,20 @@ def test_soak_memory_fds_and_liveness():
         assert rss <= 50, f"{who} grew {rss:.0f} MB after warm-up"
         assert fds <= 5, f"{who} opened {fds} fds (live segments aside) after warm-up"
         assert warm[-1][3] == 0, f"{who} maps {warm[-1][3]} unlinked segments"
+
+
+def test_full_partition_without_consumers_says_why_local(caplog):
+    """The local-mode run of tests/test_full_partition.py (the messages cross the wire;
+    the WARNING is logged by the controller process, not checked here)."""
+    from test_full_partition import fill_and_drain
+
+    stream = start_local(storage_units=2)
+    try:
+        client = fill_and_drain(stream)
+        with pytest.raises(WaitTimeout, match="no declared consumers.*consumers=") as e:
+            stream.writer("full").put(["k16"], {"x": torch.zeros(1, 2)}, timeout=0.5)
+        assert "must ack" not in str(e.value)
+        with pytest.raises(WaitTimeout, match="no declared consumers.*consumers="):
+            client.get_meta("full", "t", 2, timeout=0.5)
+    finally:
+        stream.close()

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from tq_stream.controller.capacity import held_hint
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.reservations import WRITER_TASK
 from tq_stream.controller.task import MAX_REPLICAS, TaskState
@@ -196,6 +197,8 @@ class ConsumingLogic:
         which = "the next step" if step is None else f"step {step}"
         missing = [t for t in state.tags if t not in part.tags.present]
         hint = f"; no row has tag(s) {missing} the sampler needs yet" if missing else ""
+        if held_hint(part):  # the writers block: no new row will come
+            hint += f"; {held_hint(part)}"
         return f"task {state.name!r} {which} (rank {dp_rank}): {progress}{hint}"
 
     def _wait_error(self, part: PartitionMeta, state: TaskState, step: int | None,
