@@ -122,3 +122,15 @@ def test_full_partition_without_consumers_says_why_local(caplog):
             client.get_meta("full", "t", 2, timeout=0.5)
     finally:
         stream.close()
+
+
+def test_stall_reasons_local():
+    """tests/test_stall_reasons.py in local mode: what rows lack and who holds leases
+    reach the client through stats() and the WaitTimeout."""
+    from test_stall_reasons import check_stall_reasons
+
+    stream = start_local(storage_units=2)
+    try:
+        check_stall_reasons(stream)
+    finally:
+        stream.close()

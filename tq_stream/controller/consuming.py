@@ -27,6 +27,7 @@ from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.reservations import WRITER_TASK
 from tq_stream.controller.task import MAX_REPLICAS, TaskState
 from tq_stream.controller.waiters import Waiter
+from tq_stream.controller.waiting import describe, not_ready
 from tq_stream.errors import ConfigError, WaitTimeout, check_positive, check_timeout
 from tq_stream.samplers.sequential import SequentialSampler
 from tq_stream.transport.answers import ANSWERED, pending
@@ -197,6 +198,9 @@ class ConsumingLogic:
         which = "the next step" if step is None else f"step {step}"
         missing = [t for t in state.tags if t not in part.tags.present]
         hint = f"; no row has tag(s) {missing} the sampler needs yet" if missing else ""
+        lacking = describe(not_ready(part, state))
+        if lacking:  # what the rows that are there wait for
+            hint += f"; {lacking}"
         if held_hint(part):  # the writers block: no new row will come
             hint += f"; {held_hint(part)}"
         return f"task {state.name!r} {which} (rank {dp_rank}): {progress}{hint}"
@@ -268,7 +272,7 @@ class ConsumingLogic:
             if rec is None or rec.end or not rec.claims:
                 raise self._no_lease(state, step, "renew")
             for c in rec.claims.values():
-                c.expiry = now + state.config.lease_timeout
+                c.expiry, c.renewed = now + state.config.lease_timeout, now
             state.renewed += len(rec.claims)
             return len(rec.claims)
 

@@ -39,11 +39,15 @@ MAX_REPLICAS = 62  # replica bits fit an int64
 
 @dataclass
 class Claim:
-    """Who reads a (step, rank, replica) now, and until when without a renewal."""
+    """Who reads a (step, rank, replica) now, and until when without a renewal;
+    ``since`` when it was claimed and ``renewed`` its last heartbeat (epoch seconds,
+    like ``expiry``; 0: unknown, a claim restored from a checkpoint)."""
 
     session: str
     consumer: str
     expiry: float
+    since: float = 0.0
+    renewed: float = 0.0
 
 
 @dataclass
@@ -151,7 +155,7 @@ class TaskState:
             rec.served.add(key)
             if replica == 0:
                 self.handed_out += len(rec.shares[rank])
-        rec.claims[key] = Claim(session, consumer, now + self.config.lease_timeout)
+        rec.claims[key] = Claim(session, consumer, now + self.config.lease_timeout, now, now)
 
     def discard(self, reason: str, rows: np.ndarray) -> np.ndarray:
         rows = rows[(self.state[rows] == NEW)]
@@ -179,6 +183,7 @@ class TaskState:
             for c in rec.claims.values():
                 if c.session == session:
                     c.expiry = expiry
+                    c.renewed = now
                     n += 1
         self.renewed += n
         return n
