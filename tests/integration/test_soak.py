@@ -18,34 +18,6 @@ from tq_stream.errors import WaitTimeout
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
-def test_a_writer_keeps_no_segment_its_unit_dropped():
-    """A same-host producer whose unit's slabs grow (each growth moves a slab to a new
-    segment and unlinks the old one) keeps no mapping of the old segments: the
-    producers of the soak grew 16 -> 49 fds, each a deleted /dev/shm segment."""
-    stream = start_local(storage_units=2)
-    ctx = mp.get_context("spawn")
-    here, there = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=tq_workers.produce_and_count, args=(stream, "grow", 600, there))
-    try:
-        stream.create_partition("grow", capacity=4096, consumers=["t"])
-        client = stream.client()
-        client.register_task("grow", "t", ["x"], batch_size=64)
-        child.start()
-        for step in range(600 * 8 // 64):  # the producer gets ahead: slabs grow
-            meta = client.get_meta("grow", "t", step, timeout=60)
-            assert client.get_data(meta)["x"].shape == (64, 256)
-            client.ack(meta)
-        assert here.poll(60)
-        warm, end, deleted = here.recv()
-        assert end - warm <= 5, f"producer fds {warm} -> {end}"
-        assert deleted == 0, f"the producer still maps {deleted} unlinked segments"
-    finally:
-        child.join(10)
-        if child.is_alive():
-            child.kill()
-        stream.close()
-
-
 SOAK_S = 36.0
 WARM_S = 12.0  # partition filled, slabs grown, imports and caches warm
 

@@ -44,31 +44,11 @@ def consume_and_die(stream: tq.Stream, partition: str, out: Connection) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
 
 def deleted_shm_mapped() -> int:
     """Mappings of /dev/shm segments their unit unlinked, in this process."""
     with open("/proc/self/maps") as f:
         return sum("/dev/shm/" in line and "(deleted)" in line for line in f)
-
-
-def produce_and_count(stream: tq.Stream, partition: str, puts: int, out: Connection) -> None:
-    """Write ``puts`` puts of 8 rows (``p_<i>``); send (fds after 10 puts, fds and
-    deleted segments still mapped at the end)."""
-    import gc
-
-    w = stream.writer(partition)
-    warm = 0
-    for p in range(puts):
-        keys = [f"p_{p * 8 + i}" for i in range(8)]
-        w.put(keys, {"x": torch.arange(8 * 256).view(8, 256)})
-        if p == 10:
-            gc.collect()
-            warm = fd_count()
-    gc.collect()
-    out.send((warm, fd_count(), deleted_shm_mapped()))
 
 
 def _fds_but_live_segments() -> int:
