@@ -83,7 +83,8 @@ def test_a_writer_blocked_at_capacity_warns(stream, caplog, monkeypatch) -> None
     with caplog.at_level(W, logger="tq_stream"), pytest.raises(WaitTimeout):
         stream._controller().reserve("cap", ["b"], {"x": {"kind": "dense", "dtype": "float32",
                                                           "shape": [2]}}, timeout=0.4)
-    (msg,) = _messages(caplog)
+    why, msg = _messages(caplog)  # it filled (and has no consumers), then it blocked long
+    assert "partition 'cap' is full (1/1 rows) and has no declared consumers" in why
     assert "blocked at capacity on partition 'cap'" in msg and "1/1 rows held" in msg
     assert stream.stats()["cap"]["blocked_seconds"]["capacity"] >= 0.3
 

@@ -96,3 +96,23 @@ def test_clear_frees_memory():
         assert stream.stats()[P]["rows"] == 0 and nbytes(stream) == 0
         assert stream.stats()[P]["tasks"]["a"]["available"] == 0
         assert client.ack(leased) == 0  # its rows are gone; the ack is harmless
+
+
+def test_loader_keeps_no_trained_batch():
+    """A loader's dataset does not hold on to every batch it yielded (issue 20 item 6:
+    each consumer grew ~1.8 KB per row, every step's BatchMeta still reachable)."""
+    import gc
+    import weakref
+
+    with tq.init() as stream:
+        stream.create_partition(P, consumers=["actor"])
+        ds = tq.StreamingDataset(stream, P, "actor", ["x"], batch_size=8, timeout=5.0)
+        it = iter(tq.StreamingDataLoader(ds))
+        metas = []
+        for r in range(30):
+            put_round(stream, r, n=8)
+            metas.append(weakref.ref(tq.batch_meta(next(it))))
+        gc.collect()
+        alive = sum(ref() is not None for ref in metas)
+        assert alive <= 2, f"{alive} of 30 trained batches still reachable"
+        it.close()

@@ -52,7 +52,8 @@ def _probe_controller(ctrl: Controller) -> list:
     for part in st.values():  # measurements of this process, not checkpointed state
         part.pop("blocked_seconds")
         for t in part["tasks"].values():
-            for key in ("at", "oldest_ready_age", "rates", "get_meta_wait", "write_to_handout"):
+            for key in ("at", "oldest_ready_age", "rates", "get_meta_wait", "write_to_handout",
+                        "leases"):  # claim ages and heartbeats: clock readings
                 t.pop(key)
     out.append(st)
     return out

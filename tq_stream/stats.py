@@ -41,6 +41,31 @@ class _LeaseCounters(TypedDict):
     # a release or a replaced consumer
 
 
+class NotReady(TypedDict):
+    """Live rows a task has not been handed that are not ready for it (gauges):
+    ``lack_fields["reward"] == 308``: 308 of them lack field ``reward``."""
+
+    rows: int
+    lack_fields: dict[str, int]
+    lack_tags: dict[str, int]  # tags its sampler requires
+
+
+class LeaseStats(TypedDict):
+    """One claim on a share: who holds it and whether its heartbeat still runs (a
+    dead consumer's ``heartbeat_age`` grows until it expires; a slow one's stays
+    below ``lease_timeout / 4``)."""
+
+    step: int
+    dp_rank: int
+    replica: int
+    rows: int
+    session: str
+    consumer: str  # the client's consumer name ("" for a loader)
+    age: float | None  # seconds since it was claimed (None: restored from a checkpoint)
+    heartbeat_age: float | None  # seconds since its last renewal
+    expires_in: float  # seconds left without a renewal
+
+
 class TaskStats(_LeaseCounters):
     """One consumer task on one partition."""
 
@@ -60,6 +85,8 @@ class TaskStats(_LeaseCounters):
     rates: Rates
     get_meta_wait: HistogramStats  # seconds a get_meta call waited for its rows
     write_to_handout: HistogramStats  # seconds from a row's last write to its hand-out
+    not_ready: NotReady  # rows not handed out yet that are not ready, and what they lack
+    leases: list[LeaseStats]  # claims on its shares now, the oldest first (at most 32)
 
 
 class BlockedSeconds(TypedDict):

@@ -16,6 +16,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from tq_stream.controller.waiting import describe
 from tq_stream.stats import DeploymentStats, PartitionStats
 
 
@@ -30,16 +31,41 @@ def _bytes(n: float) -> str:
 def task_table(stats: dict[str, PartitionStats]) -> Table:
     table = Table(title="Tasks", title_justify="left")
     for col in ("partition", "task", "ready", "leased", "acked", "discarded",
-                "out/s", "acked/s", "lag s", "step"):
-        table.add_column(col, justify="left" if col in ("partition", "task") else "right")
+                "out/s", "acked/s", "lag s", "step", "not ready"):
+        table.add_column(col, justify="left" if col in ("partition", "task", "not ready")
+                         else "right")
     for pname, p in sorted(stats.items()):
         for tname, t in sorted(p["tasks"].items()):
             discarded = sum(t["discarded"].values())
             table.add_row(pname, tname, str(t["available"]), str(t["leased"]), str(t["acked"]),
                           str(discarded), f"{t['rates']['handed_out']:.1f}",
                           f"{t['rates']['acked']:.1f}", f"{t['oldest_ready_age']:.1f}",
-                          "end" if t["ended"] else str(t["next_step"]))
+                          "end" if t["ended"] else str(t["next_step"]),
+                          describe(t["not_ready"]) or "-")
     return table
+
+
+def lease_table(stats: dict[str, PartitionStats]) -> Table:
+    """Who holds each task's shares: a dead holder's heartbeat age grows, a slow one's
+    does not."""
+    table = Table(title="Leases", title_justify="left")
+    for col in ("partition", "task", "step", "rank", "replica", "rows", "holder", "age s",
+                "heartbeat s", "expires s"):
+        table.add_column(col, justify="left" if col in ("partition", "task", "holder")
+                         else "right")
+    for pname, p in sorted(stats.items()):
+        for tname, t in sorted(p["tasks"].items()):
+            for lease in t["leases"]:
+                holder = lease["consumer"] or lease["session"][:12]
+                table.add_row(pname, tname, str(lease["step"]), str(lease["dp_rank"]),
+                              str(lease["replica"]), str(lease["rows"]), holder,
+                              _seconds(lease["age"]), _seconds(lease["heartbeat_age"]),
+                              f"{lease['expires_in']:.1f}")
+    return table
+
+
+def _seconds(s: float | None) -> str:
+    return "?" if s is None else f"{s:.1f}"
 
 
 def partition_table(stats: dict[str, PartitionStats]) -> Table:
@@ -81,7 +107,8 @@ def render(stream: Any) -> Group:
         f"controller pid {servers['controller']['pid']}  ",
         f"{len(servers['units'])} units", (f" ({down} down)" if down else "", "bold red"),
         f"  {time.strftime('%H:%M:%S')}")
-    return Group(head, partition_table(stats), task_table(stats), unit_table(servers))
+    return Group(head, partition_table(stats), task_table(stats), lease_table(stats),
+                 unit_table(servers))
 
 
 def main(address: str, watch: bool = False, interval: float = 2.0,

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from multiprocessing.connection import Connection
+from typing import Any
 
 import torch
 
@@ -60,3 +62,66 @@ def pool_worker(stream: tq.Stream, partition: str, task: str, consumer: str,
         out.send((keys, ""))
     except Exception as exc:  # noqa: BLE001 — reported to the test
         out.send((keys, f"{type(exc).__name__}: {exc}"))
+
+
+def deleted_shm_mapped() -> int:
+    """Mappings of /dev/shm segments their unit unlinked, in this process."""
+    with open("/proc/self/maps") as f:
+        return sum("/dev/shm/" in line and "(deleted)" in line for line in f)
+
+
+def _fds_but_live_segments() -> int:
+    """Open fds, less those of live /dev/shm segments (a mapping each: their number
+    follows the slabs, which grow until the partition is full)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        n += not link.startswith("/dev/shm/") or link.endswith("(deleted)")
+    return n
+
+
+def _usage() -> tuple[float, int, int]:
+    """(RSS in MB, fds but live segments', unlinked /dev/shm segments still mapped)."""
+    with open("/proc/self/status") as f:
+        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+    return rss, _fds_but_live_segments(), deleted_shm_mapped()
+
+
+def soak_produce(stream: tq.Stream, partition: str, p: int, out: Any, stop: Any) -> None:
+    """Put 8 rows of 256 tokens at a time until ``stop``; report usage every second."""
+    w = stream.writer(partition)
+    i, last = 0, 0.0
+    try:
+        while not stop.is_set():
+            keys = [f"p{p}_{i * 8 + j}" for j in range(8)]
+            w.put(keys, {"input_ids": torch.arange(8 * 256).view(8, 256)}, timeout=60)
+            i += 1
+            if time.monotonic() - last >= 1.0:
+                last = time.monotonic()
+                out.put(("producer", p, last, i * 8, *_usage()))
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        out.put(("error", f"producer {p}", repr(exc)))
+
+
+def soak_consume(stream: tq.Stream, partition: str, rank: int, out: Any, stop: Any) -> None:
+    """Rank ``rank`` of 2 reads batches of 32 through a loader until ``stop``; reports
+    every batch's arrival and its usage every second."""
+    ds = tq.StreamingDataset(stream, partition, "actor", ["input_ids"], batch_size=32,
+                             dp_rank=rank, dp_size=2, timeout=60)
+    rows, last = 0, 0.0
+    try:
+        for batch in tq.StreamingDataLoader(ds):
+            rows += len(batch)
+            now = time.monotonic()
+            if now - last >= 1.0:
+                last = now
+                out.put(("consumer", rank, now, rows, *_usage()))
+            else:
+                out.put(("batch", rank, now, rows))
+            if stop.is_set():
+                return
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        out.put(("error", f"consumer {rank}", repr(exc)))

@@ -410,6 +410,12 @@ class ShmReader:
             self._maps.move_to_end(name)
         return seg.tensor(dtype, shape)
 
+    def forget(self, names: set[str]) -> None:
+        """Drop the mappings of segments ``names`` (a later view maps them again)."""
+        with self._lock:
+            for name in names:
+                self._maps.pop(name, None)
+
     def forget_gone(self) -> int:
         """Drop the mappings of segments their unit has unlinked (grown out, freed, or
         of a unit that died); returns how many. The memory of such a segment is

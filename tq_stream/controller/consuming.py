@@ -23,10 +23,12 @@ from typing import Any
 import numpy as np
 
 from tq_stream import fieldpath
+from tq_stream.controller.capacity import held_hint
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.reservations import WRITER_TASK
 from tq_stream.controller.task import MAX_REPLICAS, TaskState
 from tq_stream.controller.waiters import Waiter
+from tq_stream.controller.waiting import describe, not_ready
 from tq_stream.errors import (
     ConfigError,
     TurnNotReached,
@@ -221,6 +223,11 @@ class ConsumingLogic:
                      f"{turn} (the consumer set {state.version} and reads step "
                      f"{state.position}), so rows that may be stale by then wait for it "
                      f"(a loader says which step it reads: Controller.reading)")
+        lacking = describe(not_ready(part, state))
+        if lacking:  # what the rows that are there wait for
+            hint += f"; {lacking}"
+        if held_hint(part):  # the writers block: no new row will come
+            hint += f"; {held_hint(part)}"
         return f"task {state.name!r} {which} (rank {dp_rank}): {progress}{hint}"
 
     def _wait_error(self, part: PartitionMeta, state: TaskState, args: tuple,
@@ -304,7 +311,7 @@ class ConsumingLogic:
             if rec is None or rec.end or not rec.claims:
                 raise self._no_lease(state, step, "renew")
             for c in rec.claims.values():
-                c.expiry = now + state.config.lease_timeout
+                c.expiry, c.renewed = now + state.config.lease_timeout, now
             state.renewed += len(rec.claims)
             return len(rec.claims)
 

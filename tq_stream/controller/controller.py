@@ -24,6 +24,7 @@ import numpy as np
 from tq_stream.columns import FieldSchema
 from tq_stream.controller.access import AccessLogic
 from tq_stream.controller.admission import AdmissionLogic
+from tq_stream.controller.capacity import full_error, warn_full
 from tq_stream.controller.consuming import ConsumingLogic, check_session
 from tq_stream.controller.counts import CountLogic
 from tq_stream.controller.partition import PartitionMeta, parse_schemas
@@ -43,7 +44,6 @@ from tq_stream.errors import (
     ConfigError,
     KeyConflictError,
     StateError,
-    WaitTimeout,
     check_consumers,
     check_name,
     check_positive,
@@ -244,15 +244,14 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
                         f"{partition!r}, got {n_new} new rows"
                     )
                 if cap is None or part.live + n_new <= cap:
+                    part.warned_full = False
                     break
+                warn_full(part)
                 if not may_block():
                     raise WouldBlock  # nothing allocated yet: a worker thread waits
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise WaitTimeout(
-                        f"partition {partition!r} stayed full ({part.live}/{cap} rows) for "
-                        f"timeout={timeout}s; consumers must ack rows to free capacity"
-                    )
+                    raise full_error(part, timeout)
                 wake = min(left, max(0.01, self._reservations.soonest() - time.time()))
                 self._timings.wait(self._cond, wake, deadline - timeout, "capacity", partition, f"{part.live}/{cap} rows held")  # noqa: E501
                 self._check_open()

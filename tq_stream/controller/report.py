@@ -9,6 +9,7 @@ from typing import Any
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task import TaskState
 from tq_stream.controller.timings import Timings
+from tq_stream.controller.waiting import leases, not_ready
 
 
 def oldest_ready_age(part: PartitionMeta, state: TaskState, now: float) -> float:
@@ -22,7 +23,8 @@ def add_measurements(out: dict[str, Any], part: PartitionMeta, tasks: dict[str, 
                      timings: Timings) -> None:
     """Add to one partition's ``stats()`` entry (``out``, its counters already in):
     rows created, writers' blocked seconds, and per task the lease counters (0 when the
-    task keeps none), rates, the oldest ready row's age and the timing histograms."""
+    task keeps none), rates, the oldest ready row's age, the timing histograms, the
+    rows not ready and what they lack, and the claims on its shares."""
     now = time.time()
     out["rows_created"] = int(part.next_created)
     out["blocked_seconds"] = timings.blocked_seconds(part.name)
@@ -34,3 +36,5 @@ def add_measurements(out: dict[str, Any], part: PartitionMeta, tasks: dict[str, 
         task["oldest_ready_age"] = oldest_ready_age(part, state, now)
         task["rates"] = timings.rates(part.name, name, state.handed_out, state.acked, now)
         task.update(timings.task_stats(part.name, name))
+        task["not_ready"] = not_ready(part, state)
+        task["leases"] = leases(state, now)

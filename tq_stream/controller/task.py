@@ -41,11 +41,15 @@ MAX_REPLICAS = 62  # replica bits fit an int64
 
 @dataclass
 class Claim:
-    """Who reads a (step, rank, replica) now, and until when without a renewal."""
+    """Who reads a (step, rank, replica) now, and until when without a renewal;
+    ``since`` when it was claimed and ``renewed`` its last heartbeat (epoch seconds,
+    like ``expiry``; 0: unknown, a claim restored from a checkpoint)."""
 
     session: str
     consumer: str
     expiry: float
+    since: float = 0.0
+    renewed: float = 0.0
 
 
 @dataclass
@@ -157,7 +161,7 @@ class TaskState:
             rec.served.add(key)
             if replica == 0:
                 self.handed_out += len(rec.shares[rank])
-        rec.claims[key] = Claim(session, consumer, now + self.config.lease_timeout)
+        rec.claims[key] = Claim(session, consumer, now + self.config.lease_timeout, now, now)
         rec.left.pop(key, None)
 
     def discard(self, reason: str, rows: np.ndarray) -> np.ndarray:
@@ -188,6 +192,7 @@ class TaskState:
             for c in rec.claims.values():
                 if c.session == session:
                     c.expiry = expiry
+                    c.renewed = now
                     n += 1
         self.renewed += n
         return n

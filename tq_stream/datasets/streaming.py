@@ -357,7 +357,8 @@ class StreamingDataset(IterableDataset[TensorDict]):
     def state_dict(self) -> dict[str, Any]:
         """Who this dataset reads for, and the batches it yielded and has not acked (a
         ``StatefulDataLoader`` snapshots this in each worker with every batch it hands
-        over). No side effects."""
+        over; under a ``StreamingDataLoader``, which acks and keeps its batches itself,
+        none). No side effects."""
         return {"partition": self.partition, "task": self.task, "dp_rank": self.dp_rank,
                 "replica": self.replica,
                 "yielded": [[m.partition, m.step] for m in map(batch_meta, self._pending)]}
@@ -426,7 +427,8 @@ class StreamingDataset(IterableDataset[TensorDict]):
                 if isinstance(item, _Failure):
                     finished = True
                     raise item.exc
-                pending.append(item)
+                if self.auto_ack:  # else the loader acks it, and alone keeps it till then
+                    pending.append(item)
                 if single:
                     self.start_step = loader_step(item) + 1
                 yield item

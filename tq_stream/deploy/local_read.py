@@ -4,6 +4,7 @@ read and written through its shared memory."""
 from __future__ import annotations
 
 import ctypes
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,9 +33,15 @@ class _Layout:
     new epoch (``ShmUnit``).
     """
 
-    __slots__ = ("epoch", "epoch_view", "fields", "flags", "live", "rows", "stores", "tokens")
+    __slots__ = ("__weakref__", "epoch", "epoch_view", "fields", "flags", "live", "rows",
+                 "segments", "stores", "tokens")
 
     def __init__(self, raw: dict[str, Any]) -> None:
+        # the segments this layout maps (not the epoch's): forgotten with it
+        self.segments = {lay["shm"] for lay in (*raw.get("fields", {}).values(),
+                                                 *(raw.get("flags") or {}).values(),
+                                                 raw.get("generations"), raw.get("live"))
+                         if lay is not None}
         epoch = raw.get("epoch")
         self.epoch = None if epoch is None else epoch["value"]
         self.stores = None if epoch is None else epoch.get("stores")
@@ -120,7 +127,9 @@ class _RowWriter:
     __slots__ = ("fields", "flags", "layout", "live", "tokens")
 
     def __init__(self, layout: _Layout) -> None:
-        self.layout = layout
+        # a proxy: a strong reference would make a cycle, and the segments a dropped
+        # layout maps would stay mapped (an fd each) until the cyclic GC ran
+        self.layout = weakref.proxy(layout)
         self.tokens = _words(layout.tokens)
         self.live = memoryview(layout.live)  # type: ignore[arg-type]
         self.flags = {f: memoryview(a) for f, a in layout.flags.items() if a is not None}
@@ -175,9 +184,14 @@ def _map_np(lay: dict[str, Any] | None) -> np.ndarray | None:
 
 
 def _forget(cache: dict[Any, _Layout]) -> None:
-    """Drop cached layouts and the reader's mappings of segments that are gone (their
-    memory is returned once nothing maps it)."""
+    """Drop cached layouts, the reader's mappings of the segments they mapped, and of
+    segments that are gone (their memory and fd are returned once nothing maps them).
+    Forgotten by name, not only by existence: a unit bumps its epoch before it unlinks
+    a slab's old segment, so when a reader drops its layouts the file may still be
+    there; kept in the reader's cache, it would stay mapped long after."""
+    names = set().union(*(layout.segments for layout in cache.values()))
     cache.clear()
+    _READER.forget(names)
     _READER.forget_gone()
 
 
@@ -305,7 +319,7 @@ class SameHostUnit(StorageUnit):
         for cache in (self._layouts, self._writes):
             some = next(iter(cache.values()), None)
             if some is not None and not some.valid():
-                self._layouts.clear()
+                _forget(self._layouts)
                 _forget(self._writes)
                 return
 

@@ -15,6 +15,11 @@ Metrics (labels in braces; no label ever carries a row key):
 - ``tq_stream_rows_acked_total{partition, task}``
 - ``tq_stream_rows_discarded_total{partition, task, reason}``
 - ``tq_stream_oldest_ready_age_seconds{partition, task}`` — the lag a consumer waits behind
+- ``tq_stream_rows_not_ready{partition, task}`` — rows not handed out that are not ready;
+  ``tq_stream_rows_lacking{partition, task, kind, name}`` — of those, the rows lacking
+  field or tag ``name`` (``kind`` "field" / "tag") (gauges)
+- ``tq_stream_lease_heartbeat_age_seconds{partition, task}`` — the longest a claim on a
+  share has gone without a heartbeat (a dead consumer's grows; gauge)
 - ``tq_stream_lease_renewals_total``, ``tq_stream_lease_expiries_total``,
   ``tq_stream_rows_redelivered_total{partition, task}``
 - ``tq_stream_get_meta_wait_seconds{partition, task}`` — histogram
@@ -121,10 +126,23 @@ def _task_metrics(stats: dict[str, PartitionStats]) -> Iterator[Metric]:
         ("get_meta_wait", "get_meta_wait_seconds", "Seconds a get_meta call waited for rows"),
         ("write_to_handout", "write_to_handout_seconds",
          "Seconds from a row's last write to its hand-out"))}
+    not_ready = GaugeMetricFamily(P + "rows_not_ready", "Rows not handed out to a task "
+                                  "and not ready for it", labels=PT)
+    lacking = GaugeMetricFamily(P + "rows_lacking", "Rows not ready for a task that lack a "
+                                "field or tag", labels=[*PT, "kind", "name"])
+    heartbeat = GaugeMetricFamily(P + "lease_heartbeat_age_seconds", "Longest time a claim "
+                                  "on a task's share has gone without a heartbeat", labels=PT)
     for pname, p in stats.items():
         for tname, t in p["tasks"].items():
             labels = [pname, tname]
             row: dict[str, Any] = dict(t)
+            not_ready.add_metric(labels, t["not_ready"]["rows"])
+            for kind, names in (("field", t["not_ready"]["lack_fields"]),
+                                ("tag", t["not_ready"]["lack_tags"])):
+                for name, n in names.items():
+                    lacking.add_metric([*labels, kind, name], n)
+            heartbeat.add_metric(labels, max(
+                (lease["heartbeat_age"] or 0.0 for lease in t["leases"]), default=0.0))
             for key, gauge in gauges.items():
                 gauge.add_metric(labels, float(row[key]))
             for key, counter in counters.items():
@@ -138,6 +156,7 @@ def _task_metrics(stats: dict[str, PartitionStats]) -> Iterator[Metric]:
     yield from counters.values()
     yield discarded
     yield from hists.values()
+    yield from (not_ready, lacking, heartbeat)
 
 
 def _unit_metrics(units: list[Any]) -> Iterator[Metric]:

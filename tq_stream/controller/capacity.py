@@ -1,0 +1,54 @@
+"""Why a full partition stays full: the messages of a writer blocked on ``capacity``.
+
+Rows of a partition without declared consumers are never freed by acks (they stay
+until cleared, the documented rule), so once such a partition is full its writers
+block and its readers run dry, whatever the consumers do. The writer's WaitTimeout,
+a reader's WaitTimeout and a WARNING when it fills say so, with the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from tq_stream.errors import WaitTimeout
+
+if TYPE_CHECKING:
+    from tq_stream.controller.partition import PartitionMeta
+
+logger = logging.getLogger(__name__)
+
+
+def undeclared_full(part: PartitionMeta) -> bool:
+    """True if ``part`` is full and no ack can free a row of it (no declared consumers)."""
+    return part.consumers is None and part.capacity is not None and \
+        part.live >= part.capacity
+
+
+def held_hint(part: PartitionMeta) -> str:
+    """Why the rows of a full ``part`` stay, and the fix ("" unless undeclared_full)."""
+    if not undeclared_full(part):
+        return ""
+    return (f"partition {part.name!r} is full ({part.live}/{part.capacity} rows) and has "
+            f"no declared consumers, so acks free none of its rows (they stay until "
+            f"cleared): declare its readers with create_partition({part.name!r}, "
+            f"consumers=[...]), or free rows with client.clear / kv.clear")
+
+
+def full_error(part: PartitionMeta, timeout: float) -> WaitTimeout:
+    """The WaitTimeout of a put that found ``part`` full for ``timeout`` seconds."""
+    why = held_hint(part) or (
+        f"its declared consumers {list(part.consumers or ())} have not acked (or "
+        f"discarded) enough rows to free capacity; stats()[{part.name!r}]['held'] says "
+        f"who rows wait for")
+    return WaitTimeout(f"partition {part.name!r} stayed full ({part.live}/{part.capacity} "
+                       f"rows) for timeout={timeout}s: {why}")
+
+
+def warn_full(part: PartitionMeta) -> None:
+    """Log a WARNING the first time a put blocks on ``part`` full without declared
+    consumers (again after it had room)."""
+    if part.warned_full or not undeclared_full(part):
+        return
+    part.warned_full = True
+    logger.warning("a put blocks: %s", held_hint(part))
