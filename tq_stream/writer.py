@@ -31,6 +31,7 @@ from tq_stream.convert import schemas_of, single_row, to_columns
 from tq_stream.errors import (
     ClosedError,
     ConfigError,
+    ConnectionLost,
     KeyConflictError,
     SchemaError,
     StateError,
@@ -232,8 +233,11 @@ class Writer:
                                 occupancy(place["index"], place["generation"]))
             except ClosedError:
                 raise
-            except (Unreachable, StateError) as exc:  # e.g. "slots must be ones the
-                raise PutAgain(exc) from exc  # controller placed": a new process
+            except (Unreachable, ConnectionLost, StateError) as exc:  # e.g. "slots must
+                # be ones the controller placed" (a new process), or the unit died while
+                # it took the bytes: none is visible before the commit. Rows this put
+                # made are aborted; their slots are reused only once that unit freed them.
+                raise PutAgain(exc) from exc
             try:
                 ctrl.commit(partition=self.partition, index=place["index"],
                             generation=place["generation"], schemas=schemas, tags=tags)
