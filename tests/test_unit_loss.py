@@ -6,6 +6,7 @@ the unit is back."""
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import dense_batch, keys_of, put_rows
 
 import tq_stream as tq
@@ -101,3 +102,84 @@ def test_a_loader_goes_on_with_the_next_step_when_its_share_was_lost(two_units):
 
 def put_rows_on(stream, keys, unit):
     stream.writer(P, unit=unit).put(list(keys), dense_batch(keys))
+
+
+# ------------------------------------ a row lost between two puts (issue 20, item 7)
+
+
+def _x_then_lost(stream, keys):
+    """Rows ``keys`` with field x for task "t" (needs x and r), spread over both units;
+    then unit 1 is lost (and back, empty). Returns the keys that were on unit 1."""
+    stream.create_partition(P, consumers=["t"])
+    stream.client().register_task(P, "t", ["x", "r"], batch_size=2)
+    put_rows(stream, keys)
+    lost = _on(stream, keys, 1)
+    assert 0 < len(lost) < len(keys)
+    ctrl = stream._backend.controller()
+    ctrl.unit_lost(1)
+    ctrl.unit_back(1)  # a restarted unit: rows may be placed there again
+    return lost
+
+
+def test_a_put_naming_fields_of_rows_lost_with_their_unit_does_not_make_them_again(
+        two_units):
+    """The second put of a row (``r`` after ``x``) lands after the row's unit died: it
+    writes the rows that still exist, tells which were lost (returned, and a WARNING),
+    and makes no half row, so the closed partition ends and counts them lost."""
+    keys = keys_of("k", 8)
+    lost = _x_then_lost(two_units, keys)
+    w = two_units.writer(P)
+    skipped = w.put(keys, {"r": torch.ones(len(keys))})
+    assert sorted(skipped) == sorted(lost)
+    assert sorted(r["key"] for r in two_units.kv.list(partition=P)) == \
+        sorted(set(keys) - set(lost))  # no row made again with r only
+    assert w.put(lost[0], {"r": torch.tensor(2.0)}) == [lost[0]]  # one row: the same
+    two_units.close_partition(P)
+    ds = tq.StreamingDataset(two_units, P, "t", ["x", "r"], batch_size=2, timeout=2.0)
+    got = sorted(k for b in ds for k in tq.batch_meta(b).keys)  # ends, no WaitTimeout
+    assert got == sorted(set(keys) - set(lost))
+    stats = two_units.stats()[P]
+    assert stats["tasks"]["t"]["discarded"] == {UNIT_LOST: len(lost)}
+    assert stats["rows_lost"] == len(lost)
+
+
+def test_a_put_that_writes_a_lost_rows_field_again_makes_the_row_afresh(two_units):
+    """A put that writes a field the lost row had (the producer made it again, or the
+    key is reused) creates the row: only a put of fields it lacked is refused."""
+    keys = keys_of("k", 8)
+    lost = _x_then_lost(two_units, keys)
+    w = two_units.writer(P)
+    assert w.put(lost, dense_batch(lost)) == []
+    assert w.put(keys, {"r": torch.ones(len(keys))}) == []  # every row is whole again
+    two_units.close_partition(P)
+    ds = tq.StreamingDataset(two_units, P, "t", ["x", "r"], batch_size=2, timeout=2.0)
+    assert sorted(k for b in ds for k in tq.batch_meta(b).keys) == sorted(keys)
+
+
+def test_a_cleared_lost_key_may_be_written_afresh(two_units):
+    keys = keys_of("k", 8)
+    lost = _x_then_lost(two_units, keys)
+    assert two_units.kv.clear(lost, partition=P) == 0  # no live row: it forgets the loss
+    w = two_units.writer(P)
+    assert w.put(lost, {"r": torch.ones(len(lost))}) == []
+    assert sorted(two_units.kv.meta(lost, partition=P).keys) == sorted(lost)
+
+
+def test_put_data_through_a_meta_skips_rows_lost_meanwhile(two_units):
+    """A later stage reads rows (get_meta), their unit dies, it writes a new field
+    through the meta: the surviving rows get it, the lost ones are skipped, told."""
+    two_units.create_partition(P, consumers=["t", "u"])
+    c = two_units.client()
+    c.register_task(P, "t", ["x"], batch_size=8)
+    c.register_task(P, "u", ["x", "r"], batch_size=2)
+    keys = keys_of("k", 8)
+    put_rows(two_units, keys)
+    lost = _on(two_units, keys, 1)
+    meta = c.get_meta(P, "t", 0)
+    two_units._backend.controller().unit_lost(1)
+    assert sorted(c.put_data(meta, {"r": torch.ones(8)})) == sorted(lost)
+    c.ack(meta)
+    two_units.close_partition(P)
+    ds = tq.StreamingDataset(two_units, P, "u", ["x", "r"], batch_size=2, timeout=2.0)
+    assert sorted(k for b in ds for k in tq.batch_meta(b).keys) == \
+        sorted(set(keys) - set(lost))

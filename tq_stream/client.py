@@ -132,16 +132,17 @@ class Client:
                               occupancy(meta.index, meta.generation), meta.schemas)
         return to_tensordict(cols, len(meta), ragged=ragged)
 
-    def put_data(self, meta: BatchMeta, data: Any, timeout: float | None = None) -> None:
-        """Write new fields (or overwrite fields) of meta's rows.
+    def put_data(self, meta: BatchMeta, data: Any, timeout: float | None = None) -> list[str]:
+        """Write new fields (or overwrite fields) of meta's rows; returns the keys of rows
+        lost with their storage unit meanwhile, skipped (``Writer.put``).
 
         Raises:
             StateError: if some of meta's rows were freed meanwhile (acked by every
                 task, or cleared); nothing is written then, no row is re-created.
         """
         cols = to_columns(data, len(meta))
-        self._stream.writer(meta.partition)._write(list(meta.keys), cols, None, timeout,
-                                                   expect=meta.generation)
+        return self._stream.writer(meta.partition)._write(list(meta.keys), cols, None, timeout,
+                                                          expect=meta.generation)
 
     def ack(self, meta: BatchMeta) -> int:
         """This replica of meta's rank is done with meta's rows (a second ack is a

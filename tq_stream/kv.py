@@ -36,16 +36,19 @@ class KV:
         self._stream = stream
 
     def put(self, key: str, fields: Any, tag: dict[str, Any] | None = None,
-            partition: str = DEFAULT_PARTITION, timeout: float | None = None) -> None:
-        """Set the fields (and merge the tags) of one row."""
+            partition: str = DEFAULT_PARTITION, timeout: float | None = None) -> list[str]:
+        """Set the fields (and merge the tags) of one row; returns ``[key]`` if its row
+        was lost with its storage unit and the put was skipped (``Writer.put``)."""
         if not isinstance(key, str):
             raise ConfigError(f"key must be a str (use put_batch for many), got {key!r}")
-        self._stream.writer(partition).put(key, fields, tags=tag, timeout=timeout)
+        return self._stream.writer(partition).put(key, fields, tags=tag, timeout=timeout)
 
     def put_batch(self, keys: Sequence[str], data: Any, tags: Any = None,
-                  partition: str = DEFAULT_PARTITION, timeout: float | None = None) -> None:
-        """Set fields of many rows: ``data`` is a TensorDict ``[n]`` or dict of fields."""
-        self._stream.writer(partition).put(list(keys), data, tags=tags, timeout=timeout)
+                  partition: str = DEFAULT_PARTITION, timeout: float | None = None) -> list[str]:
+        """Set fields of many rows: ``data`` is a TensorDict ``[n]`` or dict of fields.
+        Returns the keys skipped as rows lost with their storage unit (``Writer.put``)."""
+        return self._stream.writer(partition).put(list(keys), data, tags=tags,
+                                                  timeout=timeout)
 
     def meta(self, keys: Sequence[str], fields: Sequence[str] | None = None,
              partition: str = DEFAULT_PARTITION) -> BatchMeta:

@@ -106,6 +106,8 @@ class PartitionStats(TypedDict):
     held: dict[str, int]  # live rows not yet finished, per declared consumer (or
     # {"undeclared": rows} for a partition whose rows stay until cleared)
     rows_created: int  # rows ever created (counter)
+    rows_lost: int  # rows dropped with their storage unit (counter)
+    lost_writes_skipped: int  # rows puts named after they were lost, not written (counter)
     fields: dict[str, str]  # field -> schema description
     blocked_seconds: BlockedSeconds
     tasks: dict[str, TaskStats]

@@ -25,12 +25,13 @@ import torch
 
 from tq_stream import placement
 from tq_stream.backends.base import occupancy
-from tq_stream.columns import Column, FieldSchema, coerce
+from tq_stream.columns import Column, FieldSchema, coerce, take
 from tq_stream.controller.tags import check_tags
 from tq_stream.convert import schemas_of, single_row, to_columns
 from tq_stream.errors import (
     ClosedError,
     ConfigError,
+    ConnectionLost,
     KeyConflictError,
     SchemaError,
     StateError,
@@ -79,6 +80,17 @@ def _coerced(cols: dict[str, Column], fixed: dict[str, Any]) -> dict[str, Column
     return out
 
 
+def _without(pos: list[int], keys: list[str], cols: dict[str, Column],
+             tags: list[dict[str, Any]] | None) -> tuple[list[str], dict[str, Column],
+                                                         list[dict[str, Any]] | None]:
+    """The put without the rows at positions ``pos``."""
+    drop = set(pos)
+    keep = [i for i in range(len(keys)) if i not in drop]
+    tpos = torch.tensor(keep, dtype=torch.int64)
+    return ([keys[i] for i in keep], {f: take(c, tpos) for f, c in cols.items()},
+            None if tags is None else [tags[i] for i in keep])
+
+
 RETRY_PAUSE = 0.2  # seconds between puts placed on a unit that was down or replaced
 
 
@@ -100,14 +112,21 @@ class Writer:
         self._unit = unit
 
     def put(self, keys: str | Sequence[str], data: Any, tags: Any = None,
-            timeout: float | None = None) -> None:
+            timeout: float | None = None) -> list[str]:
         """Write ``data`` for ``keys`` (new rows are created, fields of existing ones set).
+
+        A key whose row was lost with its storage unit (counted ``unit_lost``) is
+        skipped when the put writes none of the fields the row had (it only adds to a
+        row that is gone, e.g. ``r`` after ``x``): the row is not made again half.
+        Such keys are returned and logged at WARNING; the other rows are written.
 
         Args:
             keys: one key (then ``data`` holds one row without a batch dim) or a list.
             data: TensorDict ``[n]`` or dict of fields (see ``tq_stream.convert``).
             tags: one dict per row of JSON-like scalars, merged into the row's tags.
             timeout: seconds to wait while the partition is at capacity.
+        Returns:
+            the keys skipped because their rows were lost with their unit (normally []).
         Raises:
             ConfigError, SchemaError, KeyConflictError, ClosedError, WaitTimeout.
         """
@@ -118,12 +137,12 @@ class Writer:
         else:
             keys_ = check_keys(keys)
             cols = to_columns(data, len(keys_))
-        self._write(keys_, cols, check_tags(tags, len(keys_)), timeout)
+        return self._write(keys_, cols, check_tags(tags, len(keys_)), timeout)
 
     async def aput(self, keys: str | Sequence[str], data: Any, tags: Any = None,
-                   timeout: float | None = None) -> None:
+                   timeout: float | None = None) -> list[str]:
         """``put`` for asyncio code: runs in a worker thread, never blocks the loop."""
-        await asyncio.to_thread(self.put, keys, data, tags, timeout)
+        return await asyncio.to_thread(self.put, keys, data, tags, timeout)
 
     def reserve(self, n: int, timeout: float | None = None) -> int:
         """Wait until ``n`` more rows may be started without going stale; returns ``n``.
@@ -149,18 +168,18 @@ class Writer:
         self._stream._controller().close_partition(partition=self.partition)
 
     def _write(self, keys: list[str], cols: dict[str, Column], tags: list[dict[str, Any]] | None,
-               timeout: float | None, expect: Any = None) -> None:
+               timeout: float | None, expect: Any = None) -> list[str]:
+        """The put (see ``put``); returns the keys skipped as lost with their unit."""
         ctrl = self._stream._controller()
         spares = None if expect is not None else self._stream._spares(self.partition, self._unit)
         if spares is not None and spares.put(ctrl, self._stream._units(), keys, cols, tags):
-            return  # bytes to spare rows (no call on the same host), then commit_new
+            return []  # bytes to spare rows (no call on the same host), then commit_new
         timeout = self._stream.config.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         left = timeout  # the caller's own figure first: a timeout error names it
         while True:
             try:
-                self._write_placed(ctrl, spares, keys, cols, tags, left, expect)
-                return
+                return self._write_placed(ctrl, spares, keys, cols, tags, left, expect)
             except PutAgain as exc:
                 # Placed on a unit that died (its calls were never sent) or that was
                 # replaced (it refuses the slots), or committed to a controller restarted
@@ -176,8 +195,9 @@ class Writer:
 
     def _write_placed(self, ctrl: Any, spares: Any, keys: list[str], cols: dict[str, Column],
                       tags: list[dict[str, Any]] | None, timeout: float,
-                      expect: Any = None) -> None:
-        """One put through ``reserve``: place, store the bytes, commit (or abort).
+                      expect: Any = None) -> list[str]:
+        """One put through ``reserve``: place, store the bytes, commit (or abort); returns
+        the keys the controller skipped as lost with their unit.
 
         Raises:
             PutAgain: a unit did not take the bytes (down or replaced), or the controller
@@ -196,6 +216,11 @@ class Writer:
         if spares is not None:
             spares.add(place.get("spare"))
             spares.learn(place.get("schemas", {}))
+        skipped = self._lost(place.get("lost"), keys)
+        if skipped:
+            keys, cols, tags = _without(place["lost"]["pos"], keys, cols, tags)
+            if not keys:
+                return skipped  # nothing placed: every row is gone
         try:
             fixed = place.get("schemas", {})
             differ = {f: sc for f, sc in fixed.items() if sc != schemas[f]}
@@ -208,8 +233,11 @@ class Writer:
                                 occupancy(place["index"], place["generation"]))
             except ClosedError:
                 raise
-            except (Unreachable, StateError) as exc:  # e.g. "slots must be ones the
-                raise PutAgain(exc) from exc  # controller placed": a new process
+            except (Unreachable, ConnectionLost, StateError) as exc:  # e.g. "slots must
+                # be ones the controller placed" (a new process), or the unit died while
+                # it took the bytes: none is visible before the commit. Rows this put
+                # made are aborted; their slots are reused only once that unit freed them.
+                raise PutAgain(exc) from exc
             try:
                 ctrl.commit(partition=self.partition, index=place["index"],
                             generation=place["generation"], schemas=schemas, tags=tags)
@@ -219,9 +247,22 @@ class Writer:
                 raise PutAgain(exc) from exc  # restarted from a checkpoint without them
             if spares is not None:
                 spares.learn(schemas)  # fixed now: later small puts may skip reserve
+            return skipped
         except BaseException:
             new = place["new"]
             if new.any():
                 ctrl.abort(partition=self.partition, index=place["index"][new],
                            generation=place["generation"][new])
             raise
+
+    def _lost(self, lost: dict[str, list[int]] | None, keys: list[str]) -> list[str]:
+        """Keys the controller skipped as rows lost with their unit (logged once here)."""
+        if not lost:
+            return []
+        skipped = [keys[p] for p in lost["pos"]]
+        units = sorted(set(lost["unit"]))
+        logger.warning("put to partition %r skipped %d rows lost with storage unit %s "
+                       "before it (counted 'unit_lost'; the put writes none of the fields "
+                       "they had, so they are not made again): %s", self.partition,
+                       len(skipped), ", ".join(map(str, units)), skipped[:10])
+        return skipped

@@ -29,6 +29,7 @@ class AccessLogic:
             else:
                 rows = part.lookup(list(keys))
                 rows = rows[rows >= 0]
+            part.lost.forget(keys)  # a cleared key may be written afresh
             freed = self._release_rows(part, rows)
         self._free_slots(partition, freed)
         return len(rows)
@@ -140,6 +141,7 @@ class AccessLogic:
                 out[name] = {
                     "rows": part.live, "capacity": part.capacity, "closed": part.closed,
                     "consumers": None if part.consumers is None else list(part.consumers),
+                    "rows_lost": part.lost.rows, "lost_writes_skipped": part.lost.skipped,
                     "held": self._held(part),
                     "fields": {f: s.describe() for f, s in part.schemas.items()},
                     "tasks": {t: s.stats() for t, s in self._tasks[name].items()},

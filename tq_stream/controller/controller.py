@@ -210,6 +210,9 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
             ``schemas`` (the fixed schema of each written field that has one; the
             writer converts columns in the other form to it); with ``spare``, also
             ``spare``: ``index``, ``unit``, ``slot``, ``generation`` of the spare rows.
+            Keys of rows lost with their storage unit that the put only adds fields to
+            are skipped (``lost.py``): then also ``lost``: ``pos`` (their positions in
+            ``keys``) and ``unit`` (each one's unit), and the arrays cover the other keys.
         Raises:
             SchemaError, ClosedError, ConfigError, StateError, WaitTimeout.
         """
@@ -221,14 +224,22 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         check_session("session", session)
         check_spare(spare)
         deadline = time.monotonic() + timeout
+        asked = (list(keys), expect)
         with self._cond:
             part = self._part(partition, create=expect is None, by_put=True)
             while True:
                 if may_block():
                     self._abort_reservations()  # a dead producer's rows hold capacity
                 part.check_schemas(schemas_, coerce=True)
-                idx = part.lookup(list(keys))
+                keys, expect = asked
+                idx = part.lookup(keys)
                 new = idx < 0
+                gone = part.lost.gone(keys, schemas_) if part.lost and new.any() else {}
+                if gone:  # rows lost with their unit: skipped, never made again half
+                    keep = np.asarray([p not in gone for p in range(len(keys))])
+                    keys, idx, new = [k for k, m in zip(keys, keep.tolist(), strict=True)
+                                      if m], idx[keep], new[keep]
+                    expect = None if expect is None else np.asarray(expect)[keep]
                 n_new = int(new.sum())
                 if expect is not None:
                     self._check_expected(part, keys, idx, expect)
@@ -264,6 +275,9 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
             fixed = {f: part.schemas[f].to_dict() for f in schemas_ if f in part.schemas}
             out = {"index": idx, "unit": part.unit[idx], "slot": part.slot[idx],
                    "generation": part.generation[idx], "new": new, "schemas": fixed}
+            if gone:
+                part.lost.skipped += len(gone)
+                out["lost"] = {"pos": list(gone), "unit": list(gone.values())}
             if spare:
                 out["spare"] = self._spares(part, unit, spare if expect is None
                                             and part.capacity is None else 0)
@@ -320,6 +334,8 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         part.fix_schemas(schemas_)
         for f in schemas_:
             part.ready[f][index] = True
+        if part.lost:  # a lost row's key made afresh: a later put adds to this row
+            part.lost.forget(part.keys[index].tolist())
         part.write_time[index] = time.time()
         if tags is not None:  # no tags: nothing to merge
             part.tags.set(index, tags)

@@ -18,6 +18,7 @@ import numpy as np
 
 from tq_stream import fieldpath
 from tq_stream.columns import FieldSchema, coercible
+from tq_stream.controller.lost import LostKeys
 from tq_stream.controller.tags import TagTable
 from tq_stream.errors import SchemaError
 
@@ -76,6 +77,7 @@ class PartitionMeta:
         # set_version (version, at_step) of tasks not registered yet
         self.versions: dict[str, tuple[int, int | None]] = {}
         self.admitted = 0  # rows producers started through Writer.reserve
+        self.lost = LostKeys(name)  # keys of rows lost with their storage unit
         self.schemas: dict[str, FieldSchema] = {}
         self.key_index: dict[str, int] = {}
         self.keys = np.empty(_MIN, dtype=object)

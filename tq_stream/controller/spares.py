@@ -54,6 +54,8 @@ def _refusal(part: PartitionMeta, keys: list[str],
         return {"ok": False, "reason": "schema"}
     if any(k in part.key_index for k in keys):
         return {"ok": False, "reason": "exists"}
+    if part.lost and part.lost.gone(keys, schemas_):
+        return {"ok": False, "reason": "lost"}  # reserve skips those rows (lost.py)
     if part.capacity is not None and part.live + len(keys) > part.capacity:
         return {"ok": False, "reason": "capacity"}
     if any(f not in part.schemas for f in schemas_):
@@ -84,7 +86,8 @@ class SpareLogic:
         returns ``{"ok": False, "reason": ...}`` and the writer puts again through
         ``reserve``: "exists" (some keys exist), "schema" (a field's schema differs
         from the fixed one; ``reserve`` converts or rejects it), "capacity" (the
-        partition is bounded and full).
+        partition is bounded and full), "lost" (a key names a row lost with its unit
+        that the put only adds to; ``reserve`` skips it).
 
         Args:
             unit, spare: place this many new spare rows (in ``unit``, -1: spread) for
@@ -158,6 +161,8 @@ class SpareLogic:
         part.fix_schemas(schemas_)
         for f in schemas_:
             part.ready[f][i] = True
+        if part.lost:
+            part.lost.forget([part.keys[i]])
         for task in self._tasks[part.name].values():  # type: ignore[attr-defined]
             if part.row_ready(task.config.fields, i, task.tags):
                 task.offer_row(i)

@@ -10,6 +10,8 @@ the controller
 - removes those rows from formed shares: a rank whose whole share was lost is
   told so with an empty batch (``get_meta`` returns no rows, ``end=False``) and a
   loader goes on with its next step instead of waiting;
+- keeps the lost rows' keys (``lost.py``): a later put that only adds fields to
+  such a row skips it instead of making it again half (the writer is told);
 - places no new rows there (``_live_units``) until the unit is back
   (``unit_back``: a restarted or replacement unit, empty).
 
@@ -104,6 +106,8 @@ class UnitLogic:
         """Rows whose bytes are gone (lock held): each task counts those it had not
         finished as discarded ``unit_lost``; shares that held them shrink; their slots
         are reusable at once (there is nothing left to free)."""
+        for r in rows.tolist():  # a later put of fields they lacked must not make them again
+            part.lost.add(part.keys[r], int(part.unit[r]), frozenset(part.fields_of(r)))
         for task in self._tasks[name].values():
             lost = int(np.isin(task.state[rows], (NEW, LEASED)).sum())
             if lost:
