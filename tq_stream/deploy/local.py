@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from tq_stream.deploy.owner_watch import owner_of_this_process
 from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT
 from tq_stream.errors import ConfigError, StateError, WaitTimeout, check_positive, check_timeout
 
@@ -216,6 +217,8 @@ class LocalDeployment:
         if transport == "tcp" and not curve:
             logger.warning(INSECURE_TCP)
         self.owner_token = secrets.token_hex(16)
+        # Who starts and restarts the servers: clients stop waiting once it is gone.
+        self.owner = owner_of_this_process()
         self.curve_server_key: bytes | None = None
         secret = ""
         if curve:
@@ -238,7 +241,8 @@ class LocalDeployment:
         self.checkpoint_path = checkpoint_path
         base = {"shm": shm, "curve_secret": secret,
                 "curve_server": (self.curve_server_key or b"").decode(),
-                "owner_token": self.owner_token, "max_message": max_message}
+                "owner_token": self.owner_token, "max_message": max_message,
+                "owner": self.owner}
         self._children: list[_Child] = []
         self._start_method = start_method
         self._closed = False

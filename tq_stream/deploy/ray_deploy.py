@@ -164,6 +164,7 @@ class RayDeployment:
         if not ray.is_initialized():
             ray.init(namespace=namespace)  # the servers' WARNINGs reach the driver
         self.owner_token = secrets.token_hex(16)
+        self.owner: dict[str, Any] | None = None  # Ray supervises the actors, not a process
         self.curve_server_key: bytes | None = None
         secret = ""
         if curve:
