@@ -26,7 +26,7 @@ from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.reservations import WRITER_TASK
 from tq_stream.controller.task import MAX_REPLICAS, TaskState
 from tq_stream.controller.waiters import Waiter
-from tq_stream.errors import ConfigError, WaitTimeout, check_positive, check_timeout
+from tq_stream.errors import ConfigError, WaitTimeout, check_positive, check_timeout, format_seconds
 from tq_stream.samplers.sequential import SequentialSampler
 from tq_stream.transport.answers import ANSWERED, pending
 from tq_stream.transport.dispatch import WouldBlock, may_block
@@ -203,7 +203,8 @@ class ConsumingLogic:
         unknown = [f for f in state.config.fields if f not in part.schemas]
         if unknown and part.live:  # a timeout still: a later stage may write the field
             return WaitTimeout(
-                f"get_meta waited timeout={timeout}s for task {state.name!r} on partition "
+                f"get_meta waited timeout={format_seconds(timeout)} for task {state.name!r} "
+                f"on partition "
                 f"{part.name!r}, but fields {unknown} were never written to any of its "
                 f"{part.live} rows (known fields: {sorted(part.schemas)}); check the name, "
                 f"or start the stage that writes them")
@@ -213,7 +214,7 @@ class ConsumingLogic:
             hint = (f"; no row was ever written to partition {part.name!r} (partitions "
                     f"written to: {written[:20]}): check the name, or start its producer")
         return WaitTimeout(
-            f"get_meta waited timeout={timeout}s on partition {part.name!r} for "
+            f"get_meta waited timeout={format_seconds(timeout)} on partition {part.name!r} for "
             f"{self._waiting_for(part, state, step, dp_rank)}{hint}")
 
     def ack(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,

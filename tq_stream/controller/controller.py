@@ -48,6 +48,7 @@ from tq_stream.errors import (
     check_name,
     check_positive,
     check_timeout,
+    format_seconds,
 )
 from tq_stream.samplers.base import Sampler, check_sampler
 from tq_stream.samplers.sequential import SequentialSampler
@@ -250,7 +251,8 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
                 if left <= 0:
                     raise WaitTimeout(
                         f"partition {partition!r} stayed full ({part.live}/{cap} rows) for "
-                        f"timeout={timeout}s; consumers must ack rows to free capacity"
+                        f"timeout={format_seconds(timeout)}; consumers must ack rows to free "
+                        f"capacity"
                     )
                 wake = min(left, max(0.01, self._reservations.soonest() - time.time()))
                 self._timings.wait(self._cond, wake, deadline - timeout, "capacity", partition, f"{part.live}/{cap} rows held")  # noqa: E501

@@ -28,7 +28,14 @@ from typing import Any
 
 from tq_stream.deploy.owner_watch import owner_of_this_process
 from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT
-from tq_stream.errors import ConfigError, StateError, WaitTimeout, check_positive, check_timeout
+from tq_stream.errors import (
+    ConfigError,
+    StateError,
+    WaitTimeout,
+    check_positive,
+    check_timeout,
+    format_seconds,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +153,7 @@ def _await_ready(children: Sequence[_Child], timeout: float) -> None:
     while waiting:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise WaitTimeout(f"tq_stream servers did not start within {timeout}s")
+            raise WaitTimeout(f"tq_stream servers did not start within {format_seconds(timeout)}")
         for key, _ in sel.select(timeout=left):
             child: _Child = key.data
             line = key.fileobj.readline()  # type: ignore[union-attr]

@@ -76,6 +76,19 @@ class OwnerWatch:
                                  f"start a new one (tq.init) and connect to its address")
 
 
+def check_folder(address: str) -> None:
+    """Raise DeploymentGone if ``address`` is a unix socket (``unix://``, ``ipc://``) whose
+    folder does not exist: a local deployment removes it when it stops, so nothing
+    serves there (a connect fails at once instead of retrying for its timeout)."""
+    for scheme in ("unix://", "ipc://"):
+        if address.startswith(scheme):
+            folder = os.path.dirname(address[len(scheme):])
+            if not os.path.isdir(folder):
+                raise DeploymentGone(f"no tq_stream deployment at {address}: its socket "
+                                     f"folder {folder} does not exist (the deployment "
+                                     f"stopped, or the address is wrong)")
+
+
 def _start_time(pid: int) -> int | None:
     """The start time of live process ``pid`` (clock ticks since boot; 0 where /proc is
     missing), or None if no such process runs (a zombie has ended)."""

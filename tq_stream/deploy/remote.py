@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 from tq_stream.config import StreamConfig
-from tq_stream.deploy.owner_watch import OwnerWatch
+from tq_stream.deploy.owner_watch import OwnerWatch, check_folder
 from tq_stream.errors import ConfigError
 from tq_stream.stream import Stream
 
@@ -179,8 +179,13 @@ def _rebuild(address: str, config: StreamConfig, curve: bytes | None,
 
 
 def connect(address: str, config: StreamConfig, curve_server_key: bytes | None = None) -> Stream:
-    """A Stream on the deployment whose controller serves at ``address``."""
+    """A Stream on the deployment whose controller serves at ``address``.
+
+    Raises:
+        DeploymentGone: ``address`` is a unix socket whose folder is gone.
+    """
     backend = RemoteBackend(address, config, curve_server_key)
+    check_folder(backend.address)
     backend.owner_watch.learn(backend.controller().ping().get("owner"))
     return Stream(backend, config, "remote", owner=_ConnectionOwner(backend))
 
