@@ -106,14 +106,26 @@ def connect(address: str | None = None, config: StreamConfig | None = None,
     Args:
         address: the controller's zmq address (``stream.address``); None looks up the
             Ray deployment ``name`` in ``namespace`` (inside a Ray job).
-        curve_server_key: the deployment's public key when it requires CURVE.
+        curve_server_key: the deployment's public key when it requires CURVE (by name:
+            the deployment tells it; one given must be the same).
         lease_timeout: as in ``init``, for the consumers and producers of this handle.
     """
     config = with_lease_timeout(config, lease_timeout)
     from tq_stream.deploy import remote
 
     if address is None:
-        from tq_stream.deploy.ray_deploy import controller_address
-
-        address = controller_address(name, namespace)
+        address, curve_server_key = _by_name(name, namespace, curve_server_key)
     return remote.connect(address, config, curve_server_key)
+
+
+def _by_name(name: str, namespace: str, key: bytes | None) -> tuple[str, bytes | None]:
+    """The address and CURVE public key of the Ray deployment ``name``."""
+    from tq_stream.deploy.ray_deploy import controller_info
+
+    info = controller_info(name, namespace)
+    known = (info.get("curve_server_key") or "").encode() or None
+    key = key.encode() if isinstance(key, str) else key
+    if key is not None and key != known:
+        raise ConfigError(f"curve_server_key must be the public key of the Ray deployment "
+                          f"{name!r} ({known!r}), or None to use it, got {key!r}")
+    return info["address"], known

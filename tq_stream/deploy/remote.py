@@ -24,6 +24,7 @@ SPARE_RELEASE_TIMEOUT = 2.0  # seconds closing a stream waits to return its spar
 # unit restarts at its address within this; a dead one fails the call here instead of
 # after the whole timeout, and a writer's put then goes to the live units).
 UNIT_CONNECT_WINDOW = 3.0
+HANDSHAKE_WINDOW = 5.0  # seconds connect waits to learn whether its CURVE key is accepted
 
 
 class RemoteBackend:
@@ -183,9 +184,15 @@ def connect(address: str, config: StreamConfig, curve_server_key: bytes | None =
 
     Raises:
         DeploymentGone: ``address`` is a unix socket whose folder is gone.
+        ConfigError: the server refused the CURVE handshake with ``curve_server_key``
+            (another key, or a key where none is used, or none where one is).
     """
     backend = RemoteBackend(address, config, curve_server_key)
     check_folder(backend.address)
+    if not address.startswith("unix://"):
+        from tq_stream.transport.zmq_handshake import check_handshake
+
+        check_handshake(address, curve_server_key, min(config.timeout, HANDSHAKE_WINDOW))
     backend.owner_watch.learn(backend.controller().ping().get("owner"))
     return Stream(backend, config, "remote", owner=_ConnectionOwner(backend))
 
