@@ -166,7 +166,7 @@ def test_put_exceeding_capacity(stream):
 def test_capacity_blocks_then_succeeds_after_ack(stream):
     stream.create_partition(W, capacity=4, consumers=["t"])
     put_rows(stream, keys_of("a", 4))
-    rejects(stream, WaitTimeout, r"'train' stayed full \(4/4 rows\) for timeout=0.1s",
+    rejects(stream, WaitTimeout, r"'train' stayed full \(4/4 rows\) for timeout=0.1 s",
             lambda: stream.writer(W).put(["b0"], dense_batch(["b0"]), timeout=0.1))
     put_rows(stream, ["a0", "a1"])  # existing rows take no capacity
     client = stream.client()
@@ -234,11 +234,11 @@ def test_get_meta_timeout_names_partition_and_task(stream):
     put_rows(stream, ["a"])
     client = stream.client()
     client.register_task(W, "actor", ["x"], batch_size=2)
-    with pytest.raises(WaitTimeout, match=r"timeout=0.05s on partition 'train' for task 'actor' "
+    with pytest.raises(WaitTimeout, match=r"timeout=0.05 s on partition 'train' for task 'actor' "
                                           r"step 0.*1 rows ready, 2 needed"):
         client.get_meta(W, "actor", step=0, timeout=0.05)
     ds = tq.StreamingDataset(stream, W, "actor", ["x"], batch_size=2, timeout=0.3)
-    with pytest.raises(WaitTimeout, match="timeout=0.3s on partition 'train' for task 'actor'"):
+    with pytest.raises(WaitTimeout, match="timeout=0.3 s on partition 'train' for task 'actor'"):
         next(iter(tq.StreamingDataLoader(ds)))
 
 

@@ -238,7 +238,7 @@ def test_timeout_counts_complete_groups(stream):
     put_rows(stream, keys_of("k", 4), tags=[{"uid": "g0"}] * 4)
     c = stream.client()
     c.register_task(P, "t", ["x"], batch_size=8, sampler=tq.samplers.GroupSampler(4))
-    with pytest.raises(WaitTimeout, match=r"timeout=0.05s.*1 complete group of 4 ready "
+    with pytest.raises(WaitTimeout, match=r"timeout=0.05 s.*1 complete group of 4 ready "
                                           r"\(4 rows\), 2 needed"):
         c.get_meta(P, "t", 0, timeout=0.05)
 

@@ -28,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--curve-key", default=None,
                         help="the deployment's CURVE public key (stream.curve_server_key, "
                              "z85 text) when it requires CURVE")
+    status.add_argument("--timeout", type=float, default=10.0,
+                        help="seconds each call waits for the deployment's reply (default 10)")
     bench = sub.add_parser("bench", help="run the benchmarks side by side (from a checkout)")
     bench.add_argument("--quick", action="store_true", help="small shapes, seconds, no peers")
     bench.add_argument("--systems", default="", help="comma-separated subset of systems")
@@ -72,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
 
         key = None if args.curve_key is None else args.curve_key.encode()
         return status_main(args.address, watch=args.watch and not args.once,
-                           interval=args.interval, curve_server_key=key)
+                           interval=args.interval, curve_server_key=key,
+                           timeout=args.timeout)
     try:
         harness = bench_harness()
     except ImportError as exc:

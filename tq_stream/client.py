@@ -58,9 +58,12 @@ class Client:
         return self._stream._controller()
 
     def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
-                      dp_size: int = 1, replicas: int = 1, lease_timeout: float = 300.0,
+                      dp_size: int = 1, replicas: int = 1, lease_timeout: float | None = None,
                       drop_last: bool = False, sampler: Sampler | None = None) -> None:
-        """Declare a consumer task (idempotent; every rank passes the same settings)."""
+        """Declare a consumer task (idempotent; every rank passes the same settings).
+        ``lease_timeout`` defaults to the stream's (``tq.init(lease_timeout=...)``)."""
+        if lease_timeout is None:
+            lease_timeout = self._stream.config.lease_timeout
         self._controller.register_task(
             partition=partition, task=task, fields=list(fields), batch_size=batch_size,
             dp_size=dp_size, replicas=replicas, lease_timeout=lease_timeout,

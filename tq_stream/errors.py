@@ -6,6 +6,7 @@
     │   └── KeyConflictError   duplicate keys in one put, or keys that do not exist
     ├── StateError             an operation not allowed in the current state
     │   ├── ClosedError        use after close(), or a write to a closed partition
+    │   │   └── DeploymentGone a deployment whose owner died or closed it: nothing serves
     │   ├── LeaseError         ack/release of rows this consumer does not hold
     │   └── LengthUnknownError len() of an open stream (also a TypeError)
     ├── WaitTimeout            a bounded wait expired (also a TimeoutError)
@@ -46,6 +47,11 @@ class StateError(TQError):
 
 class ClosedError(StateError):
     """Use of a closed object, or a write to a closed partition."""
+
+
+class DeploymentGone(ClosedError):
+    """The deployment a handle points at is gone (its owner process died, or it was
+    closed): nothing will serve or restart its servers, so a call is not sent again."""
 
 
 class LeaseError(StateError):
@@ -150,3 +156,17 @@ def check_replica(value: object, replicas: int) -> int:
         raise ConfigError(f"replica must be an int in [0, {replicas}) (replicas={replicas}), "
                           f"got {value!r}")
     return value
+
+
+def format_seconds(value: float) -> str:
+    """A duration as messages print it: ``15 s``, ``2.5 s``, ``0.05 s`` (a timeout shortened
+    by the time already waited reads as the round number it nearly is, not
+    ``14.999999639999942s``)."""
+    value = float(value)
+    if abs(value) >= 10:
+        text = f"{value:.0f}"
+    elif abs(value) >= 0.1:
+        text = f"{value:.2f}".rstrip("0").rstrip(".")
+    else:
+        text = f"{value:.2g}"
+    return f"{text} s"

@@ -17,7 +17,10 @@ from rich.table import Table
 from rich.text import Text
 
 from tq_stream.controller.waiting import describe
+from tq_stream.errors import TQError, check_timeout
 from tq_stream.stats import DeploymentStats, PartitionStats
+
+DEFAULT_STATUS_TIMEOUT = 10.0  # seconds a call of ``tq-stream status`` waits for a reply
 
 
 def _bytes(n: float) -> str:
@@ -112,17 +115,33 @@ def render(stream: Any) -> Group:
 
 
 def main(address: str, watch: bool = False, interval: float = 2.0,
-         console: Console | None = None, curve_server_key: bytes | None = None) -> int:
+         console: Console | None = None, curve_server_key: bytes | None = None,
+         timeout: float = DEFAULT_STATUS_TIMEOUT) -> int:
     """Print the status of the deployment at ``address`` once, or redraw it in place
-    every ``interval`` seconds with ``watch`` (until Ctrl-C). Returns the exit code.
+    every ``interval`` seconds with ``watch`` (until Ctrl-C). Returns the exit code:
+    0, or 1 when the deployment cannot be reached (one line on stderr says why:
+    gone, no reply within ``timeout``, a wrong address or key).
 
     Args:
         curve_server_key: the deployment's CURVE public key, when it requires CURVE.
+        timeout: seconds each call to the deployment waits for its reply.
     """
+    console = console or Console()
+    try:
+        return _show(address, watch, interval, console, curve_server_key,
+                     check_timeout("timeout", timeout))
+    except TQError as exc:
+        Console(stderr=True).print(f"tq-stream status: {exc}", markup=False,
+                                   highlight=False)
+        return 1
+
+
+def _show(address: str, watch: bool, interval: float, console: Console,
+          curve_server_key: bytes | None, timeout: float) -> int:
     import tq_stream as tq
 
-    console = console or Console()
-    stream = tq.connect(address, curve_server_key=curve_server_key)
+    stream = tq.connect(address, config=tq.StreamConfig(timeout=timeout),
+                        curve_server_key=curve_server_key)
     try:
         if not watch:
             console.print(render(stream))

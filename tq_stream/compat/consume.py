@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from tq_stream.compat import variants
 from tq_stream.compat.meta import BatchMeta
 from tq_stream.compat.runtime import Runtime
-from tq_stream.errors import ConfigError, WaitTimeout
+from tq_stream.errors import ConfigError, WaitTimeout, format_seconds
 
 POLL_S = 0.05  # how often a waiting get_meta looks for its fields before its task exists
 NOW_S = 1e-3  # the wait of a polling-mode get_meta on its task
@@ -112,8 +112,9 @@ def get_meta(rt: Runtime, data_fields: Sequence[str], batch_size: int, partition
         if rt.polling:
             return BatchMeta()
         if time.monotonic() >= deadline:
-            raise WaitTimeout(f"get_meta waited {timeout}s for fields {fields} of partition "
-                              f"{partition!r} to be written (tq_stream.timeout)")
+            raise WaitTimeout(f"get_meta waited {format_seconds(timeout)} for fields "
+                              f"{fields} of partition {partition!r} to be written "
+                              f"(tq_stream.timeout)")
         time.sleep(POLL_S)
     client = rt.native_client()
     wait = NOW_S if rt.polling else max(deadline - time.monotonic(), NOW_S)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tq_stream.errors import WaitTimeout, check_positive, check_timeout
+from tq_stream.errors import WaitTimeout, check_positive, check_timeout, format_seconds
 from tq_stream.transport.dispatch import WouldBlock, may_block
 
 
@@ -66,7 +66,8 @@ class AdmissionLogic:
                 if left <= 0:
                     raise WaitTimeout(
                         f"reserve of n={n} rows on partition {partition!r} waited "
-                        f"timeout={timeout}s: the staleness window of task {who!r} has room "
+                        f"timeout={format_seconds(timeout)}: the staleness window of task "
+                        f"{who!r} has room "
                         f"for {room} rows; its consumer must ack rows or advance its version"
                     )
                 self._timings.wait(self._cond, left, deadline - timeout, "admission", partition, f"task {who!r} has room for {room} rows")  # type: ignore[attr-defined]  # noqa: E501

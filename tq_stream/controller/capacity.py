@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from tq_stream.errors import WaitTimeout
+from tq_stream.errors import WaitTimeout, format_seconds
 
 if TYPE_CHECKING:
     from tq_stream.controller.partition import PartitionMeta
@@ -42,7 +42,7 @@ def full_error(part: PartitionMeta, timeout: float) -> WaitTimeout:
         f"discarded) enough rows to free capacity; stats()[{part.name!r}]['held'] says "
         f"who rows wait for")
     return WaitTimeout(f"partition {part.name!r} stayed full ({part.live}/{part.capacity} "
-                       f"rows) for timeout={timeout}s: {why}")
+                       f"rows) for timeout={format_seconds(timeout)}: {why}")
 
 
 def warn_full(part: PartitionMeta) -> None:

@@ -36,6 +36,7 @@ from tq_stream.errors import (
     check_positive,
     check_replica,
     check_timeout,
+    format_seconds,
 )
 from tq_stream.samplers.sequential import SequentialSampler
 from tq_stream.transport.answers import ANSWERED, pending
@@ -136,8 +137,9 @@ class ConsumingLogic:
                 if left <= 0 and state.awaits_turn(step, session, time.time()):
                     what = self._waiting_for(part, state, step, dp_rank)
                     raise TurnNotReached(
-                        f"get_meta waited timeout={timeout}s on partition {part.name!r} "
-                        f"for {what}; the trainer is alive on an earlier step: ask again")
+                        f"get_meta waited timeout={format_seconds(timeout)} on partition "
+                        f"{part.name!r} for {what}; the trainer is alive on an earlier "
+                        f"step: ask again")
                 if left <= 0:
                     raise self._wait_error(part, state, waiter.args, timeout)
                 if not registered:
@@ -238,18 +240,19 @@ class ConsumingLogic:
         if claim is not None:
             left = max(0.0, claim.expiry - time.time())
             return ConfigError(
-                f"replica={replica} of rank {dp_rank} of task {state.name!r} step {step} is "
-                f"held by another live session ({claim.session[:12]}, its lease renewed by "
-                f"its heartbeat; it expires in {left:.1f} s without one): get_meta waited "
-                f"timeout={timeout}s. Two consumers must not read as one replica: give each "
-                f"TP/PP peer of a rank its own replica= (replicas="
-                f"{state.config.replicas}); a consumer restarted after its predecessor "
-                f"died takes the share back once that lease expired (a shorter "
-                f"lease_timeout makes it sooner)")
+                f"replica={replica} of rank {dp_rank} of task {state.name!r} step {step} "
+                f"is held by another live session ({claim.session[:12]}, its lease "
+                f"renewed by its heartbeat; it expires in {format_seconds(left)} without "
+                f"one): get_meta waited timeout={format_seconds(timeout)}. Two consumers "
+                f"must not read as one replica: give each TP/PP peer of a rank its own "
+                f"replica= (replicas={state.config.replicas}); a consumer restarted after "
+                f"its predecessor died takes the share back once that lease expired (a "
+                f"shorter lease_timeout makes it sooner)")
         unknown = [f for f in state.config.fields if not fieldpath.under(f, part.schemas)]
         if unknown and part.live:  # a timeout still: a later stage may write the field
             return WaitTimeout(
-                f"get_meta waited timeout={timeout}s for task {state.name!r} on partition "
+                f"get_meta waited timeout={format_seconds(timeout)} for task {state.name!r} "
+                f"on partition "
                 f"{part.name!r}, but fields {unknown} were never written to any of its "
                 f"{part.live} rows (known fields: {sorted(part.schemas)}); check the name, "
                 f"or start the stage that writes them")
@@ -259,7 +262,7 @@ class ConsumingLogic:
             hint = (f"; no row was ever written to partition {part.name!r} (partitions "
                     f"written to: {written[:20]}): check the name, or start its producer")
         return WaitTimeout(
-            f"get_meta waited timeout={timeout}s on partition {part.name!r} for "
+            f"get_meta waited timeout={format_seconds(timeout)} on partition {part.name!r} for "
             f"{self._waiting_for(part, state, step, dp_rank)}{hint}")
 
     def ack(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,

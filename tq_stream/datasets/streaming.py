@@ -43,6 +43,7 @@ from tq_stream.errors import (
     check_positive,
     check_replica,
     check_timeout,
+    format_seconds,
 )
 from tq_stream.meta import BatchMeta
 from tq_stream.samplers.base import Sampler
@@ -419,7 +420,7 @@ class StreamingDataset(IterableDataset[TensorDict]):
                 except queue.Empty:
                     raise WaitTimeout(
                         f"no batch of task {self.task!r} arrived within timeout="
-                        f"{self.timeout}s (+5 s) from the prefetch thread") from None
+                        f"{format_seconds(self.timeout)} (+5 s) from the prefetch thread") from None
                 room.release()
                 if item is _END:
                     finished = True

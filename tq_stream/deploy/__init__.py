@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from tq_stream.config import StreamConfig, check_units
-from tq_stream.errors import ConfigError
+from tq_stream.config import DEFAULT_LEASE_TIMEOUT, StreamConfig, check_units
+from tq_stream.errors import ConfigError, check_timeout
 
 if TYPE_CHECKING:  # imported when used: a server process never needs it (nor tensordict)
     from tq_stream.stream import Stream
@@ -18,7 +19,8 @@ logger = logging.getLogger(__name__)
 
 def init(mode: str = "embedded", storage_units: int = 1, restore: str | None = None,
          config: StreamConfig | None = None, metrics_port: int | None = None,
-         metrics_host: str = "127.0.0.1", **options: Any) -> Stream:
+         metrics_host: str = "127.0.0.1", lease_timeout: float | None = None,
+         **options: Any) -> Stream:
     """Start a deployment and return a Stream handle that owns it.
 
     Args:
@@ -31,15 +33,24 @@ def init(mode: str = "embedded", storage_units: int = 1, restore: str | None = N
             this port (0: a free one; ``stream.metrics_endpoint`` tells which). Needs
             the ``metrics`` extra.
         metrics_host: the address the metrics endpoint binds (loopback by default).
+        lease_timeout: seconds after which the share of a consumer that died (its
+            heartbeat went silent) goes to the next reader, and a dead producer's
+            reserved rows are aborted (default ``StreamConfig.lease_timeout``, 300 s;
+            lower it for faster takeover). The same as
+            ``config=StreamConfig(lease_timeout=...)``; every mode.
         options: mode-specific settings (see the mode's module).
+
+    Example:
+        >>> stream = tq.init(mode="local", storage_units=2, lease_timeout=30)  # doctest: +SKIP
     """
+    config = with_lease_timeout(config, lease_timeout)
     if metrics_port is not None:
         from tq_stream.metrics import check_port, require_prometheus
 
         require_prometheus()  # fail before starting anything
         check_port(metrics_port)
     started = time.monotonic()
-    stream = _start(mode, storage_units, restore, config or StreamConfig(), options)
+    stream = _start(mode, storage_units, restore, config, options)
     logger.info("started a deployment (%s mode, %d storage units%s) in %.2f s", mode,
                 storage_units, f" at {stream.address}" if stream.address else "",
                 time.monotonic() - started)
@@ -52,6 +63,21 @@ def init(mode: str = "embedded", storage_units: int = 1, restore: str | None = N
             stream.close()
             raise
     return stream
+
+
+def with_lease_timeout(config: StreamConfig | None,
+                       lease_timeout: float | None) -> StreamConfig:
+    """``config`` (default: ``StreamConfig()``) with ``lease_timeout`` if given; a config
+    that sets another lease_timeout is refused (which one was meant is unknown)."""
+    if lease_timeout is None:
+        return config or StreamConfig()
+    lease_timeout = check_timeout("lease_timeout", lease_timeout)
+    if config is not None and config.lease_timeout not in (DEFAULT_LEASE_TIMEOUT,
+                                                           lease_timeout):
+        raise ConfigError(f"lease_timeout must agree with config.lease_timeout when both are "
+                          f"given, got lease_timeout={lease_timeout:g} and "
+                          f"config.lease_timeout={config.lease_timeout:g}")
+    return replace(config or StreamConfig(), lease_timeout=lease_timeout)
 
 
 def _start(mode: str, storage_units: int, restore: str | None, config: StreamConfig,
@@ -74,18 +100,32 @@ def _start(mode: str, storage_units: int, restore: str | None, config: StreamCon
 
 def connect(address: str | None = None, config: StreamConfig | None = None,
             curve_server_key: bytes | None = None, name: str = "tq_stream",
-            namespace: str = "tq_stream") -> Stream:
+            namespace: str = "tq_stream", lease_timeout: float | None = None) -> Stream:
     """Join a running local or Ray deployment from any process.
 
     Args:
         address: the controller's zmq address (``stream.address``); None looks up the
             Ray deployment ``name`` in ``namespace`` (inside a Ray job).
-        curve_server_key: the deployment's public key when it requires CURVE.
+        curve_server_key: the deployment's public key when it requires CURVE (by name:
+            the deployment tells it; one given must be the same).
+        lease_timeout: as in ``init``, for the consumers and producers of this handle.
     """
+    config = with_lease_timeout(config, lease_timeout)
     from tq_stream.deploy import remote
 
     if address is None:
-        from tq_stream.deploy.ray_deploy import controller_address
+        address, curve_server_key = _by_name(name, namespace, curve_server_key)
+    return remote.connect(address, config, curve_server_key)
 
-        address = controller_address(name, namespace)
-    return remote.connect(address, config or StreamConfig(), curve_server_key)
+
+def _by_name(name: str, namespace: str, key: bytes | None) -> tuple[str, bytes | None]:
+    """The address and CURVE public key of the Ray deployment ``name``."""
+    from tq_stream.deploy.ray_deploy import controller_info
+
+    info = controller_info(name, namespace)
+    known = (info.get("curve_server_key") or "").encode() or None
+    key = key.encode() if isinstance(key, str) else key
+    if key is not None and key != known:
+        raise ConfigError(f"curve_server_key must be the public key of the Ray deployment "
+                          f"{name!r} ({known!r}), or None to use it, got {key!r}")
+    return info["address"], known

@@ -26,8 +26,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from tq_stream.deploy.owner_watch import owner_of_this_process
 from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT
-from tq_stream.errors import ConfigError, StateError, WaitTimeout, check_positive, check_timeout
+from tq_stream.errors import (
+    ConfigError,
+    StateError,
+    WaitTimeout,
+    check_positive,
+    check_timeout,
+    format_seconds,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +153,7 @@ def _await_ready(children: Sequence[_Child], timeout: float) -> None:
     while waiting:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise WaitTimeout(f"tq_stream servers did not start within {timeout}s")
+            raise WaitTimeout(f"tq_stream servers did not start within {format_seconds(timeout)}")
         for key, _ in sel.select(timeout=left):
             child: _Child = key.data
             line = key.fileobj.readline()  # type: ignore[union-attr]
@@ -216,6 +224,8 @@ class LocalDeployment:
         if transport == "tcp" and not curve:
             logger.warning(INSECURE_TCP)
         self.owner_token = secrets.token_hex(16)
+        # Who starts and restarts the servers: clients stop waiting once it is gone.
+        self.owner = owner_of_this_process()
         self.curve_server_key: bytes | None = None
         secret = ""
         if curve:
@@ -238,7 +248,8 @@ class LocalDeployment:
         self.checkpoint_path = checkpoint_path
         base = {"shm": shm, "curve_secret": secret,
                 "curve_server": (self.curve_server_key or b"").decode(),
-                "owner_token": self.owner_token, "max_message": max_message}
+                "owner_token": self.owner_token, "max_message": max_message,
+                "owner": self.owner}
         self._children: list[_Child] = []
         self._start_method = start_method
         self._closed = False

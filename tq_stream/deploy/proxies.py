@@ -67,7 +67,9 @@ class RemoteController:
         call it again, within ``timeout``, on the controller restarted at its address
         (a call whose effect the old one may have made: acks are journaled and a repeated
         one is a no-op; rows it placed or committed after its checkpoint are lost with
-        it). Without a restart the retries end with WaitTimeout naming the address.
+        it). Without a restart the retries end with WaitTimeout naming the address, or
+        sooner with DeploymentGone once the deployment's owner is gone (the transport
+        asks ``OwnerWatch.check``: nothing will restart the controller then).
         ``wait``: the server-side wait of a long-poll, shortened on a retry."""
         deadline = time.monotonic() + timeout
         while True:

@@ -90,7 +90,8 @@ class _Service:
             allow_insecure=True,  # RayDeployment checked the bind (see its Args)
             unit_timeout=unit_timeout, checkpoint=checkpoint)
         self._info = {"address": self._server.address, "pid": os.getpid(), "host": host_id(),
-                      "node": ray.get_runtime_context().get_node_id(), "local": local}
+                      "node": ray.get_runtime_context().get_node_id(), "local": local,
+                      "curve_server_key": curve_server}  # public: lets tq.connect() by name
 
     def info(self) -> dict[str, Any]:
         return self._info
@@ -164,6 +165,7 @@ class RayDeployment:
         if not ray.is_initialized():
             ray.init(namespace=namespace)  # the servers' WARNINGs reach the driver
         self.owner_token = secrets.token_hex(16)
+        self.owner: dict[str, Any] | None = None  # Ray supervises the actors, not a process
         self.curve_server_key: bytes | None = None
         secret = ""
         if curve:
@@ -390,6 +392,14 @@ def _close_open_deployments() -> None:
 
 def controller_address(name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE) -> str:
     """The zmq address of a Ray deployment's controller, looked up by actor name."""
+    return controller_info(name, namespace)["address"]
+
+
+def controller_info(name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE
+                    ) -> dict[str, Any]:
+    """What the controller actor of a Ray deployment tells about itself, looked up by
+    actor name: ``address`` and ``curve_server_key`` (its public key, z85 text; "" without
+    CURVE), among others."""
     import ray
 
     try:
@@ -397,4 +407,4 @@ def controller_address(name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESP
     except ValueError:
         raise ConfigError(f"name must be that of a running Ray deployment in namespace "
                           f"{namespace!r}, got {name!r}") from None
-    return ray.get(actor.info.remote(), timeout=30)["address"]
+    return ray.get(actor.info.remote(), timeout=30)

@@ -36,7 +36,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from tq_stream.errors import WaitTimeout
+from tq_stream.errors import WaitTimeout, format_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,8 @@ def started(actor: Any, what: str, timeout: float) -> dict[str, Any]:
         with contextlib.suppress(Exception):
             ray.kill(actor, no_restart=True)
         if isinstance(exc, ray.exceptions.GetTimeoutError):
-            raise WaitTimeout(f"a re-created {what} must serve within {timeout} s; it did "
+            raise WaitTimeout(f"a re-created {what} must serve within "
+                              f"{format_seconds(timeout)}; it did "
                               "not (it was killed)") from None
         raise
 

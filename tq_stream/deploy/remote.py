@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 from tq_stream.config import StreamConfig
+from tq_stream.deploy.owner_watch import OwnerWatch, check_folder
 from tq_stream.errors import ConfigError
 from tq_stream.stream import Stream
 
@@ -23,13 +24,15 @@ SPARE_RELEASE_TIMEOUT = 2.0  # seconds closing a stream waits to return its spar
 # unit restarts at its address within this; a dead one fails the call here instead of
 # after the whole timeout, and a writer's put then goes to the live units).
 UNIT_CONNECT_WINDOW = 3.0
+HANDSHAKE_WINDOW = 5.0  # seconds connect waits to learn whether its CURVE key is accepted
 
 
 class RemoteBackend:
     """Connections of one process to a running deployment."""
 
     def __init__(self, address: str, config: StreamConfig,
-                 curve_server_key: bytes | None = None, owner_token: str | None = None) -> None:
+                 curve_server_key: bytes | None = None, owner_token: str | None = None,
+                 owner: dict[str, Any] | None = None) -> None:
         if not isinstance(address, str) or "://" not in address:
             raise ConfigError(f"address must be a zmq endpoint like 'tcp://127.0.0.1:5555', "
                               f"got {address!r}")
@@ -37,6 +40,8 @@ class RemoteBackend:
         self._config = config
         self._curve = curve_server_key
         self._owner_token = owner_token  # never pickled: other processes are not the owner
+        # Calls stop waiting once the owner (who alone restarts the servers) is gone.
+        self.owner_watch = OwnerWatch(address, owner)
         self._lock = threading.Lock()
         self._ctrl: Any = None
         self._units: list[Any] | None = None
@@ -50,7 +55,7 @@ class RemoteBackend:
         from tq_stream.transport.rpc import rpc_client
 
         return rpc_client(address, timeout=self._config.timeout, curve_server_key=self._curve,
-                          connect_window=connect_window)
+                          connect_window=connect_window, check_alive=self.owner_watch.check)
 
     def controller(self) -> Any:
         if self._ctrl is None:
@@ -72,6 +77,7 @@ class RemoteBackend:
         from tq_stream.deploy.services import nearest
 
         info = rpc.call("ping", {})
+        self.owner_watch.learn(info.get("owner"))
         local = nearest({"address": self.address, **info})
         if local == self.address:
             return rpc
@@ -158,7 +164,7 @@ class RemoteBackend:
         return random.choice(same)
 
     def reduce_stream(self, config: StreamConfig) -> tuple[Any, tuple]:
-        return _rebuild, (self.address, config, self._curve)
+        return _rebuild, (self.address, config, self._curve, self.owner_watch.owner)
 
     def close(self) -> None:
         self.release_spares()
@@ -168,14 +174,26 @@ class RemoteBackend:
             self._ctrl.close()
 
 
-def _rebuild(address: str, config: StreamConfig, curve: bytes | None) -> Stream:
-    return Stream(RemoteBackend(address, config, curve), config, "remote")
+def _rebuild(address: str, config: StreamConfig, curve: bytes | None,
+             owner: dict[str, Any] | None = None) -> Stream:
+    return Stream(RemoteBackend(address, config, curve, owner=owner), config, "remote")
 
 
 def connect(address: str, config: StreamConfig, curve_server_key: bytes | None = None) -> Stream:
-    """A Stream on the deployment whose controller serves at ``address``."""
+    """A Stream on the deployment whose controller serves at ``address``.
+
+    Raises:
+        DeploymentGone: ``address`` is a unix socket whose folder is gone.
+        ConfigError: the server refused the CURVE handshake with ``curve_server_key``
+            (another key, or a key where none is used, or none where one is).
+    """
     backend = RemoteBackend(address, config, curve_server_key)
-    backend.controller().ping()
+    check_folder(backend.address)
+    if not address.startswith("unix://"):
+        from tq_stream.transport.zmq_handshake import check_handshake
+
+        check_handshake(address, curve_server_key, min(config.timeout, HANDSHAKE_WINDOW))
+    backend.owner_watch.learn(backend.controller().ping().get("owner"))
     return Stream(backend, config, "remote", owner=_ConnectionOwner(backend))
 
 
@@ -210,7 +228,7 @@ def start(mode: str, n_units: int, restore: str | None, config: StreamConfig,
     owner: Any = cls(n_units, **options)
     try:
         backend = RemoteBackend(owner.address, config, owner.curve_server_key,
-                                owner.owner_token)
+                                owner.owner_token, owner.owner)
         owner.attach(backend)
         if restore is not None:
             from tq_stream.deploy import snapshot

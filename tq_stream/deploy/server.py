@@ -52,10 +52,11 @@ def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = 
                   shm: bool = True, timeout: float = DEFAULT_TIMEOUT,
                   curve_server_key: bytes | None = None,
                   owner_token: str | None = None, unit_timeout: float | None = None,
-                  checkpoint: tuple[str | None, float | None] = (None, None)
-                  ) -> tuple[Any, Any]:
+                  checkpoint: tuple[str | None, float | None] = (None, None),
+                  owner: dict[str, Any] | None = None) -> tuple[Any, Any]:
     """The handler for ``role`` and a cleanup callable (``unit_timeout``: seconds a
-    controller waits for a silent unit before it is lost; None: the default)."""
+    controller waits for a silent unit before it is lost; None: the default; ``owner``:
+    the process that restarts the servers, which the controller's ``ping`` reports)."""
     from tq_stream.deploy.services import ControllerService, UnitService
 
     if role == "unit":
@@ -79,7 +80,7 @@ def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = 
                                 owner_token=owner_token,
                                 unit_timeout=unit_timeout or DEFAULT_UNIT_TIMEOUT,
                                 checkpoint_path=checkpoint[0],
-                                checkpoint_interval=checkpoint[1])
+                                checkpoint_interval=checkpoint[1], owner=owner)
     return service, service.close
 
 
@@ -103,7 +104,7 @@ def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, .
           owner_token: str | None = None, max_message: int | None = None,
           allow_insecure: bool = False, unit_timeout: float | None = None,
           checkpoint: tuple[str | None, float | None] = (None, None),
-          ) -> tuple[Any, Any, str | None]:
+          owner: dict[str, Any] | None = None) -> tuple[Any, Any, str | None]:
     """Start serving ``role`` at ``address``; returns (server, cleanup, local address).
 
     With ``local_dir`` (and no CURVE key) the same service is also served on a unix
@@ -118,7 +119,7 @@ def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, .
     service, cleanup = build_service(role, units, sampler_modules, shm,
                                      curve_server_key=curve_server_key,
                                      owner_token=owner_token, unit_timeout=unit_timeout,
-                                     checkpoint=checkpoint)
+                                     checkpoint=checkpoint, owner=owner)
     bounds = {"workers": WORKERS[role], "backlog": 1024, "owner_token": owner_token,
               "max_message": max_message or MAX_MESSAGE[role],
               "wait_caps": WAIT_CAPS.get(role)}
@@ -213,7 +214,8 @@ def run_child(cfg: dict[str, Any], out: Any) -> int:
         (cfg.get("curve_server") or "").encode() or None,
         owner_token=cfg.get("owner_token"), max_message=cfg.get("max_message"),
         unit_timeout=cfg.get("unit_timeout"),
-        checkpoint=(cfg.get("checkpoint_path"), cfg.get("checkpoint_interval")))
+        checkpoint=(cfg.get("checkpoint_path"), cfg.get("checkpoint_interval")),
+        owner=cfg.get("owner"))
     try:
         from tq_stream.deploy.services import host_id
 

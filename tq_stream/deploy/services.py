@@ -218,8 +218,10 @@ class ControllerService(Controller, Recovery):
                  unit_client: Any = None, owner_token: str | None = None,
                  unit_timeout: float | None = DEFAULT_UNIT_TIMEOUT,
                  checkpoint_path: str | None = None,
-                 checkpoint_interval: float | None = None) -> None:
+                 checkpoint_interval: float | None = None,
+                 owner: dict[str, Any] | None = None) -> None:
         super().__init__(n_units, free=self._free_remote)
+        self._owner = owner  # the process that restarts the servers (``ping`` tells)
         self._unit_addresses: list[dict[str, Any]] = []
         self._units_epoch = 0  # changes with the units' addresses (see ``units_epoch``)
         self._unit_pids: dict[int, int] = {}  # the process serving each unit, last seen
@@ -436,7 +438,8 @@ class ControllerService(Controller, Recovery):
     def ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": host_id(), "units": len(self._unit_addresses),
                 "local": self.local_address, "recovery": self.recovery,
-                "dead_units": sorted(self._dead), "units_epoch": self._units_epoch}
+                "dead_units": sorted(self._dead), "units_epoch": self._units_epoch,
+                "owner": self._owner}
 
     def unit_back(self, unit: int) -> None:
         """A new, empty unit serves as ``unit``: it holds no grants yet."""

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tq_stream.errors import SerializationError, TQError, WaitTimeout
+from tq_stream.errors import SerializationError, TQError, WaitTimeout, format_seconds
 from tq_stream.serialization import decode, encode
 from tq_stream.transport.answers import ANSWERED, Outbox
 from tq_stream.transport.dispatch import Dispatcher, WouldBlock
@@ -69,8 +69,9 @@ def run_request(dispatch: Dispatcher, request: Request, received: float, inline:
                 waited = time.monotonic() - received
                 if timeout and waited > timeout:
                     raise WaitTimeout(
-                        f"request {method!r} waited {waited:.3g} s for a worker at {where}, "
-                        f"longer than its timeout {timeout:g} s; not run"
+                        f"request {method!r} waited {format_seconds(waited)} for a worker at "
+                        f"{where}, "
+                        f"longer than its timeout {format_seconds(timeout)}; not run"
                     )
                 result = dispatch(method, args)
         finally:

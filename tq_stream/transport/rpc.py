@@ -6,7 +6,7 @@ address alone decides the transport, in every process that receives it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tq_stream.errors import ConfigError
@@ -16,17 +16,21 @@ UNIX = "unix://"
 
 
 def rpc_client(address: str, *, timeout: float, curve_server_key: bytes | None = None,
-               connect_window: float | None = None) -> Transport:
+               connect_window: float | None = None,
+               check_alive: Callable[[], None] | None = None) -> Transport:
     """A client for the server at ``address``; ``connect_window`` bounds how long a call
-    retries a unix server that does not accept (zmq reconnects in the background)."""
+    retries a unix server that does not accept (zmq reconnects in the background);
+    ``check_alive`` raises when nothing will serve at ``address`` again (a waiting call
+    then stops, see ``tq_stream.deploy.owner_watch``)."""
     if isinstance(address, str) and address.startswith(UNIX):
         from tq_stream.transport.unix_client import UnixRpcClient
 
         return UnixRpcClient(address, timeout=timeout, curve_server_key=curve_server_key,
-                             connect_window=connect_window)
+                             connect_window=connect_window, check_alive=check_alive)
     from tq_stream.transport.zeromq import RpcClient
 
-    return RpcClient(address, timeout=timeout, curve_server_key=curve_server_key)
+    return RpcClient(address, timeout=timeout, curve_server_key=curve_server_key,
+                     check_alive=check_alive)
 
 
 def rpc_server(handler: Any, address: str, *, workers: int, backlog: int,

@@ -8,7 +8,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tq_stream.errors import (
@@ -20,6 +20,7 @@ from tq_stream.errors import (
     WaitTimeout,
     check_positive,
     check_timeout,
+    format_seconds,
 )
 from tq_stream.serialization import decode, encode
 from tq_stream.transport.base import Transport
@@ -67,11 +68,13 @@ class _Pool:
     returned, so a late reply dies with it.
     """
 
-    def __init__(self, path: str, max_idle: int, connect_window: float | None = None) -> None:
+    def __init__(self, path: str, max_idle: int, connect_window: float | None = None,
+                 check_alive: Callable[[], None] | None = None) -> None:
         self.pid = os.getpid()
         self._path = path
         self._max_idle = max_idle
         self._window = connect_window
+        self._check_alive = check_alive
         self._lock = threading.Lock()
         self._idle: list[_Conn] = []
         self._closed = False
@@ -103,6 +106,8 @@ class _Pool:
                 return _Conn(nonblocking(sock))
             except (FileNotFoundError, ConnectionRefusedError, TimeoutError) as exc:
                 sock.close()
+                if self._check_alive is not None:
+                    self._check_alive()  # raises when nothing will restart the server
                 if not os.path.isdir(os.path.dirname(self._path)):
                     # The deployment's socket folder is gone: it stopped, nothing restarts.
                     raise Unreachable(f"no server at {address} for {method!r}: its folder "
@@ -153,11 +158,14 @@ class UnixRpcClient(Transport):
         connect_window: seconds a call keeps trying to reach a server that does not
             accept (starting, restarting, or dead) before WaitTimeout; None: the
             call's whole timeout. A server whose socket folder is gone fails at once.
+        check_alive: called between two tries to reach the server; raises (e.g.
+            DeploymentGone) when nothing will serve at ``address`` again. Not pickled.
     """
 
     def __init__(self, address: str, *, timeout: float = 30.0,
                  curve_server_key: Any = None, max_idle_sockets: int = 64,
-                 connect_window: float | None = None) -> None:
+                 connect_window: float | None = None,
+                 check_alive: Callable[[], None] | None = None) -> None:
         self._path = unix_path(address)
         if curve_server_key is not None:
             raise ConfigError("curve_server_key needs the zmq transport (tcp/ipc); unix "
@@ -167,6 +175,7 @@ class UnixRpcClient(Transport):
         self._max_idle = check_positive("max_idle_sockets", max_idle_sockets)
         self._window = None if connect_window is None else \
             check_timeout("connect_window", connect_window)
+        self._check_alive = check_alive
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._pool: _Pool | None = None
@@ -226,12 +235,12 @@ class UnixRpcClient(Transport):
             raise _HungUp from None  # a pooled connection the server had closed
         except TimeoutError:
             raise WaitTimeout(f"could not send {method!r} to {self.address} within "
-                              f"{timeout:g} s") from None
+                              f"{format_seconds(timeout)}") from None
         try:
             raw = conn.reader.read(deadline)
         except TimedOut:
             raise WaitTimeout(f"no reply from {self.address} to {method!r} within "
-                              f"{timeout:g} s") from None
+                              f"{format_seconds(timeout)}") from None
         except FrameError as exc:
             raise ConnectionLost(f"no reply from {self.address} to {method!r}: {exc}; the "
                                  f"server may or may not have run it") from None
@@ -270,7 +279,8 @@ class UnixRpcClient(Transport):
                 raise ClosedError(f"client for {self.address} is closed")
             if self._pool is None or self._pool.pid != os.getpid():
                 # The parent's connections are left alone (never used or closed here).
-                self._pool = _Pool(self._path, self._max_idle, self._window)
+                self._pool = _Pool(self._path, self._max_idle, self._window,
+                                   self._check_alive)
             return self._pool
 
     def _lock_is_inherited(self) -> bool:

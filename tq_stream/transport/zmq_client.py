@@ -7,7 +7,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import zmq
@@ -19,6 +19,7 @@ from tq_stream.errors import (
     WaitTimeout,
     check_positive,
     check_timeout,
+    format_seconds,
 )
 from tq_stream.serialization import decode, encode
 from tq_stream.transport.base import Transport
@@ -105,7 +106,12 @@ class RpcClient(Transport):
         curve_public_key, curve_secret_key: this client's key pair (generated
             per socket if omitted; needed when the server has an allowlist).
         max_idle_sockets: sockets kept open between calls.
+        check_alive: called every ``CHECK_INTERVAL`` seconds while a call waits for its
+            reply (zmq does not tell that a server died); raises (e.g. DeploymentGone)
+            when nothing will serve at ``address`` again. Not pickled.
     """
+
+    CHECK_INTERVAL = 0.5  # seconds between two ``check_alive`` calls of a waiting call
 
     def __init__(
         self,
@@ -116,6 +122,7 @@ class RpcClient(Transport):
         curve_public_key: Key | None = None,
         curve_secret_key: Key | None = None,
         max_idle_sockets: int = 8,
+        check_alive: Callable[[], None] | None = None,
     ) -> None:
         if not isinstance(address, str) or "://" not in address:
             raise ConfigError(
@@ -130,6 +137,7 @@ class RpcClient(Transport):
             curve_secret_key,
         )
         self._max_idle = check_positive("max_idle_sockets", max_idle_sockets)
+        self._check_alive = check_alive
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._lock_pid = os.getpid()
@@ -227,14 +235,20 @@ class RpcClient(Transport):
                 send_frames(sock, [b"", *frames])
             except zmq.Again:
                 raise WaitTimeout(
-                    f"could not send {method!r} to {self.address} within {timeout:g} s"
+                    f"could not send {method!r} to {self.address} within {format_seconds(timeout)}"
                 ) from None
+        slice_ms = None if self._check_alive is None else int(self.CHECK_INTERVAL * 1000)
         while True:
             remaining_ms = math.ceil((deadline - time.monotonic()) * 1000)
-            if remaining_ms <= 0 or not sock.poll(remaining_ms, zmq.POLLIN):
+            if remaining_ms <= 0:
                 raise WaitTimeout(
-                    f"no reply from {self.address} to {method!r} within {timeout:g} s"
+                    f"no reply from {self.address} to {method!r} within {format_seconds(timeout)}"
                 )
+            if not sock.poll(remaining_ms if slice_ms is None else min(slice_ms, remaining_ms),
+                             zmq.POLLIN):
+                if self._check_alive is not None:
+                    self._check_alive()
+                continue
             msg = sock.recv_multipart(copy=False)
             if len(msg) < 2 or len(msg[0]) != 0:
                 continue  # not an [empty, header, ...] reply; never ours
