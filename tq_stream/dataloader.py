@@ -23,15 +23,18 @@ Example:
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
+import weakref
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
+from tq_stream.datasets import loop_exit, worker_deaths
 from tq_stream.datasets.batch import batch_meta, copy_meta, loader_step
 from tq_stream.datasets.minibatch import minibatches
 from tq_stream.datasets.streaming import StreamingDataset
@@ -98,6 +101,8 @@ class StreamingDataLoader:
         self._yielded = False  # a batch was yielded (``_next_step`` is then the next one)
         self._saved_done: list[tuple[str, int]] = []  # yielded before a loaded state
         self._rows: Counter[str] = Counter()  # rows yielded per partition
+        self._live: Callable[[], Any] = lambda: None  # the open iteration, if any
+        self._released = False  # release() was called in the open iteration
 
     def _ack_saved(self) -> None:
         """Batches yielded before the restored state_dict was taken count as trained:
@@ -106,10 +111,22 @@ class StreamingDataLoader:
         self.dataset._ack_saved(self._client)
 
     def __iter__(self) -> Iterator[TensorDict]:
+        """A new iteration (see the module docstring). An earlier one still open (its
+        generator kept alive, e.g. by a traceback) is closed first, as not finished:
+        its batch out in the loop is given back."""
+        earlier = self._live()
+        if earlier is not None:
+            earlier.close()
+        batches = self._iterate()
+        self._live = weakref.ref(batches)
+        return batches
+
+    def _iterate(self) -> Iterator[TensorDict]:
         ds = self.dataset
         ds.register()
         self._ack_saved()
-        self.ack()  # batches of an earlier iteration: they were yielded, so they are done
+        self.ack()  # batches of an earlier iteration left by a break: they are done
+        self._released = False
         ds.start_step = self._next_step
         ds.session = uuid.uuid4().hex
         ds.plan = ds.resume_plan()
@@ -117,13 +134,19 @@ class StreamingDataLoader:
             self._holds.append(ds.stream._keeper().hold(p, ds.task, ds.session,
                                                         ds.lease_timeout))
         batches = iter(DataLoader(ds, **self._kwargs))
+        deaths = worker_deaths.Deferral()
+        if self.num_workers:
+            worker_deaths.guard()  # torch's SIGCHLD handler is set now
+        done = True  # the loop was left by a break/return or ran to the end
         try:
             while True:
                 try:
                     # Acks come before waiting: the end of a stream waits for every ack.
                     # torch's SIGCHLD handler raises a worker's death in whatever this
-                    # thread runs, the ack as well as the fetch.
+                    # thread runs: here, the ack or the fetch; while a batch is out in
+                    # the training step, it is kept in `deaths` and raised here.
                     self.ack()
+                    deaths.check()
                     batch = next(batches)
                 except StopIteration:
                     return
@@ -142,9 +165,58 @@ class StreamingDataLoader:
                 self._next_step = loader_step(batch) + 1
                 self._yielded = True
                 self._rows[batch_meta(batch).partition] += len(batch_meta(batch))
-                yield batch
+                deaths.out(True)
+                try:
+                    yield batch
+                except GeneratorExit:
+                    # who dropped the iterator: a break/return, or an exception (or
+                    # anything else: then the batch is not known to be trained)
+                    done = loop_exit.left_by_jump(sys._getframe(1))
+                    raise
+                finally:
+                    deaths.out(False)
+                if self._released:
+                    raise StateError(
+                        f"release() must be followed by leaving the loop (break), got the "
+                        f"next batch of task {ds.task!r} (rank {ds.dp_rank}) asked for; "
+                        f"iterate the loader again: the released batches come first")
         finally:
+            if not done:
+                self._give_back()
             self._cancel(ds.session)
+
+    def release(self) -> None:
+        """Give back every batch yielded and not acked: it is not trained. Its rows go,
+        unchanged, to the next iteration of this rank, which starts with it. Call it
+        right before leaving the loop (``break``); asking the same iteration for
+        another batch afterwards is a StateError.
+
+        A loop left by ``break`` or ``return`` counts its last batch as trained (it is
+        acked when the loader is iterated again, or listed as yielded in
+        ``state_dict``); a loop left by an exception does not (its batch comes again
+        first). Any other way out (``close()``, a wrapper such as ``itertools.islice``
+        or ``zip`` that stops on its own) also gives the batch back: call ``ack()``
+        after such a loop if the batch was trained."""
+        self._give_back(quiet=False)
+        self._released = True
+
+    def _give_back(self, quiet: bool = True) -> None:
+        """Release the yielded-unacked batches; the loader resumes at the first of them.
+        ``quiet``: a closing generator logs a failed release (the lease then expires
+        and the rows come back after ``lease_timeout``) instead of raising."""
+        todo, self._unacked = self._unacked, []
+        if todo:
+            self._next_step = min(loader_step(b) for b in todo)
+        for b in todo:
+            try:
+                self._client.release(batch_meta(b))
+            except Exception as exc:
+                if not quiet:
+                    raise
+                if logger is not None:  # None while the interpreter shuts down
+                    logger.warning("giving back step %d of task %r: %s (its rows come "
+                                   "back once its lease expires)", batch_meta(b).step,
+                                   self.dataset.task, exc)
 
     def _cancel(self, session: str) -> None:
         """End the iteration's waits in every worker, so workers stop by themselves
