@@ -171,7 +171,10 @@ class StreamingDataLoader:
                 except GeneratorExit:
                     # who dropped the iterator: a break/return, or an exception (or
                     # anything else: then the batch is not known to be trained)
-                    done = loop_exit.left_by_jump(sys._getframe(1))
+                    try:
+                        done = loop_exit.left_by_jump(sys._getframe().f_back)
+                    except Exception:  # noqa: BLE001 — at interpreter exit: not known
+                        done = False
                     raise
                 finally:
                     deaths.out(False)
