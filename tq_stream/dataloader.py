@@ -6,6 +6,13 @@ batch in the training process when the next batch is requested (or when
 them, whichever worker process fetched them. ``state_dict()`` has no side
 effects.
 
+A loop left by ``break`` or ``return`` counts its last batch as trained (acked
+when the loader is iterated again); a loop left by an exception (or in any way not
+known to be a jump, see ``release``) gives it back, so iterating the loader again
+trains it first. ``release()`` gives a batch back on purpose. A DataLoader worker
+that dies is a ``StateError`` naming task and rank, raised when the next batch is
+asked for even if it died during the training step.
+
 Each iteration is a consumer session whose leases the process's heartbeat keeps
 alive (workers renew what they fetched ahead, this process what it yielded), so
 a slow step never loses its batch; a crashed trainer's rows go to its
