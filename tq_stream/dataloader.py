@@ -30,7 +30,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import sys
 import uuid
 import weakref
 from collections import Counter
@@ -179,7 +178,7 @@ class StreamingDataLoader:
                     # who dropped the iterator: a break/return, or an exception (or
                     # anything else: then the batch is not known to be trained)
                     try:
-                        done = loop_exit.left_by_jump(sys._getframe().f_back)
+                        done = loop_exit.closed_by_jump()
                     except Exception:  # noqa: BLE001 — at interpreter exit: not known
                         done = False
                     raise

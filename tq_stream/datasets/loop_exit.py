@@ -15,6 +15,7 @@ as "not a jump": ``it.close()``, ``del it``, the end of a wrapping iterator
 from __future__ import annotations
 
 import dis
+import inspect
 from types import FrameType
 
 _POPS = frozenset({"POP_TOP", "POP_ITER"})
@@ -34,3 +35,15 @@ def left_by_jump(frame: FrameType | None) -> bool:
             break
         before = ins.opname
     return before != "END_FOR"
+
+
+def closed_by_jump() -> bool:
+    """``left_by_jump`` of the frame that closed the generator calling this (from its
+    GeneratorExit handler). Holds no frame afterwards: a generator frame kept in its
+    own locals would outlive the loop, and with it whatever the generator holds."""
+    here = inspect.currentframe()
+    try:
+        gen = here.f_back if here else None
+        return left_by_jump(gen.f_back if gen else None)
+    finally:
+        del here

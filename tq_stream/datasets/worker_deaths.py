@@ -15,6 +15,7 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 _deferrals: list[Deferral] = []  # iterations that have a batch out
@@ -41,7 +42,7 @@ class Deferral:
             raise exc
 
 
-def _handler(signum: int, frame: Any) -> None:
+def _handler(signum: int, frame: FrameType | None) -> None:
     try:
         _previous[0](signum, frame)
     except RuntimeError as exc:
