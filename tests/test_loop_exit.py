@@ -5,19 +5,20 @@ raised, because both just close the generator)."""
 from __future__ import annotations
 
 import itertools
-import sys
 
 import pytest
 
-from tq_stream.datasets.loop_exit import left_by_jump
+from tq_stream.datasets.loop_exit import closed_by_jump, left_by_jump, resumed_at
 
 
 def gen(log: list[bool]):
-    try:
-        yield from range(5)
-    except GeneratorExit:
-        log.append(left_by_jump(sys._getframe().f_back))
-        raise
+    for i in range(5):
+        resumed = resumed_at()
+        try:
+            yield i
+        except GeneratorExit:
+            log.append(closed_by_jump(resumed))
+            raise
 
 
 def by_break(log):
@@ -53,6 +54,11 @@ def by_enumerate_break(log):
     for i, _ in enumerate(gen(log)):
         if i == 1:
             break
+
+
+def by_next_of_a_temporary(log):
+    first = next(iter(gen(log)))  # the iterator is dropped by that very call
+    return first
 
 
 def by_raise(log):
@@ -95,8 +101,20 @@ def by_close(log):
     it.close()
 
 
+def by_zip_stopping(log):
+    for _ in zip(gen(log), range(1), strict=False):  # zip drops the loader's second item unseen
+        pass
+
+
+def by_list_of_a_failing_zip(log):
+    def failing():
+        yield 0
+        raise ValueError
+    list(zip(gen(log), failing(), strict=False))
+
+
 @pytest.mark.parametrize("how", [by_break, by_return, by_break_in_with, by_break_in_except,
-                                 by_enumerate_break])
+                                 by_enumerate_break, by_next_of_a_temporary])
 def test_a_jump_out_of_the_loop_is_a_jump(how):
     log: list[bool] = []
     how(log)
@@ -104,7 +122,7 @@ def test_a_jump_out_of_the_loop_is_a_jump(how):
 
 
 @pytest.mark.parametrize("how", [by_raise, by_call_raise, by_finally_reraise, by_divide,
-                                 by_islice, by_close])
+                                 by_islice, by_close, by_zip_stopping])
 def test_anything_else_is_not(how):
     log: list[bool] = []
     try:

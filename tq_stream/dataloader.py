@@ -172,13 +172,14 @@ class StreamingDataLoader:
                 self._yielded = True
                 self._rows[batch_meta(batch).partition] += len(batch_meta(batch))
                 deaths.out(True)
+                resumed = loop_exit.resumed_at()
                 try:
                     yield batch
                 except GeneratorExit:
                     # who dropped the iterator: a break/return, or an exception (or
                     # anything else: then the batch is not known to be trained)
                     try:
-                        done = loop_exit.closed_by_jump()
+                        done = loop_exit.closed_by_jump(resumed)
                     except Exception:  # noqa: BLE001 — at interpreter exit: not known
                         done = False
                     raise
@@ -205,7 +206,8 @@ class StreamingDataLoader:
         ``state_dict``); a loop left by an exception does not (its batch comes again
         first). Any other way out (``close()``, a wrapper such as ``itertools.islice``
         or ``zip`` that stops on its own) also gives the batch back: call ``ack()``
-        after such a loop if the batch was trained."""
+        after such a loop if the batch was trained. ``next(iter(loader))`` counts as
+        trained (see ``tq_stream.datasets.loop_exit``)."""
         self._give_back(quiet=False)
         self._released = True
 
