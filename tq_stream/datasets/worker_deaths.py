@@ -8,6 +8,9 @@ training loop (``Deferral.out``), the error is kept for that iteration instead o
 raised; the loader raises it, as its ``StateError``, when the next batch is asked
 for. With no batch out (the loader is inside its own fetch or ack) the handler
 raises as torch's does, and the loader turns that into the same ``StateError``.
+While a batch is out, the death of another (plain torch) DataLoader's worker is kept
+too: that loader then finds it by its own liveness check (within
+``MP_STATUS_CHECK_INTERVAL``, 5 s), and every tq loader with a batch out reports it.
 """
 
 from __future__ import annotations
