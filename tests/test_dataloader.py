@@ -46,8 +46,9 @@ def test_prefetch_and_ack_on_next_request(stream):
     second = next(it)
     assert task_stats(stream)["acked"] == 2
     assert not set(tq.batch_meta(first).keys) & set(tq.batch_meta(second).keys)
-    it.close()
-    assert task_stats(stream)["claimed"] == 2  # prefetched steps handed back; `second` kept
+    it.close()  # not a break: `second` is not known to be trained, so it is given back
+    assert task_stats(stream)["claimed"] == 0  # prefetched steps handed back, and `second`
+    assert tq.batch_meta(next(iter(ld))).keys == tq.batch_meta(second).keys
 
 
 def test_batches_carry_fields_values_and_meta(stream):
@@ -213,3 +214,65 @@ def test_embedded_stream_refuses_worker_processes(stream):
     ds = tq.StreamingDataset(stream, P, "t", ["x"], 1)
     with pytest.raises(ConfigError, match="num_workers must be 0 with an embedded stream"):
         tq.StreamingDataLoader(ds, num_workers=2)
+
+
+def train_with_one_failure(ld, fail_at=2) -> list[int]:
+    """The README's recovery recipe: a step raises once (a CUDA OOM), the loop catches
+    it and iterates the same loader again. Returns the steps trained, in order."""
+    trained, failed = [], False
+    while True:
+        try:
+            for batch in ld:
+                step = tq.batch_meta(batch).step
+                if step == fail_at and not failed:
+                    failed = True
+                    raise RuntimeError("CUDA out of memory (simulated)")
+                trained.append(step)
+            return trained
+        except RuntimeError:
+            continue
+
+
+def test_a_step_that_raises_gets_its_batch_again(stream):
+    """Issue 20 item 1: the failed step was acked when the loader was iterated again,
+    so it was never trained (steps [0, 1, 3, ...])."""
+    stream.create_partition(P, consumers=["actor"])
+    put_rows(stream, keys_of("k", 16))
+    stream.close_partition(P)
+    assert train_with_one_failure(loader(stream)) == list(range(8))
+    assert task_stats(stream)["acked"] == 16 and stream.stats()[P]["rows"] == 0
+
+
+def test_after_a_raise_the_state_points_at_the_failed_step(stream):
+    put_rows(stream, keys_of("k", 8))
+    ld = loader(stream)
+    with pytest.raises(ValueError):
+        for batch in ld:
+            if tq.batch_meta(batch).step == 1:
+                raise ValueError("step failed")
+    assert ld.state_dict()["step"] == 1 and ld.state_dict()["yielded"] == []
+    assert task_stats(stream)["acked"] == 2  # step 0 only
+
+
+def test_a_break_still_acks_and_release_gives_the_batch_back(stream):
+    put_rows(stream, keys_of("k", 8))
+    stream.close_partition(P)
+    ld = loader(stream)
+    for _ in ld:
+        break  # step 0 is done
+    for batch in ld:
+        assert tq.batch_meta(batch).step == 1
+        ld.release()  # not done: the next iteration starts with it
+        break
+    assert [tq.batch_meta(b).step for b in ld] == [1, 2, 3]
+    assert task_stats(stream)["acked"] == 8
+
+
+def test_release_inside_a_loop_that_goes_on_is_refused(stream):
+    put_rows(stream, keys_of("k", 8))
+    stream.close_partition(P)
+    ld = loader(stream)
+    with pytest.raises(tq.errors.StateError, match="release"):
+        for _ in ld:
+            ld.release()
+    assert [tq.batch_meta(b).step for b in ld][:1] == [0]

@@ -6,6 +6,13 @@ batch in the training process when the next batch is requested (or when
 them, whichever worker process fetched them. ``state_dict()`` has no side
 effects.
 
+A loop left by ``break`` or ``return`` counts its last batch as trained (acked
+when the loader is iterated again); a loop left by an exception (or in any way not
+known to be a jump, see ``release``) gives it back, so iterating the loader again
+trains it first. ``release()`` gives a batch back on purpose. A DataLoader worker
+that dies is a ``StateError`` naming task and rank, raised when the next batch is
+asked for even if it died during the training step.
+
 Each iteration is a consumer session whose leases the process's heartbeat keeps
 alive (workers renew what they fetched ahead, this process what it yielded), so
 a slow step never loses its batch; a crashed trainer's rows go to its
@@ -24,14 +31,16 @@ from __future__ import annotations
 
 import logging
 import uuid
+import weakref
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
+from tq_stream.datasets import loop_exit, worker_deaths
 from tq_stream.datasets.batch import batch_meta, copy_meta, loader_step
 from tq_stream.datasets.minibatch import minibatches
 from tq_stream.datasets.streaming import StreamingDataset
@@ -100,6 +109,8 @@ class StreamingDataLoader:
         self._rows: Counter[str] = Counter()  # rows yielded per partition
         self._version: int | None = None  # the version set last (``set_version``)
         self._reported: int | None = None  # the step the controller knows we read
+        self._live: Callable[[], Any] = lambda: None  # the open iteration, if any
+        self._released = False  # release() was called in the open iteration
 
     def _ack_saved(self) -> None:
         """Batches yielded before the restored state_dict was taken count as trained:
@@ -108,10 +119,22 @@ class StreamingDataLoader:
         self.dataset._ack_saved(self._client)
 
     def __iter__(self) -> Iterator[TensorDict]:
+        """A new iteration (see the module docstring). An earlier one still open (its
+        generator kept alive, e.g. by a traceback) is closed first, as not finished:
+        its batch out in the loop is given back."""
+        earlier = self._live()
+        if earlier is not None:
+            earlier.close()
+        batches = self._iterate()
+        self._live = weakref.ref(batches)
+        return batches
+
+    def _iterate(self) -> Iterator[TensorDict]:
         ds = self.dataset
         ds.register()
         self._ack_saved()
-        self.ack()  # batches of an earlier iteration: they were yielded, so they are done
+        self.ack()  # batches of an earlier iteration left by a break: they are done
+        self._released = False
         ds.start_step = self._next_step
         ds.session = uuid.uuid4().hex
         ds.plan = ds.resume_plan()
@@ -120,16 +143,22 @@ class StreamingDataLoader:
                                                         ds.lease_timeout))
         batches = iter(DataLoader(ds, **self._kwargs))
         step, skip = ds.plan  # the step this iteration yields next
+        deaths = worker_deaths.Deferral()
+        if self.num_workers:
+            worker_deaths.guard()  # torch's SIGCHLD handler is set now
+        done = True  # the loop was left by a break/return or ran to the end
         try:
             while True:
                 try:
                     # Acks come before waiting: the end of a stream waits for every ack.
                     # torch's SIGCHLD handler raises a worker's death in whatever this
-                    # thread runs, the ack as well as the fetch.
+                    # thread runs: here, the ack or the fetch; while a batch is out in
+                    # the training step, it is kept in `deaths` and raised here.
                     # The turn first: while a batch is unacked, a wait for a step held
                     # for its turn knows the trainer is alive (``TurnNotReached``).
                     self._reading(step)
                     self.ack()
+                    deaths.check()
                     batch = next(batches)
                 except StopIteration:
                     return
@@ -150,9 +179,63 @@ class StreamingDataLoader:
                     step += 1
                 self._yielded = True
                 self._rows[batch_meta(batch).partition] += len(batch_meta(batch))
-                yield batch
+                deaths.out(True)
+                resumed = loop_exit.resumed_at()
+                try:
+                    yield batch
+                except GeneratorExit:
+                    # who dropped the iterator: a break/return, or an exception (or
+                    # anything else: then the batch is not known to be trained)
+                    try:
+                        done = loop_exit.closed_by_jump(resumed)
+                    except Exception:  # noqa: BLE001 — at interpreter exit: not known
+                        done = False
+                    raise
+                finally:
+                    deaths.out(False)
+                if self._released:
+                    raise StateError(
+                        f"release() must be followed by leaving the loop (break), got the "
+                        f"next batch of task {ds.task!r} (rank {ds.dp_rank}) asked for; "
+                        f"iterate the loader again: the released batches come first")
         finally:
+            if not done:
+                self._give_back()
             self._cancel(ds.session)
+
+    def release(self) -> None:
+        """Give back every batch yielded and not acked: it is not trained. Its rows go,
+        unchanged, to the next iteration of this rank, which starts with it. Call it
+        right before leaving the loop (``break``); asking the same iteration for
+        another batch afterwards is a StateError.
+
+        A loop left by ``break`` or ``return`` counts its last batch as trained (it is
+        acked when the loader is iterated again, or listed as yielded in
+        ``state_dict``); a loop left by an exception does not (its batch comes again
+        first). Any other way out (``close()``, a wrapper such as ``itertools.islice``
+        or ``zip`` that stops on its own) also gives the batch back: call ``ack()``
+        after such a loop if the batch was trained. ``next(iter(loader))`` counts as
+        trained (see ``tq_stream.datasets.loop_exit``)."""
+        self._give_back(quiet=False)
+        self._released = True
+
+    def _give_back(self, quiet: bool = True) -> None:
+        """Release the yielded-unacked batches; the loader resumes at the first of them.
+        ``quiet``: a closing generator logs a failed release (the lease then expires
+        and the rows come back after ``lease_timeout``) instead of raising."""
+        todo, self._unacked = self._unacked, []
+        if todo:
+            self._next_step = min(loader_step(b) for b in todo)
+        for b in todo:
+            try:
+                self._client.release(batch_meta(b))
+            except Exception as exc:
+                if not quiet:
+                    raise
+                if logger is not None:  # None while the interpreter shuts down
+                    logger.warning("giving back step %d of task %r: %s (its rows come "
+                                   "back once its lease expires)", batch_meta(b).step,
+                                   self.dataset.task, exc)
 
     def _cancel(self, session: str) -> None:
         """End the iteration's waits in every worker, so workers stop by themselves

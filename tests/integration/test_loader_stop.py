@@ -86,9 +86,15 @@ def test_a_worker_death_signalled_during_an_ack_is_the_loader_s_clear_error(loca
     assert sorted(rest + list(first)) == sorted(keys)
 
 
+@pytest.mark.timeout(240)
 def test_a_script_that_ends_holding_an_iterator_exits_quietly(tmp_path):
     """At interpreter exit the loader's generator is closed after module globals went
-    (its logger was None): "Exception ignored in: <generator ...>" was printed."""
+    (its logger was None): "Exception ignored in: <generator ...>" was printed. And
+    about 1 run in 4 the interpreter aborted ("terminate called without an active
+    exception", issue 20 item 15): the prefetch thread was inside a torch op reading
+    the next batch when finalization began; a daemon thread that takes the GIL back
+    then exits by a forced unwind, which aborts in torch's C++ frames. Rows of 16 MB
+    make the read long enough for the abort to show in most runs of five."""
     import subprocess
     import sys
 
@@ -96,17 +102,16 @@ def test_a_script_that_ends_holding_an_iterator_exits_quietly(tmp_path):
     script.write_text(
         "import torch, tq_stream as tq\n"
         "stream = tq.init(mode='local', storage_units=1)\n"
-        "stream.writer('p').put(['a', 'b'], {'x': torch.zeros(2, 3)})\n"
+        "stream.writer('p').put(['a', 'b'], {'x': torch.zeros(2, 4_000_000)})\n"
         "loader = tq.StreamingDataLoader(tq.StreamingDataset(stream, 'p', 't', ['x'],\n"
         "                                                    batch_size=1, timeout=5))\n"
         "it = iter(loader)\n"
         "next(it)\n"
         "print('held')\n")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=60)
-    # Not asserted: the exit code. About 1 run in 4 the interpreter aborts at the very end
-    # ("terminate called without an active exception", a native thread torn down while
-    # the prefetch thread is inside torch); open, see the closing note.
-    assert done.stdout.strip() == "held", done.stderr
-    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, \
-        done.stderr
+    for _ in range(5):
+        done = subprocess.run([sys.executable, str(script)], capture_output=True,
+                              text=True, timeout=60)
+        assert done.stdout.strip() == "held", done.stderr
+        assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, \
+            done.stderr
+        assert done.returncode == 0, done.stderr

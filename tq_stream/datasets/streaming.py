@@ -31,6 +31,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from tq_stream.client import Client
 from tq_stream.config import DEFAULT_PREFETCH
+from tq_stream.datasets import exit_stop
 from tq_stream.datasets.batch import attach_meta, batch_meta, loader_step
 from tq_stream.datasets.length import epoch_end, known_steps
 from tq_stream.errors import (
@@ -403,6 +404,7 @@ class StreamingDataset(IterableDataset[TensorDict]):
         thread = threading.Thread(target=self._producer, args=(out, stop, room, client, plan),
                                   daemon=True, name=f"tq-prefetch-{self.task}-{self.dp_rank}")
         thread.start()
+        exit_stop.track(stop, thread, client.cancel)  # not inside torch at exit
         single = get_worker_info() is None
         # yielded, not acked yet: iterated directly, a batch is acked when the next is
         # asked for; in a DataLoader worker, only once WORKER_ACK_LAG later batches were
@@ -439,6 +441,7 @@ class StreamingDataset(IterableDataset[TensorDict]):
             # stay leased (and come again) unless the stream ended normally
             self._stop(client, out, thread, list(pending) if single or finished else [],
                        cancel=not finished)
+            exit_stop.untrack(thread)
             pending.clear()
 
     def _stop(self, client: Any, out: queue.Queue[Any], thread: threading.Thread,
