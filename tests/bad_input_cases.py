@@ -74,6 +74,9 @@ def observed(stream: tq.Stream) -> tuple[list[str], dict[str, Any]]:
         for task in part["tasks"].values():
             for clock in ("at", "oldest_ready_age", "rates"):
                 task.pop(clock, None)
+            for lease in task.get("leases", []):
+                for clock in ("age", "heartbeat_age", "expires_in"):
+                    lease.pop(clock, None)
     return stream._controller().partitions(), stats
 
 
