@@ -10,7 +10,7 @@ import torch
 from conftest import group_tags, keys_of, nested, put_rows, ragged_rows
 
 import tq_stream as tq
-from tq_stream.errors import ConfigError
+from tq_stream.errors import ConfigError, StateError
 
 P = "train"
 
@@ -276,3 +276,37 @@ def test_release_inside_a_loop_that_goes_on_is_refused(stream):
         for _ in ld:
             ld.release()
     assert [tq.batch_meta(b).step for b in ld][:1] == [0]
+
+
+def _closed_stream_of_8(stream: tq.Stream) -> tq.StreamingDataLoader:
+    stream.create_partition("p8", consumers=["t"])
+    stream.writer("p8").put([f"k{i}" for i in range(8)], {"x": torch.arange(8.0)})
+    stream.close_partition("p8")
+    return tq.StreamingDataLoader(tq.StreamingDataset(stream, "p8", "t", ["x"], batch_size=2))
+
+
+def test_a_loop_ended_by_islice_is_neither_acked_nor_given_back_silently(stream):
+    """Review of issue 20 item 1: islice ending the loop trained its last batch twice."""
+    import itertools
+
+    loader, seen = _closed_stream_of_8(stream), []
+    for b in itertools.islice(loader, 2):
+        seen.append(tq.batch_meta(b).step)
+    with pytest.raises(StateError, match=r"loader.ack\(\) if they were"):
+        next(iter(loader))
+    loader.ack()  # they were trained
+    seen += [tq.batch_meta(b).step for b in loader]
+    assert seen == [0, 1, 2, 3]
+    assert stream.stats()["p8"]["tasks"]["t"]["acked"] == 8
+
+
+def test_a_held_iterator_replaced_asks_before_the_next_iteration(stream):
+    loader, seen = _closed_stream_of_8(stream), []
+    it = iter(loader)
+    seen += [tq.batch_meta(next(it)).step, tq.batch_meta(next(it)).step]
+    with pytest.raises(StateError, match="is unknown"):
+        iter(loader)
+    loader.release()  # step 1 was not trained: it comes again
+    seen += [tq.batch_meta(b).step for b in loader]
+    assert seen == [0, 1, 1, 2, 3]
+    assert stream.stats()["p8"]["tasks"]["t"]["acked"] == 8

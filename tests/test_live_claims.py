@@ -214,3 +214,39 @@ def test_a_pool_worker_at_the_end_waits_for_a_dead_workers_share(stream):
     live.ack(again)
     assert live.get_meta(P, "t", timeout=1.0).end
     assert stream.stats()[P]["rows"] == 0
+
+
+def test_a_stale_release_does_not_drop_another_sessions_claim(stream):
+    """Review: A cancelled, B took the share over, A's late release must not hand B's
+    share to a third reader (one share, two live consumers)."""
+    put_rows(stream, keys_of("k", 4))
+    a, b, c = stream.client(), stream.client(), stream.client()
+    a.register_task(P, "t", ["x"], batch_size=2)
+    meta_a = a.get_meta(P, "t", 0, timeout=5)
+    a.cancel()  # A stopped: its claim is no longer live
+    meta_b = b.get_meta(P, "t", 0, timeout=5)
+    assert meta_b.keys == meta_a.keys
+    with pytest.raises(LeaseError, match="session must hold the claim it releases"):
+        a.release(meta_a)
+    with pytest.raises(ConfigError, match="held by another live session"):
+        c.get_meta(P, "t", 0, timeout=0.3)
+    b.release(meta_b)  # its own claim: released
+    assert c.get_meta(P, "t", 0, timeout=5).keys == meta_b.keys
+
+
+def test_a_closed_partition_ends_after_a_version_set_at_a_step(stream):
+    """Review: set_version(at_step=0) and nobody reporting the step read held the end
+    of a closed partition back for a predicted version (it waited forever)."""
+    put_rows(stream, keys_of("k", 16))
+    stream.close_partition(P)
+    c = stream.client()
+    c.register_task(P, "t", ["x"], batch_size=4)
+    c.set_version(P, "t", 5, at_step=0)
+    steps = []
+    while True:
+        meta = c.get_meta(P, "t", timeout=5)
+        if meta.end:
+            break
+        steps.append(meta.step)
+        c.ack(meta)
+    assert steps == [0, 1, 2, 3]

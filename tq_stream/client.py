@@ -161,7 +161,8 @@ class Client:
         self._check_step(meta, "release")
         self._controller.release(partition=meta.partition, task=meta.task, step=meta.step,
                                  dp_rank=meta.dp_rank, index=meta.index,
-                                 generation=meta.generation, replica=meta.replica)
+                                 generation=meta.generation, replica=meta.replica,
+                                 session=meta.session)
 
     def renew(self, meta: BatchMeta) -> None:
         """Extend the lease on meta's step now (the heartbeat does this by itself)."""

@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import logging
 import uuid
 import weakref
@@ -48,6 +49,16 @@ from tq_stream.datasets.workers import check_start_method
 from tq_stream.errors import ConfigError, StateError, TQError, check_positive
 
 logger = logging.getLogger(__name__)
+_open: weakref.WeakSet[StreamingDataLoader] = weakref.WeakSet()  # open iterations
+
+
+@atexit.register
+def _close_open_loops() -> None:
+    """At interpreter exit, close every open iteration while modules still work (their
+    generators would otherwise be closed during finalization, with globals gone). Its
+    batches stay leased: they come back once the leases expire."""
+    for loader in list(_open):
+        loader.close_at_exit()
 
 
 def _identity(batch: Any) -> Any:
@@ -111,6 +122,9 @@ class StreamingDataLoader:
         self._reported: int | None = None  # the step the controller knows we read
         self._live: Callable[[], Any] = lambda: None  # the open iteration, if any
         self._released = False  # release() was called in the open iteration
+        self._closing = False  # __iter__ closes an earlier iteration still open
+        self._exiting = False  # the interpreter exits: neither ack nor give back
+        self._undecided: list[int] = []  # steps of a loop that ended neither way
 
     def _ack_saved(self) -> None:
         """Batches yielded before the restored state_dict was taken count as trained:
@@ -124,10 +138,31 @@ class StreamingDataLoader:
         its batch out in the loop is given back."""
         earlier = self._live()
         if earlier is not None:
-            earlier.close()
+            self._closing = True
+            try:
+                earlier.close()
+            finally:
+                self._closing = False
+        if self._undecided:
+            raise StateError(
+                f"the last loop over the loader of task {self.dataset.task!r} (rank "
+                f"{self.dataset.dp_rank}) ended neither by break/return nor by an "
+                f"exception (a wrapper such as islice or zip ended it, or its iterator was "
+                f"dropped or replaced), so whether step(s) {self._undecided} were trained "
+                f"is unknown: call loader.ack() if they were, or loader.release() if not, "
+                f"then iterate again")
         batches = self._iterate()
         self._live = weakref.ref(batches)
+        _open.add(self)
         return batches
+
+    def close_at_exit(self) -> None:
+        """Close the open iteration, if any, as the interpreter exits (see
+        ``_close_open_loops``): nothing is acked or given back."""
+        live = self._live()
+        if live is not None:
+            self._exiting = True
+            live.close()
 
     def _iterate(self) -> Iterator[TensorDict]:
         ds = self.dataset
@@ -146,7 +181,8 @@ class StreamingDataLoader:
         deaths = worker_deaths.Deferral()
         if self.num_workers:
             worker_deaths.guard()  # torch's SIGCHLD handler is set now
-        done = True  # the loop was left by a break/return or ran to the end
+        done: bool | None = True  # left by a break/return or ran to the end; False:
+        # by an exception; None: neither is known (see ``loop_exit.verdict``)
         try:
             while True:
                 try:
@@ -187,9 +223,10 @@ class StreamingDataLoader:
                     # who dropped the iterator: a break/return, or an exception (or
                     # anything else: then the batch is not known to be trained)
                     try:
-                        done = loop_exit.closed_by_jump(resumed)
+                        done = True if self._exiting else \
+                            None if self._closing else loop_exit.verdict(resumed)
                     except Exception:  # noqa: BLE001 — at interpreter exit: not known
-                        done = False
+                        done = None
                     raise
                 finally:
                     deaths.out(False)
@@ -199,8 +236,13 @@ class StreamingDataLoader:
                         f"next batch of task {ds.task!r} (rank {ds.dp_rank}) asked for; "
                         f"iterate the loader again: the released batches come first")
         finally:
-            if not done:
-                self._give_back()
+            try:
+                if done is None and self._unacked:  # the next iteration asks the user
+                    self._undecided = sorted({loader_step(b) for b in self._unacked})
+                elif not done:
+                    self._give_back()
+            except TypeError:  # interpreter exit: module globals are gone already; the
+                pass  # batch stays leased and comes back once its lease expires
             self._cancel(ds.session)
 
     def release(self) -> None:
@@ -212,11 +254,14 @@ class StreamingDataLoader:
         A loop left by ``break`` or ``return`` counts its last batch as trained (it is
         acked when the loader is iterated again, or listed as yielded in
         ``state_dict``); a loop left by an exception does not (its batch comes again
-        first). Any other way out (``close()``, a wrapper such as ``itertools.islice``
-        or ``zip`` that stops on its own) also gives the batch back: call ``ack()``
-        after such a loop if the batch was trained. ``next(iter(loader))`` counts as
-        trained (see ``tq_stream.datasets.loop_exit``)."""
+        first), nor does ``close()`` of its iterator. Where the loader cannot tell (a
+        wrapper such as ``itertools.islice`` or ``zip`` that stops on its own, an
+        iterator dropped, or replaced by a new ``iter(loader)``), the next iteration
+        is a StateError until ``ack()`` (trained) or ``release()`` (not trained) says
+        which. ``next(iter(loader))`` counts as trained (see
+        ``tq_stream.datasets.loop_exit``)."""
         self._give_back(quiet=False)
+        self._undecided = []
         self._released = True
 
     def _give_back(self, quiet: bool = True) -> None:
@@ -260,6 +305,8 @@ class StreamingDataLoader:
             self._client.ack(batch_meta(b))
         self._unacked = [] if batch is None else [
             b for b in self._unacked if all(b is not t for t in todo)]
+        if not self._unacked:
+            self._undecided = []
         if not self._unacked and len(self._holds) > len(self.dataset.partitions):
             for h in self._holds[: -len(self.dataset.partitions)]:  # earlier iterations'
                 h.close()
@@ -270,7 +317,9 @@ class StreamingDataLoader:
         version set last: a step formed ahead for a predicted version is then formed
         for the real one (rows in time for it are never dropped on a prediction)."""
         ds = self.dataset
-        if self._version is None or len(ds.partitions) != 1 or step == self._reported:
+        # every loader of the task says so, not only one that set the version itself: a
+        # fresh loader after one that did would otherwise leave steps held for a turn
+        if len(ds.partitions) != 1 or step == self._reported:
             return
         self._client.reading(ds.partitions[0], ds.task, step)
         self._reported = step

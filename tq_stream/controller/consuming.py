@@ -31,6 +31,7 @@ from tq_stream.controller.waiters import Waiter
 from tq_stream.controller.waiting import describe, not_ready
 from tq_stream.errors import (
     ConfigError,
+    LeaseError,
     TurnNotReached,
     WaitTimeout,
     check_positive,
@@ -286,14 +287,25 @@ class ConsumingLogic:
         return len(done)
 
     def release(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,
-                generation: np.ndarray, replica: int = 0) -> None:
+                generation: np.ndarray, replica: int = 0, session: str = "") -> None:
         """Give up reading (step, dp_rank) for now: the share is handed, unchanged, to
-        the next reader of that step and rank (or of "the next batch")."""
+        the next reader of that step and rank (or of "the next batch"). With
+        ``session``, only that session's own claim is dropped: a release by a reader
+        whose claim another session took over since is a LeaseError (the share is
+        the other reader's now)."""
         with self._cond:
             part, state = self._task(partition, task)
             _check_ids(state, dp_rank, replica)
             self._held_rows(part, state, step, dp_rank, index, generation, "release")
-            state.steps[step].claims.pop((dp_rank, replica), None)
+            claims = state.steps[step].claims
+            claim = claims.get((dp_rank, replica))
+            if claim is not None and session and claim.session != session:
+                raise LeaseError(
+                    f"session must hold the claim it releases: step {step} of task "
+                    f"{task!r} (rank {dp_rank}, replica {replica}) is held by session "
+                    f"{claim.session[:12]} now, got session={session[:12]!r} (its claim "
+                    f"lapsed and another reader took the share over)")
+            claims.pop((dp_rank, replica), None)
             self._rows_ready(part)
 
     def renew(self, partition: str, task: str, step: int | None = None,

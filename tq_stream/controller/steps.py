@@ -164,12 +164,13 @@ class StepLogic:
                 break
         if not part.closed or self._pending(part, state):
             return False
-        if state.version_at(step) != state.version:
-            # Ahead of its turn: a sampler may have left rows out that are in time for
-            # the version the consumer will actually hold. The last steps and the end
-            # wait for the turn (``reading``), so no row is dropped on a prediction.
-            return False
         cands = self._candidates(part, state, cfg.dp_size, step)
+        if cands.count and state.version_at(step) != state.version:
+            # Ahead of its turn: a sampler may have left rows out that are in time for
+            # the version the consumer will actually hold. The last steps wait for the
+            # turn (``reading``), so no row is dropped on a prediction; with no row
+            # left, nothing can be, and the end is formed at once.
+            return False
         if not cfg.drop_last and cands.count:
             sel = state.sampler.tail(cands, cfg.batch_size)
             if sel.ready:

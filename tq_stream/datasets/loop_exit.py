@@ -59,6 +59,24 @@ def resumed_at() -> tuple[int, int] | None:
     return None if frame is None else (id(frame), frame.f_lasti)
 
 
+_UNKNOWN = frozenset({"FOR_ITER", "END_FOR", "POP_ITER", "DELETE_FAST", "DELETE_NAME",
+                      "DELETE_GLOBAL", "STORE_FAST", "STORE_NAME", "STORE_GLOBAL"})
+
+
+def verdict(resumed: tuple[int, int] | None = None) -> bool | None:
+    """Called in a generator's GeneratorExit handler: True if the loop was left by a
+    jump (``closed_by_jump``), None if nothing says how (a wrapping iterator such as
+    ``islice`` that ended: ``FOR_ITER``/``END_FOR``; the iterator deleted or
+    rebound; no caller frame), False otherwise (an exception unwinding the loop, or
+    an explicit ``close()``)."""
+    frame = _caller_of_caller()
+    if frame is None or frame.f_lasti < 0 or frame.f_lasti >= len(frame.f_code.co_code):
+        return None
+    if _jumped(frame, resumed):
+        return True
+    return None if dis.opname[frame.f_code.co_code[frame.f_lasti]] in _UNKNOWN else False
+
+
 def closed_by_jump(resumed: tuple[int, int] | None = None) -> bool:
     """Called in a generator's GeneratorExit handler: whether the frame that closed it
     left a for loop by a jump (``left_by_jump``), or dropped it as the temporary of
@@ -67,8 +85,10 @@ def closed_by_jump(resumed: tuple[int, int] | None = None) -> bool:
     Holds no frame afterwards (a generator frame kept in its own locals would outlive
     the loop, and with it whatever the generator holds)."""
     frame = _caller_of_caller()
-    if frame is None:
-        return False
+    return frame is not None and _jumped(frame, resumed)
+
+
+def _jumped(frame: FrameType, resumed: tuple[int, int] | None) -> bool:
     if resumed == (id(frame), frame.f_lasti) and \
             dis.opname[frame.f_code.co_code[frame.f_lasti]] in _CALLS:
         return True

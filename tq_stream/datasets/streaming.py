@@ -441,7 +441,10 @@ class StreamingDataset(IterableDataset[TensorDict]):
             # stay leased (and come again) unless the stream ended normally
             self._stop(client, out, thread, list(pending) if single or finished else [],
                        cancel=not finished)
-            exit_stop.untrack(thread)
+            try:
+                exit_stop.untrack(thread)
+            except (AttributeError, TypeError):  # interpreter exit: the module is gone
+                pass
             pending.clear()
 
     def _stop(self, client: Any, out: queue.Queue[Any], thread: threading.Thread,

@@ -181,9 +181,9 @@ class RemoteController:
                           index=index, generation=generation, replica=replica)
 
     def release(self, partition: str, task: str, step: int, dp_rank: int, index: Any,
-                generation: Any, replica: int = 0) -> None:
+                generation: Any, replica: int = 0, session: str = "") -> None:
         self._call("release", partition=partition, task=task, step=step, dp_rank=dp_rank,
-                   index=index, generation=generation, replica=replica)
+                   index=index, generation=generation, replica=replica, session=session)
 
     def renew(self, partition: str, task: str, step: int | None = None,
               session: str = "") -> int:
