@@ -13,8 +13,9 @@ Examples:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Any, TypedDict
 
 
 class HistogramStats(TypedDict):
@@ -170,3 +171,12 @@ class ProcessInfo:
     host: str
     address: str | None
     folder: str | None
+
+
+def describe(waiting: Mapping[str, Any]) -> str:
+    """``not_ready`` in words: "308 rows lack field 'reward', 12 lack tag 'score'"."""
+    parts = [f"{n} lack field {f!r}" for f, n in waiting["lack_fields"].items()]
+    parts += [f"{n} lack tag {t!r}" for t, n in waiting["lack_tags"].items()]
+    if not parts:
+        return ""
+    return f"{waiting['rows']} rows not ready: " + ", ".join(parts)

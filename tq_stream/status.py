@@ -16,9 +16,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from tq_stream.controller.waiting import describe
 from tq_stream.errors import TQError, check_timeout
-from tq_stream.stats import DeploymentStats, PartitionStats
+from tq_stream.stats import DeploymentStats, PartitionStats, describe
 
 DEFAULT_STATUS_TIMEOUT = 10.0  # seconds a call of ``tq-stream status`` waits for a reply
 

@@ -28,7 +28,7 @@ from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.reservations import WRITER_TASK
 from tq_stream.controller.task import MAX_REPLICAS, TaskState
 from tq_stream.controller.waiters import Waiter
-from tq_stream.controller.waiting import describe, not_ready
+from tq_stream.controller.waiting import not_ready
 from tq_stream.errors import (
     ConfigError,
     LeaseError,
@@ -40,6 +40,7 @@ from tq_stream.errors import (
     format_seconds,
 )
 from tq_stream.samplers.sequential import SequentialSampler
+from tq_stream.stats import describe
 from tq_stream.transport.answers import ANSWERED, pending
 from tq_stream.transport.dispatch import WouldBlock, may_block
 

@@ -40,15 +40,6 @@ def not_ready(part: PartitionMeta, state: TaskState) -> dict[str, Any]:
     return {"rows": count, "lack_fields": fields, "lack_tags": tags}
 
 
-def describe(waiting: dict[str, Any]) -> str:
-    """``not_ready`` in words: "308 rows lack field 'reward', 12 lack tag 'score'"."""
-    parts = [f"{n} lack field {f!r}" for f, n in waiting["lack_fields"].items()]
-    parts += [f"{n} lack tag {t!r}" for t, n in waiting["lack_tags"].items()]
-    if not parts:
-        return ""
-    return f"{waiting['rows']} rows not ready: " + ", ".join(parts)
-
-
 def leases(state: TaskState, now: float) -> list[dict[str, Any]]:
     """The claims on this task's shares (at most ``MAX_LEASES``, the oldest first):
     step, rank, replica, rows, holder (session and consumer name), age, seconds since
