@@ -175,8 +175,8 @@ def test_get_meta_polls_empty_then_hands_each_row_once(dp):
 
 
 def test_get_meta_without_polling_waits_and_times_out(tq):
-    tq.init(conf=driver_conf(extra={**EMBEDDED, "controller": {"polling_mode": False},
-                                    "tq_stream": {"timeout": 0.5}}))
+    tq.init(conf=driver_conf(extra={"controller": {"polling_mode": False},
+                                    "tq_stream": {"mode": "embedded", "timeout": 0.5}}))
     tq.kv_batch_put(keys=["a"], partition_id="w",
                     fields=TensorDict({"x": torch.tensor([1])}, batch_size=[1]))
     client = tq.get_client()
