@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from tq_stream.columns import Ragged
 from tq_stream.errors import SerializationError
-from tq_stream.serialization import VERSION, decode, dump, encode, load
+from tq_stream.framefile import dump, load
+from tq_stream.serialization import VERSION, decode, encode
 
 TORCH_DTYPES = [
     torch.bool,

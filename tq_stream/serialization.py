@@ -37,7 +37,7 @@ memoryview; ``decode`` builds tensors over the received buffers. Decoded
 tensors and arrays SHARE the frame memory and keep it alive. numpy keeps arrays
 over read-only frames (bytes) read-only; torch has no read-only tensors, so
 treat a tensor decoded from a read-only frame as read-only (``clone()`` before
-writing in place). Frames received from zmq and files read by ``load`` are
+writing in place). Frames received from zmq and files read by ``framefile.load`` are
 private writable memory.
 """
 
@@ -57,7 +57,7 @@ import torch
 from tq_stream.columns import Ragged
 from tq_stream.errors import SerializationError
 
-__all__ = ["VERSION", "decode", "dump", "encode", "load"]
+__all__ = ["VERSION", "decode", "encode"]
 
 VERSION = 2  # 2: ext 7 added (a reader of 1 only then says so, instead of "unknown ext")
 _READS = frozenset({1, VERSION})  # what 1 wrote is read as before
@@ -470,8 +470,3 @@ class _BodyReader:
     def _ndarray(self, data: memoryview) -> np.ndarray:
         dtype, shape, view = self._buffer(data, _NUMPY_DTYPES)
         return np.frombuffer(view, dtype=dtype).reshape(shape)
-
-
-# ---------------------------------------------------------------------------- files
-# dump/load (the same encoding in one file) live in tq_stream.framefile; re-exported here.
-from tq_stream.framefile import dump, load  # noqa: E402  (framefile imports encode/decode)

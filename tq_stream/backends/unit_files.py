@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from tq_stream import serialization
-from tq_stream.backends.base import check_slots
+from tq_stream import framefile
+from tq_stream.backends.slots import check_slots
 from tq_stream.columns import Column, column_len
 from tq_stream.errors import CheckpointError, ConfigError
 
@@ -74,7 +74,7 @@ def write(request: Request, collected: dict[str, Collected]) -> dict[str, Any]:
         parts[name] = {"slots": slots, "tokens": tokens,
                        "fields": {f: {"slots": s, "column": c} for f, (s, c) in fields.items()}}
         missing[name] = np.setdiff1d(np.asarray(spec["slots"], dtype=np.int64), slots)
-    serialization.dump({"format": FORMAT, "save": request["save"], "unit": request["unit"],
+    framefile.dump({"format": FORMAT, "save": request["save"], "unit": request["unit"],
                     "partitions": parts}, request["file"])
     return {"missing": missing, "rows": int(sum(len(p["slots"]) for p in parts.values()))}
 
@@ -87,7 +87,7 @@ def read(path: str, save: str, unit: int) -> dict[str, Any]:
             names slots or columns that do not fit together.
     """
     try:
-        data = serialization.load(path)
+        data = framefile.load(path)
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint file {path!r} must exist, but it is missing "
                               f"(on a multi-node cluster the checkpoint folder must be on "

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from tq_stream.backends.base import StorageUnit, check_slots
+from tq_stream.backends.base import StorageUnit
+from tq_stream.backends.slots import check_slots
 from tq_stream.columns import Ragged
 from tq_stream.controller import Controller
 from tq_stream.controller.reservations import DEFAULT_WRITE_LEASE

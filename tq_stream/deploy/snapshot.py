@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from tq_stream import serialization
+from tq_stream import framefile
 from tq_stream.backends.base import occupancy
 from tq_stream.backends.unit_files import invalid_as_checkpoint_error
 from tq_stream.controller.checkpoint import without_claims
@@ -64,7 +64,7 @@ def save(path: str, controller: Any, units: Sequence[Any]) -> None:
     results = _each(units, lambda u, unit: unit.save_rows(requests[u]))
     gone = {name: _gone_keys(name, part, results)
             for name, part in state["partitions"].items()}
-    serialization.dump({"format": FORMAT, "save": save_id, "units": names, "controller": state,
+    framefile.dump({"format": FORMAT, "save": save_id, "units": names, "controller": state,
                     "gone": {n: k for n, k in gone.items() if k}},
                    os.path.join(path, CONTROLLER_FILE))
     for old in os.listdir(path):  # unit files of earlier saves (on this host)
@@ -146,7 +146,7 @@ def _load_meta(meta_path: str, n_units: int) -> dict[str, Any]:
     from tq_stream.controller.checkpoint import load_controller
 
     try:
-        meta = serialization.load(meta_path)
+        meta = framefile.load(meta_path)
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint file {meta_path!r} must exist, but it is "
                               f"missing") from None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tq_stream.metrics import check_port
 from tq_stream.metrics.collector import StreamCollector
+from tq_stream.metrics.extra import check_port
 
 JOIN_TIMEOUT = 5.0  # seconds close() waits for the server thread
 
