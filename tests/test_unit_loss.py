@@ -183,3 +183,29 @@ def test_put_data_through_a_meta_skips_rows_lost_meanwhile(two_units):
     ds = tq.StreamingDataset(two_units, P, "u", ["x", "r"], batch_size=2, timeout=2.0)
     assert sorted(k for b in ds for k in tq.batch_meta(b).keys) == \
         sorted(set(keys) - set(lost))
+
+
+def test_frees_that_fail_any_number_of_times_are_all_retried():
+    # The retry list kept only the last 4096 failed frees: the slots of older ones were
+    # never freed in their unit and never reusable (a slow leak, logged as "retried").
+    from tq_stream.controller import Controller
+
+    down, freed = [True], []
+
+    def free(unit, partition, slots):
+        if down[0]:
+            raise ConnectionError("unit 0 is down")
+        freed.extend(int(s) for s in slots)
+
+    ctrl = Controller(1, free=free)
+    ctrl.create_partition("p")
+    schema = {"x": {"kind": "dense", "dtype": "float32", "shape": [2]}}
+    failed = set()
+    for i in range(5000):
+        r = ctrl.reserve("p", [f"k{i}"], schema)
+        failed.update(int(s) for s in r["slot"])
+        ctrl.abort("p", r["index"], r["generation"])
+    down[0] = False
+    r = ctrl.reserve("p", ["last"], schema)
+    ctrl.abort("p", r["index"], r["generation"])  # the next free retries every failed one
+    assert failed <= set(freed)

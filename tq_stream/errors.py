@@ -10,6 +10,9 @@
     │   ├── LeaseError         ack/release of rows this consumer does not hold
     │   └── LengthUnknownError len() of an open stream (also a TypeError)
     ├── WaitTimeout            a bounded wait expired (also a TimeoutError)
+    │   ├── Unreachable        no server accepted the connection: the request was never sent
+    │   ├── TurnNotReached     a step formed ahead of the trainer's turn waited its timeout
+    │   └── ConnectionLost     the connection broke after the request was sent
     ├── SerializationError     a malformed, truncated or unsupported message
     │   └── CheckpointError    a checkpoint file that is missing, damaged or inconsistent
     ├── AuthError              an admin call without the deployment owner's token

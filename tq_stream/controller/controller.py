@@ -54,7 +54,6 @@ from tq_stream.samplers.sequential import SequentialSampler
 from tq_stream.transport.dispatch import WouldBlock, may_block
 
 FreeFn = Callable[[int, str, np.ndarray], None]
-MAX_UNFREED = 4096  # frees kept for retry while their unit is down
 logger = logging.getLogger(__name__)
 
 
@@ -68,6 +67,15 @@ def check_replicas(replicas: object) -> int:
 def _no_free(unit: int, partition: str, slots: np.ndarray) -> None:
     pass
 
+
+def _coalesce(frees: list[tuple[int, str, np.ndarray]]) -> list[tuple[int, str, np.ndarray]]:
+    """Frees to retry, one entry per (unit, partition): bounded by the deployment's shape
+    and never dropped (a dropped free would keep its slots unusable for good)."""
+    merged: dict[tuple[int, str], list[np.ndarray]] = {}
+    for unit, partition, slots in frees:
+        merged.setdefault((unit, partition), []).append(np.asarray(slots, dtype=np.int64))
+    return [(u, p, parts[0] if len(parts) == 1 else np.concatenate(parts))
+            for (u, p), parts in merged.items()]
 
 class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLogic,
                  CountLogic, UnitLogic, ReservationLogic):
@@ -405,7 +413,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
                                "retried later", len(slots), part_name, unit, exc)
                 failed.append((unit, part_name, slots))
         with self._cond:
-            self._unfreed.extend(failed[-MAX_UNFREED:])
+            self._unfreed = _coalesce(self._unfreed + failed)
             for unit, part_name, slots in done:
                 part = self._parts.get(part_name)
                 if part is not None:

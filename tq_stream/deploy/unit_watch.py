@@ -7,7 +7,8 @@ declared lost (``Controller.unit_lost``: its rows are dropped, counted
 ``unit_lost``, no new rows go there), unless it runs on this host and its
 process is still alive: a unit that is only slow (a loaded machine) keeps its
 rows. A unit that answers with another pid than before was replaced at the same
-address (restarted by the local owner, or by Ray after ``max_restarts``): its old
+address (restarted by the local owner; Ray units, started with ``max_restarts=0``,
+are re-created by the driver at a new address instead): its old
 rows are dropped if that has not happened yet, and it takes new rows again
 (``Controller.unit_back``).
 """
