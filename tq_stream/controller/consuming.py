@@ -28,7 +28,7 @@ from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.reservations import WRITER_TASK
 from tq_stream.controller.task import MAX_REPLICAS, TaskState
 from tq_stream.controller.waiters import Waiter
-from tq_stream.controller.waiting import not_ready
+from tq_stream.controller.waiting import holders, not_ready
 from tq_stream.errors import (
     ConfigError,
     LeaseError,
@@ -147,6 +147,8 @@ class ConsumingLogic:
                 if not registered:
                     self._waiters.add(part.name, waiter)
                     registered = True
+                    if step is None and state.ended:
+                        self._cond.notify_all()  # others at the end need not wait for us
                 self._timings.wait(self._cond, min(left, self._next_wake(state)),
                                    waiter.since, "get_meta", part.name,
                                    lambda: self._waiting_for(part, state, step, dp_rank))
@@ -237,15 +239,28 @@ class ConsumingLogic:
     def _wait_error(self, part: PartitionMeta, state: TaskState, args: tuple,
                     timeout: float) -> Exception:
         step, dp_rank, replica, session, _consumer = args
+        now = time.time()
+        if step is None and state.ended:
+            held = self._held_elsewhere(part, state, dp_rank, replica, session)
+            if held:
+                return WaitTimeout(
+                    f"get_meta waited timeout={format_seconds(timeout)} on partition "
+                    f"{part.name!r} for the next batch of task {state.name!r} (rank "
+                    f"{dp_rank}, replica {replica}): the partition is closed and drained, "
+                    f"and its end waits for shares other live sessions hold: "
+                    f"{holders(held, now)}. The end comes once they are acked; a share "
+                    f"comes back here if its holder's lease expires (its heartbeat renews "
+                    f"it while it lives)")
         rec = None if step is None else state.steps.get(step)
         claim = None if rec is None else self._held_by_other(rec, (dp_rank, replica), session)
-        if claim is not None:
-            left = max(0.0, claim.expiry - time.time())
+        if rec is not None and claim is not None:
+            left = max(0.0, claim.expiry - now)
+            who = holders([(step, len(rec.shares[dp_rank]), claim)], now)
             return ConfigError(
                 f"replica={replica} of rank {dp_rank} of task {state.name!r} step {step} "
-                f"is held by another live session ({claim.session[:12]}, its lease "
-                f"renewed by its heartbeat; it expires in {format_seconds(left)} without "
-                f"one): get_meta waited timeout={format_seconds(timeout)}. Two consumers "
+                f"is held by another live session: {who} (its heartbeat renews the "
+                f"lease, which expires in {format_seconds(left)} without one); get_meta "
+                f"waited timeout={format_seconds(timeout)}. Two consumers "
                 f"must not read as one replica: give each TP/PP peer of a rank its own "
                 f"replica= (replicas={state.config.replicas}); a consumer restarted after "
                 f"its predecessor died takes the share back once that lease expired (a "
@@ -312,7 +327,9 @@ class ConsumingLogic:
     def renew(self, partition: str, task: str, step: int | None = None,
               session: str = "") -> int:
         """Keep leases alive: every claim of ``session`` (the heartbeat), or, with
-        ``step``, every claim on that step. Returns how many claims were renewed.
+        ``step``, the claims of ``session`` on that step (another session's claim on it,
+        a peer replica's, is its own to renew: a LeaseError if ``session`` has none).
+        Returns how many claims were renewed.
         ``task=""`` is a producer's heartbeat: it renews the rows ``session`` reserved
         on ``partition`` and not committed yet (returns how many)."""
         check_session("session", session)
@@ -324,12 +341,19 @@ class ConsumingLogic:
             if step is None:
                 return state.renew(session, now)
             rec = state.steps.get(step)
-            if rec is None or rec.end or not rec.claims:
+            if rec is None or rec.end:
                 raise self._no_lease(state, step, "renew")
-            for c in rec.claims.values():
+            mine = [c for c in rec.claims.values() if c.session == session]
+            if not mine:
+                raise LeaseError(
+                    f"renew needs a claim of the calling session on step {step} of task "
+                    f"{state.name!r}, got session={session[:12]!r}, which holds none (its "
+                    f"claim expired or was released, and another reader may hold the "
+                    f"share now)")
+            for c in mine:
                 c.expiry, c.renewed = now + state.config.lease_timeout, now
-            state.renewed += len(rec.claims)
-            return len(rec.claims)
+            state.renewed += len(mine)
+            return len(mine)
 
     def first_unfinished(self, partition: str, task: str, dp_rank: int = 0,
                          replica: int | None = None) -> dict[str, Any]:

@@ -28,7 +28,9 @@ A closed, drained partition ends with one ``end`` step that every rank
 receives, so all ranks see the same number of batches. A caller asking for "the
 next batch" gets the end only once no share of its rank and replica is held by
 another live session: until then it waits, and a share whose holder died (its
-lease expired) comes back to it.
+lease expired) comes back to it. A holder that is itself waiting in a get_meta
+is alive and finishes its own share: the end does not wait for it (two workers
+that each fetch ahead would otherwise wait for each other until a timeout).
 
 Called with the controller's lock held; ``self`` is the Controller.
 """
@@ -44,6 +46,7 @@ import numpy as np
 from tq_stream.controller import events
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task import ACKED, LEASED, Claim, StepRecord, TaskState
+from tq_stream.controller.waiters import Waiters
 from tq_stream.errors import LeaseError, StateError
 from tq_stream.samplers.base import Candidates, Selection
 from tq_stream.samplers.sequential import SequentialSampler
@@ -67,6 +70,7 @@ class StepLogic:
     _tasks: dict[str, dict[str, TaskState]]
     _journal: Any  # the ack journal (deploy/ack_journal.py), or None
     _cancelled: dict[str, float]  # sessions that stopped (consuming.py ``cancel``)
+    _waiters: Waiters  # the get_meta calls waiting (waiters.py)
 
     def _candidates(self, part: PartitionMeta, state: TaskState, dp_size: int,
                     step: int, limit: int | None = None) -> Candidates:
@@ -213,7 +217,7 @@ class StepLogic:
                 f"fresh loader finds it by itself)"
             )
         if rec.end:
-            if asked_next and self._held_elsewhere(state, dp_rank, replica, session):
+            if asked_next and self._held_elsewhere(part, state, dp_rank, replica, session):
                 return None  # not the end yet: a share another session holds may come back
             meta = self._placement(part, np.zeros(0, np.int64), state.config.fields)  # type: ignore[attr-defined]
             # An end meta carries the end step itself, so a reader that asked for a later
@@ -288,15 +292,24 @@ class StepLogic:
             return None
         return claim
 
-    def _held_elsewhere(self, state: TaskState, rank: int, replica: int,
-                        session: str) -> bool:
-        """Some share of (rank, replica) that replica has not acked is claimed by another
-        live session: a pool worker asking for the next batch at the end waits for it
-        (acked: the end; its holder died: the share comes back to the next asker)."""
+    def _held_elsewhere(self, part: PartitionMeta, state: TaskState, rank: int,
+                        replica: int, session: str) -> list[tuple[int, int, Claim]]:
+        """(step, rows, claim) of every share of (rank, replica) that replica has not
+        acked and another live session claims, whose holder may yet give it back: a pool
+        worker asking for the next batch at the end waits for those (acked: the end; its
+        holder died: the share comes back to the next asker). A holder that is itself
+        waiting in a get_meta on the partition is alive and finishes its share itself
+        (a worker that fetches ahead): waiting for it would stall both until a timeout."""
         bit = 1 << replica
-        return any(not rec.end and self._held_by_other(rec, (rank, replica), session)
-                   is not None and not rec.share_done(rank, bit, state.acks)
-                   for rec in state.steps.values())
+        waiting = self._waiters.sessions(part.name, time.monotonic())
+        held = []
+        for step, rec in state.steps.items():
+            if rec.end or rec.share_done(rank, bit, state.acks):
+                continue
+            claim = self._held_by_other(rec, (rank, replica), session)
+            if claim is not None and claim.session not in waiting:
+                held.append((step, len(rec.shares[rank]), claim))
+        return held
 
     def _next_wake(self, state: TaskState) -> float:
         soonest = min(state.soonest_expiry(), self._reservations.soonest())  # type: ignore[attr-defined]
