@@ -44,7 +44,7 @@ from tq_stream.stats import describe
 from tq_stream.transport.answers import ANSWERED, pending
 from tq_stream.transport.dispatch import WouldBlock, may_block
 
-MAX_CANCELLED = 1024  # cancelled sessions remembered
+MAX_CANCELLED = 1024  # cancelled sessions remembered (their late waits return None)
 
 
 def _check_ids(state: TaskState, dp_rank: Any, replica: Any) -> None:
@@ -365,9 +365,13 @@ class ConsumingLogic:
             return state.first_unfinished(dp_rank, replica)
 
     def cancel(self, session: str) -> None:
-        """End every wait of ``session`` now (its get_meta returns None); later waits of
-        that session return None at once. Rows a producer ``session`` reserved and did
-        not commit are aborted (``reservations.py``)."""
+        """End every wait of ``session`` now (its get_meta returns None) and every claim
+        it holds: its shares go to the next reader of their step and rank (counted in
+        the task's ``cancelled``; a restarted worker of its consumer name first). Later
+        waits of that session return None at once, for as long as the controller
+        remembers it (the last ``MAX_CANCELLED`` cancelled sessions: a call racing the
+        cancel). Rows a producer ``session`` reserved and did not commit are aborted
+        (``reservations.py``)."""
         check_session("session", session)
         if not session:
             raise ConfigError("session must be a non-empty str to cancel, got ''")
@@ -376,6 +380,9 @@ class ConsumingLogic:
                 if not may_block():
                     raise WouldBlock  # frees storage through the units: a worker thread
                 self._abort_reservations(session)
+            for tasks in self._tasks.values():
+                for state in tasks.values():
+                    state.cancel(session)
             self._cancelled[session] = time.monotonic()
             while len(self._cancelled) > MAX_CANCELLED:
                 self._cancelled.pop(next(iter(self._cancelled)))

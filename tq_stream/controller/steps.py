@@ -69,7 +69,6 @@ class StepLogic:
 
     _tasks: dict[str, dict[str, TaskState]]
     _journal: Any  # the ack journal (deploy/ack_journal.py), or None
-    _cancelled: dict[str, float]  # sessions that stopped (consuming.py ``cancel``)
     _waiters: Waiters  # the get_meta calls waiting (waiters.py)
 
     def _candidates(self, part: PartitionMeta, state: TaskState, dp_size: int,
@@ -267,9 +266,9 @@ class StepLogic:
             if rec.share_done(rank, full, state.acks):
                 continue
             claim = rec.claims.get(key)
-            if claim is not None and claim.session not in self._cancelled:
+            if claim is not None:
                 continue  # a live session reads it (this one, or another): never twice
-            name = rec.left.get(key, "") if claim is None else claim.consumer
+            name = rec.left.get(key, "")
             if consumer and name == consumer:
                 return s  # what this consumer's dead earlier session held: resume it
             if unclaimed is None:
@@ -282,13 +281,12 @@ class StepLogic:
 
     def _held_by_other(self, rec: StepRecord, key: tuple[int, int],
                        session: str) -> Claim | None:
-        """The claim on (rank, replica) ``key`` of another live session, if any: one
-        not expired (``TaskState.expire`` dropped those) whose session was not
-        cancelled (its iteration or client stopped). A caller without a session (a
-        direct controller call: no heartbeat, no Client) is not checked."""
+        """The claim on (rank, replica) ``key`` of another session, if any: every claim
+        there is live (``TaskState.expire`` dropped the expired ones, ``cancel`` those
+        of stopped sessions). A caller without a session (a direct controller call: no
+        heartbeat, no Client) is not checked."""
         claim = rec.claims.get(key)
-        if claim is None or not session or claim.session == session or \
-                claim.session in self._cancelled:
+        if claim is None or not session or claim.session == session:
             return None
         return claim
 
