@@ -5,6 +5,7 @@ prefetch never discards on a prediction, and the bound holds when a batch is yie
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import torch
@@ -113,3 +114,26 @@ def async_groups_constant_version(stream: tq.Stream, part: str, num_workers: int
         stop.set()
         producer.join(20)
     return lags
+
+
+def held_for_turn(stream: tq.Stream, part: str, step_seconds: float, timeout: float,
+                  num_workers: int = 0, **loader: Any) -> list[int]:
+    """A step held for its turn while the trainer trains the ones before it: versions
+    5, 6, 7 and 4 (4 rows each), the trainer at version 5 (never changed),
+    max_staleness=1, prefetch 3. Step 3 gets the version-4 rows, which are in the bound
+    now but not at the version predicted for its turn (8): it waits for the trainer to
+    reach it, about 3 training steps of ``step_seconds``. Returns the versions of the
+    rows trained, in order."""
+    stream.create_partition(part, consumers=["actor"])
+    put_versions(stream, part, [(5, 4), (6, 4), (7, 4), (4, 4)])
+    stream.close_partition(part)
+    ds = tq.StreamingDataset(stream, part, "actor", ["x"], batch_size=4, prefetch=3,
+                             timeout=timeout,
+                             sampler=tq.samplers.StalenessSampler(max_staleness=1))
+    loader_ = tq.StreamingDataLoader(ds, num_workers=num_workers, **loader)
+    loader_.set_version(5)
+    trained: list[int] = []
+    for batch in loader_:
+        trained += [t["version"] for t in tq.batch_meta(batch).tags]
+        time.sleep(step_seconds)  # the training step
+    return trained

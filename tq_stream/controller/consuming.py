@@ -136,12 +136,12 @@ class ConsumingLogic:
                     self._timings.waited(part.name, state.name, waiter.since)
                     return self._handout(meta)
                 left = waiter.deadline - time.monotonic()
-                if left <= 0 and state.awaits_turn(step, session, time.time()):
+                if left <= 0 and state.awaits_turn(step, session, time.time(), timeout):
                     what = self._waiting_for(part, state, step, dp_rank)
                     raise TurnNotReached(
                         f"get_meta waited timeout={format_seconds(timeout)} on partition "
                         f"{part.name!r} for {what}; the trainer is alive on an earlier "
-                        f"step: ask again")
+                        f"step and moved on within the timeout: ask again")
                 if left <= 0:
                     raise self._wait_error(part, state, waiter.args, timeout)
                 if not registered:
@@ -225,10 +225,15 @@ class ConsumingLogic:
         hint = f"; no row has tag(s) {missing} the sampler needs yet" if missing else ""
         turn = state.version_at(state.next_step)
         if turn != state.version:
+            still = format_seconds(max(0.0, time.time() - state.last_move))
             hint += (f"; step {state.next_step} is formed ahead of its turn for version "
                      f"{turn} (the consumer set {state.version} and reads step "
                      f"{state.position}), so rows that may be stale by then wait for it "
-                     f"(a loader says which step it reads: Controller.reading)")
+                     f"(a loader says which step it reads: Controller.reading); the "
+                     f"consumer last acked or read a step {still} ago, and such a step "
+                     f"waits for its turn while the trainer acks a batch at least once "
+                     f"per timeout (a training step longer than the timeout needs a "
+                     f"longer timeout)")
         lacking = describe(not_ready(part, state))
         if lacking:  # what the rows that are there wait for
             hint += f"; {lacking}"

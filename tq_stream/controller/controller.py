@@ -450,6 +450,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
                     )
                 return
             state = TaskState(task, config, sampler, part.size)
+            state.last_move = time.time()
             state.version, state.version_step = part.versions.pop(task, (None, None))
             rows = part.oldest_first(np.flatnonzero(part.used))
             state.offer(rows, part.ready_for(config.fields, rows, state.tags))
@@ -503,6 +504,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
             before = state.position
             state.reading(step)
             if state.position != before:
+                state.last_move = time.time()
                 self._cond.notify_all()
 
     def close(self) -> None:

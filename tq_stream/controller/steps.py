@@ -338,6 +338,8 @@ class StepLogic:
                   rows: np.ndarray) -> np.ndarray:
         """Set ``replica``'s bit on ``rows``; returns the rows that became ACKED."""
         rows = rows[state.state[rows] == LEASED]
+        if len(rows):
+            state.last_move = time.time()  # the trainer moved on (``awaits_turn``)
         state.acks[rows] |= 1 << replica
         done = rows[state.acks[rows] == state.full_acks]
         state.state[done] = ACKED

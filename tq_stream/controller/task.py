@@ -106,6 +106,9 @@ class TaskState:
         self.version_step: int | None = None  # the first step read under ``version``
         self.position: int | None = None  # the step the consumer reads now (``reading``)
         self.steps_per_version = 1
+        # when the consumer last moved on (registered, acked rows, or said which step it
+        # reads; epoch seconds): a step held for its turn waits for a trainer that moves
+        self.last_move = 0.0
         self.discards: Counter[str] = Counter()
         self.handed_out = 0
         self.acked = 0
@@ -231,11 +234,16 @@ class TaskState:
         return self.version if step < first else \
             self.version + 1 + (step - first) // self.steps_per_version
 
-    def awaits_turn(self, step: int | None, session: str, now: float) -> bool:
+    def awaits_turn(self, step: int | None, session: str, now: float,
+                    patience: float) -> bool:
         """``step`` is formed ahead of its turn (see ``version_at``) for a reader whose
-        session holds a live claim here (the batch its trainer is on): a wait for that
-        step that runs out says so (``TurnNotReached``), and a dataset asks again."""
+        session holds a live claim here (the batch its trainer is on) and whose trainer
+        moved on (acked a batch, or said which step it reads) within ``patience``
+        seconds: a wait for that step that runs out says so (``TurnNotReached``), and a
+        dataset asks again. A trainer that stopped moving gets a plain WaitTimeout."""
         if step is None or not session or self.version_at(step) == self.version:
+            return False
+        if now - self.last_move >= patience:
             return False
         return any(c.session == session and c.expiry > now
                    for rec in self.steps.values() for c in rec.claims.values())
