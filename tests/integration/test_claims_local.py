@@ -26,6 +26,15 @@ def keys(prefix: str, n: int) -> list[str]:
     return [f"{prefix}_{i}" for i in range(n)]
 
 
+def closed_pool(stream: tq.Stream, part: str, ks: list[str], batch_size: int) -> list[str]:
+    """A closed partition of rows ``ks`` read by task "reward"; returns ``ks``."""
+    stream.create_partition(part, consumers=["reward"])
+    stream.writer(part).put(ks, {"x": values(ks)})
+    stream.close_partition(part)
+    stream.client().register_task(part, "reward", ["x"], batch_size=batch_size)
+    return ks
+
+
 def run_workers(target: Any, arg_lists: list[tuple]) -> list[Any]:
     """Run ``target(*args, send)`` in a spawned process per ``args``; their reports."""
     ctx = mp.get_context("spawn")
@@ -97,11 +106,7 @@ def test_a_pool_of_processes_sharing_a_consumer_name_processes_each_row_once(loc
     batch; they got the same rows (256 of 256 twice) and one crashed with "freed
     meanwhile". Now every row once, no error."""
     part = "pool"
-    local_stream.create_partition(part, consumers=["reward"])
-    ks = keys("p", 256)
-    local_stream.writer(part).put(ks, {"x": values(ks)})
-    local_stream.close_partition(part)
-    local_stream.client().register_task(part, "reward", ["x"], batch_size=8)
+    ks = closed_pool(local_stream, part, keys("p", 256), batch_size=8)
     results = run_workers(pool_worker, [(local_stream, part, "reward", "reward")] * 2)
     assert [err for _, err in results] == ["", ""], results
     a, b = (set(k) for k, _ in results)
@@ -114,11 +119,7 @@ def test_two_pool_processes_each_holding_a_share_both_reach_the_end(local_stream
     for the next before acking it, at the end of a closed partition: they waited for
     each other's share until their timeout. Now both get the end."""
     part = "ahead"
-    local_stream.create_partition(part, consumers=["reward"])
-    ks = keys("a", 4)
-    local_stream.writer(part).put(ks, {"x": values(ks)})
-    local_stream.close_partition(part)
-    local_stream.client().register_task(part, "reward", ["x"], batch_size=2)
+    ks = closed_pool(local_stream, part, keys("a", 4), batch_size=2)
     ready = mp.get_context("spawn").Barrier(2)
     results = run_workers(ahead_pool_worker,
                           [(local_stream, part, "reward", "reward", ready)] * 2)
