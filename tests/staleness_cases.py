@@ -5,6 +5,7 @@ prefetch never discards on a prediction, and the bound holds when a batch is yie
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import torch
@@ -29,18 +30,30 @@ def closed_constant_version(stream: tq.Stream, part: str, num_workers: int = 0,
     """The replay: ``set_version(5)``, max_staleness=1, 64 rows at versions 3/4/5/6/2,
     the partition closed, the trainer never changes its version. Returns the versions
     of the rows trained and the task's stats."""
+    trained = train_at_version_5(stream, part, BLOCKS, 20, 0.0, num_workers, **loader)
+    return trained, stream.stats()[part]["tasks"]["actor"]
+
+
+def train_at_version_5(stream: tq.Stream, part: str, blocks: Any, timeout: float,
+                       step_seconds: float, num_workers: int = 0,
+                       **loader: Any) -> list[int]:
+    """Rows of ``blocks`` in a closed partition, read 4 per step (prefetch 3,
+    max_staleness=1) by a trainer at version 5 that never changes it and trains each
+    step ``step_seconds``. Returns the versions of the rows trained, in order."""
     stream.create_partition(part, consumers=["actor"])
-    put_versions(stream, part)
+    put_versions(stream, part, blocks)
     stream.close_partition(part)
     ds = tq.StreamingDataset(stream, part, "actor", ["x"], batch_size=4, prefetch=3,
-                             timeout=20,
+                             timeout=timeout,
                              sampler=tq.samplers.StalenessSampler(max_staleness=1))
     dl = tq.StreamingDataLoader(ds, num_workers=num_workers, **loader)
     dl.set_version(5)
     trained: list[int] = []
     for batch in dl:
         trained += [t["version"] for t in tq.batch_meta(batch).tags]
-    return trained, stream.stats()[part]["tasks"]["actor"]
+        if step_seconds:
+            time.sleep(step_seconds)  # the training step
+    return trained
 
 
 def every_n_steps(stream: tq.Stream, part: str, n: int, num_workers: int = 0,
@@ -113,3 +126,15 @@ def async_groups_constant_version(stream: tq.Stream, part: str, num_workers: int
         stop.set()
         producer.join(20)
     return lags
+
+
+def held_for_turn(stream: tq.Stream, part: str, step_seconds: float, timeout: float,
+                  num_workers: int = 0, **loader: Any) -> list[int]:
+    """A step held for its turn while the trainer trains the ones before it: versions
+    5, 6, 7 and 4 (4 rows each), the trainer at version 5 (never changed),
+    max_staleness=1, prefetch 3. Step 3 gets the version-4 rows, which are in the bound
+    now but not at the version predicted for its turn (8): it waits for the trainer to
+    reach it, about 3 training steps of ``step_seconds``. Returns the versions of the
+    rows trained, in order."""
+    return train_at_version_5(stream, part, [(5, 4), (6, 4), (7, 4), (4, 4)], timeout,
+                              step_seconds, num_workers, **loader)

@@ -250,3 +250,23 @@ def test_a_closed_partition_ends_after_a_version_set_at_a_step(stream):
         steps.append(meta.step)
         c.ack(meta)
     assert steps == [0, 1, 2, 3]
+
+
+def test_renewing_a_step_renews_only_the_callers_claims(stream, clock):
+    """Review: renew(step=) renewed every claim on the step, so a live replica's renewal
+    kept a dead peer's claim alive (its rows never came back)."""
+    put_rows(stream, keys_of("k", 4))
+    a, dead = stream.client(), stream.client()
+    a.register_task(P, "t", ["x"], batch_size=2, replicas=2, lease_timeout=5.0)
+    mine = a.get_meta(P, "t", 0, replica=0)
+    theirs = dead.get_meta(P, "t", 0, replica=1)
+    die(dead)
+    clock.advance(4)
+    a.renew(mine)  # the live replica renews its own claim
+    clock.advance(2)  # past the dead peer's lease, within the renewed one
+    again = stream.client().get_meta(P, "t", 0, replica=1, timeout=2.0)
+    assert again.keys == mine.keys  # the dead peer's share came back
+    with pytest.raises(ConfigError, match="held by another live session"):
+        stream.client().get_meta(P, "t", 0, replica=0, timeout=0.3)
+    with pytest.raises(LeaseError, match=r"renew .*session"):
+        dead.renew(theirs)  # its claim was taken over: nothing of its own to renew

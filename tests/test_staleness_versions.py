@@ -4,17 +4,15 @@ a predicted version. The local-mode twin is tests/integration/test_staleness_loc
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from staleness_cases import (
     async_groups_constant_version,
     closed_constant_version,
     every_n_steps,
-    put_versions,
+    held_for_turn,
 )
 
-import tq_stream as tq
+from tq_stream.errors import TurnNotReached, WaitTimeout
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -65,20 +63,22 @@ def test_the_predicted_turn_version_follows_the_consumer():
     assert [state.version_at(s) for s in (15, 17, 18)] == [6, 6, 7]
 
 
-def test_a_step_held_for_its_turn_outlasts_a_slow_training_step(stream):
-    """A prefetched step held back for its turn waits for the trainer, however long its
-    step takes: the timeout counts from the step's turn while the loader's session is
-    alive (it holds the batch being trained)."""
-    stream.create_partition("slow", consumers=["actor"])
-    put_versions(stream, "slow", [(4, 12), (5, 4)])
-    stream.close_partition("slow")
-    ds = tq.StreamingDataset(stream, "slow", "actor", ["x"], batch_size=4, prefetch=3,
-                             timeout=0.5,
-                             sampler=tq.samplers.StalenessSampler(max_staleness=1))
-    loader = tq.StreamingDataLoader(ds)
-    loader.set_version(5)
-    trained = []
-    for batch in loader:
-        trained += [t["version"] for t in tq.batch_meta(batch).tags]
-        time.sleep(1.2)  # longer than the timeout
-    assert sorted(trained) == [4] * 12 + [5] * 4
+def test_a_step_held_for_its_turn_outlasts_the_timeout_while_the_trainer_moves_on(stream):
+    """A prefetched step held back for its turn waits for the trainer longer than the
+    timeout (three training steps here), as long as the trainer acks a batch at least
+    once per timeout."""
+    trained = held_for_turn(stream, "moving", step_seconds=0.4, timeout=1.0)
+    assert trained == [5] * 4 + [6] * 4 + [7] * 4 + [4] * 4
+
+
+def test_a_step_held_for_a_turn_that_does_not_come_times_out_naming_it(stream):
+    """Review: the held step's wait was asked again without limit while the trainer's
+    session lived. Now a trainer that acks nothing for the timeout (a stalled loop, or
+    a training step longer than the timeout) gets a WaitTimeout that says which turn
+    and version the step waited for."""
+    with pytest.raises(WaitTimeout) as err:
+        held_for_turn(stream, "stalled", step_seconds=1.5, timeout=0.5)
+    text = str(err.value)
+    assert not isinstance(err.value, TurnNotReached), text
+    assert "step 3 is formed ahead of its turn for version 8" in text, text
+    assert "timeout=0.5 s" in text and "acked or read" in text, text

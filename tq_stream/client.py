@@ -165,9 +165,12 @@ class Client:
                                  session=meta.session)
 
     def renew(self, meta: BatchMeta) -> None:
-        """Extend the lease on meta's step now (the heartbeat does this by itself)."""
+        """Extend the lease on meta's step now (the heartbeat does this by itself): the
+        claim of the session meta was handed to, not a peer's; a LeaseError if that
+        claim lapsed and another reader took the share over."""
         self._check_step(meta, "renew")
-        self._controller.renew(partition=meta.partition, task=meta.task, step=meta.step)
+        self._controller.renew(partition=meta.partition, task=meta.task, step=meta.step,
+                               session=meta.session)
 
     def clear(self, target: BatchMeta | Sequence[str], partition: str | None = None) -> int:
         """Free rows: a meta's rows, or ``keys`` of ``partition``."""

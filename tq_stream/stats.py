@@ -38,6 +38,7 @@ class Rates(TypedDict):
 class _LeaseCounters(TypedDict):
     renewed: int  # claims renewed by consumers' heartbeats
     expired: int  # rows whose reader's claim ran out (its process stopped renewing)
+    cancelled: int  # rows whose reader's claim ended with its session (a loader stopped)
     redelivered: int  # rows handed out again (same step and rank) after an expiry,
     # a release or a replaced consumer
 

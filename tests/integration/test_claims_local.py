@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import threading
+from typing import Any
 
 import pytest
 from tq_fixtures import killed_consumer, local_stream
-from tq_workers import pool_worker, values
+from tq_workers import ahead_pool_worker, pool_worker, values
 
 import tq_stream as tq
 from tq_stream.errors import ConfigError, LeaseError
@@ -23,6 +24,39 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 def keys(prefix: str, n: int) -> list[str]:
     return [f"{prefix}_{i}" for i in range(n)]
+
+
+def closed_pool(stream: tq.Stream, part: str, ks: list[str], batch_size: int) -> list[str]:
+    """A closed partition of rows ``ks`` read by task "reward"; returns ``ks``."""
+    stream.create_partition(part, consumers=["reward"])
+    stream.writer(part).put(ks, {"x": values(ks)})
+    stream.close_partition(part)
+    stream.client().register_task(part, "reward", ["x"], batch_size=batch_size)
+    return ks
+
+
+def run_workers(target: Any, arg_lists: list[tuple]) -> list[Any]:
+    """Run ``target(*args, send)`` in a spawned process per ``args``; their reports."""
+    ctx = mp.get_context("spawn")
+    pipes, procs = [], []
+    for args in arg_lists:
+        recv, send = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=target, args=(*args, send))
+        p.start()
+        send.close()
+        pipes.append(recv)
+        procs.append(p)
+    try:
+        results = []
+        for recv in pipes:
+            assert recv.poll(90), "a worker never reported"
+            results.append(recv.recv())
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    return results
 
 
 def test_tp_peers_without_replica_are_refused(local_stream):
@@ -72,34 +106,25 @@ def test_a_pool_of_processes_sharing_a_consumer_name_processes_each_row_once(loc
     batch; they got the same rows (256 of 256 twice) and one crashed with "freed
     meanwhile". Now every row once, no error."""
     part = "pool"
-    local_stream.create_partition(part, consumers=["reward"])
-    ks = keys("p", 256)
-    local_stream.writer(part).put(ks, {"x": values(ks)})
-    local_stream.close_partition(part)
-    local_stream.client().register_task(part, "reward", ["x"], batch_size=8)
-    ctx = mp.get_context("spawn")
-    pipes, procs = [], []
-    for _ in range(2):
-        recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=pool_worker, args=(local_stream, part, "reward", "reward",
-                                                  send))
-        p.start()
-        send.close()
-        pipes.append(recv)
-        procs.append(p)
-    try:
-        results = []
-        for recv in pipes:
-            assert recv.poll(90), "a pool worker never reported"
-            results.append(recv.recv())
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
+    ks = closed_pool(local_stream, part, keys("p", 256), batch_size=8)
+    results = run_workers(pool_worker, [(local_stream, part, "reward", "reward")] * 2)
     assert [err for _, err in results] == ["", ""], results
     a, b = (set(k) for k, _ in results)
     assert not a & b and sorted(a | b) == sorted(ks)
+    assert local_stream.stats()[part]["rows"] == 0
+
+
+def test_two_pool_processes_each_holding_a_share_both_reach_the_end(local_stream):
+    """The replay: two worker processes (consumer="reward") each hold one batch and ask
+    for the next before acking it, at the end of a closed partition: they waited for
+    each other's share until their timeout. Now both get the end."""
+    part = "ahead"
+    ks = closed_pool(local_stream, part, keys("a", 4), batch_size=2)
+    ready = mp.get_context("spawn").Barrier(2)
+    results = run_workers(ahead_pool_worker,
+                          [(local_stream, part, "reward", "reward", ready)] * 2)
+    assert [(end, err) for _, end, err in results] == [(True, "")] * 2, results
+    assert sorted(k for held, _, _ in results for k in held) == sorted(ks)
     assert local_stream.stats()[part]["rows"] == 0
 
 

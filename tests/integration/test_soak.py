@@ -4,6 +4,7 @@ producers write and consumers ack, rows come and go, and storage segments churn
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import queue
 import time
@@ -94,6 +95,43 @@ def test_full_partition_without_consumers_says_why_local(caplog):
             client.get_meta("full", "t", 2, timeout=0.5)
     finally:
         stream.close()
+
+
+def test_the_full_partition_warning_comes_after_the_slow_wait_local(tmp_path):
+    """N6: the controller process logged the WARNING for a full partition without
+    declared consumers as soon as a put blocked; the README says a writer blocked
+    longer than 10 s. Now it comes then, naming the cause and the fix (the forked
+    controller keeps this process's logging configuration: a file handler here)."""
+    from test_full_partition import fill_and_drain
+
+    from tq_stream.controller.timings import SLOW_WAIT
+
+    log = tmp_path / "controller.log"
+    handler = logging.FileHandler(log)
+    handler.setLevel(logging.WARNING)
+    package = logging.getLogger("tq_stream")
+    package.addHandler(handler)
+    level = package.level
+    package.setLevel(logging.WARNING)
+    try:
+        stream = start_local(storage_units=1)
+        try:
+            fill_and_drain(stream)
+            with pytest.raises(WaitTimeout):
+                stream.writer("full").put(["k16"], {"x": torch.zeros(1, 2)}, timeout=0.5)
+            assert "no declared consumers" not in log.read_text()
+            with pytest.raises(WaitTimeout):
+                stream.writer("full").put(["k16"], {"x": torch.zeros(1, 2)},
+                                          timeout=SLOW_WAIT + 1.0)
+        finally:
+            stream.close()
+        text = log.read_text()
+        assert "a writer blocked at capacity" in text, text
+        assert "no declared consumers" in text and "consumers=[...]" in text, text
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(level)
+        handler.close()
 
 
 def test_stall_reasons_local():

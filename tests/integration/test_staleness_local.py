@@ -4,18 +4,16 @@ and the embedded twin tests/test_staleness_versions.py)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from staleness_cases import (
     async_groups_constant_version,
     closed_constant_version,
     every_n_steps,
-    put_versions,
+    held_for_turn,
 )
 from tq_fixtures import local_stream
 
-import tq_stream as tq
+from tq_stream.errors import TurnNotReached, WaitTimeout
 
 __all__ = ["local_stream"]
 
@@ -44,17 +42,18 @@ def test_async_groups_with_a_constant_version_do_not_stall(local_stream):
     assert len(lags) == 12 * 8 and max(lags) <= 1
 
 
-def test_a_step_held_for_its_turn_outlasts_a_slow_training_step(local_stream):
-    local_stream.create_partition("slow", consumers=["actor"])
-    put_versions(local_stream, "slow", [(4, 12), (5, 4)])
-    local_stream.close_partition("slow")
-    ds = tq.StreamingDataset(local_stream, "slow", "actor", ["x"], batch_size=4,
-                             prefetch=3, timeout=1.0,
-                             sampler=tq.samplers.StalenessSampler(max_staleness=1))
-    loader = tq.StreamingDataLoader(ds, num_workers=1, **FORK)
-    loader.set_version(5)
-    trained = []
-    for batch in loader:
-        trained += [t["version"] for t in tq.batch_meta(batch).tags]
-        time.sleep(2.5)  # longer than the timeout (and its margin)
-    assert sorted(trained) == [4] * 12 + [5] * 4
+def test_a_step_held_for_its_turn_outlasts_the_timeout_while_the_trainer_moves_on(
+        local_stream):
+    trained = held_for_turn(local_stream, "moving", step_seconds=0.6, timeout=1.5,
+                            num_workers=1, **FORK)
+    assert trained == [5] * 4 + [6] * 4 + [7] * 4 + [4] * 4
+
+
+def test_a_step_held_for_a_turn_that_does_not_come_times_out_naming_it(local_stream):
+    with pytest.raises(WaitTimeout) as err:
+        held_for_turn(local_stream, "stalled", step_seconds=2.5, timeout=1.0,
+                      num_workers=1, **FORK)
+    text = str(err.value)
+    assert not isinstance(err.value, TurnNotReached), text
+    assert "is formed ahead of its turn for version" in text, text
+    assert "acked or read" in text, text

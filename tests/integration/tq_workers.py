@@ -64,6 +64,24 @@ def pool_worker(stream: tq.Stream, partition: str, task: str, consumer: str,
         out.send((keys, f"{type(exc).__name__}: {exc}"))
 
 
+def ahead_pool_worker(stream: tq.Stream, partition: str, task: str, consumer: str,
+                      ready: Any, out: Connection) -> None:
+    """A pool worker that fetches one batch ahead: take a batch, wait until every worker
+    holds one (``ready``, a Barrier), ask for the next, then ack the first. Reports
+    ``(keys of the first, the next one's end flag, error)``."""
+    client = tq.Client(stream, consumer=consumer)
+    keys: list[str] = []
+    try:
+        meta = client.get_meta(partition, task, timeout=30)
+        keys = list(meta.keys)
+        ready.wait(60)
+        nxt = client.get_meta(partition, task, timeout=20)
+        client.ack(meta)
+        out.send((keys, bool(nxt.end), ""))
+    except Exception as exc:  # noqa: BLE001 — reported to the test
+        out.send((keys, False, f"{type(exc).__name__}: {exc}"))
+
+
 def deleted_shm_mapped() -> int:
     """Mappings of /dev/shm segments their unit unlinked, in this process."""
     with open("/proc/self/maps") as f:

@@ -3,20 +3,19 @@
 Rows of a partition without declared consumers are never freed by acks (they stay
 until cleared, the documented rule), so once such a partition is full its writers
 block and its readers run dry, whatever the consumers do. The writer's WaitTimeout,
-a reader's WaitTimeout and a WARNING when it fills say so, with the fix.
+a reader's WaitTimeout and the WARNING of a writer blocked 10 s (``Timings.wait``)
+say so, with the fix. Not at once: a partition freed by ``clear`` (a replay buffer)
+fills and drains all the time, and a put blocked briefly is back-pressure.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 from tq_stream.errors import WaitTimeout, format_seconds
 
 if TYPE_CHECKING:
     from tq_stream.controller.partition import PartitionMeta
-
-logger = logging.getLogger(__name__)
 
 
 def undeclared_full(part: PartitionMeta) -> bool:
@@ -45,10 +44,9 @@ def full_error(part: PartitionMeta, timeout: float) -> WaitTimeout:
                        f"rows) for timeout={format_seconds(timeout)}: {why}")
 
 
-def warn_full(part: PartitionMeta) -> None:
-    """Log a WARNING the first time a put blocks on ``part`` full without declared
-    consumers (again after it had room)."""
-    if part.warned_full or not undeclared_full(part):
-        return
-    part.warned_full = True
-    logger.warning("a put blocks: %s", held_hint(part))
+def full_reason(part: PartitionMeta) -> str:
+    """What a writer blocked on ``part`` waits for, for the WARNING logged once it has
+    waited ``Timings.slow_wait`` (10) seconds: the rows held, and why no ack frees
+    them when the partition has no declared consumers."""
+    hint = held_hint(part)
+    return f"{part.live}/{part.capacity} rows held" + (f"; {hint}" if hint else "")

@@ -78,7 +78,7 @@ def _task_state(task: TaskState) -> dict[str, Any]:
         "steps_per_version": task.steps_per_version,
         "discards": dict(task.discards), "handed_out": task.handed_out, "acked": task.acked,
         "counters": {"renewed": task.renewed, "expired": task.expired,
-                     "redelivered": task.redelivered},
+                     "cancelled": task.cancelled, "redelivered": task.redelivered},
     }
 
 
@@ -184,6 +184,7 @@ def _load_task(name: str, s: dict[str, Any], part: PartitionMeta) -> TaskState:
     task.handed_out, task.acked = s["handed_out"], s["acked"]
     c = s["counters"]
     task.renewed, task.expired, task.redelivered = c["renewed"], c["expired"], c["redelivered"]
+    task.cancelled = int(c.get("cancelled", 0))  # a checkpoint of an earlier version: 0
     return task
 
 

@@ -28,7 +28,7 @@ from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.reservations import WRITER_TASK
 from tq_stream.controller.task import MAX_REPLICAS, TaskState
 from tq_stream.controller.waiters import Waiter
-from tq_stream.controller.waiting import not_ready
+from tq_stream.controller.waiting import holders, not_ready
 from tq_stream.errors import (
     ConfigError,
     LeaseError,
@@ -44,7 +44,7 @@ from tq_stream.stats import describe
 from tq_stream.transport.answers import ANSWERED, pending
 from tq_stream.transport.dispatch import WouldBlock, may_block
 
-MAX_CANCELLED = 1024  # cancelled sessions remembered
+MAX_CANCELLED = 1024  # cancelled sessions remembered (their late waits return None)
 
 
 def _check_ids(state: TaskState, dp_rank: Any, replica: Any) -> None:
@@ -136,17 +136,19 @@ class ConsumingLogic:
                     self._timings.waited(part.name, state.name, waiter.since)
                     return self._handout(meta)
                 left = waiter.deadline - time.monotonic()
-                if left <= 0 and state.awaits_turn(step, session, time.time()):
+                if left <= 0 and state.awaits_turn(step, session, time.time(), timeout):
                     what = self._waiting_for(part, state, step, dp_rank)
                     raise TurnNotReached(
                         f"get_meta waited timeout={format_seconds(timeout)} on partition "
                         f"{part.name!r} for {what}; the trainer is alive on an earlier "
-                        f"step: ask again")
+                        f"step and moved on within the timeout: ask again")
                 if left <= 0:
                     raise self._wait_error(part, state, waiter.args, timeout)
                 if not registered:
                     self._waiters.add(part.name, waiter)
                     registered = True
+                    if step is None and state.ended:
+                        self._cond.notify_all()  # others at the end need not wait for us
                 self._timings.wait(self._cond, min(left, self._next_wake(state)),
                                    waiter.since, "get_meta", part.name,
                                    lambda: self._waiting_for(part, state, step, dp_rank))
@@ -223,10 +225,15 @@ class ConsumingLogic:
         hint = f"; no row has tag(s) {missing} the sampler needs yet" if missing else ""
         turn = state.version_at(state.next_step)
         if turn != state.version:
+            still = format_seconds(max(0.0, time.time() - state.last_move))
             hint += (f"; step {state.next_step} is formed ahead of its turn for version "
                      f"{turn} (the consumer set {state.version} and reads step "
                      f"{state.position}), so rows that may be stale by then wait for it "
-                     f"(a loader says which step it reads: Controller.reading)")
+                     f"(a loader says which step it reads: Controller.reading); the "
+                     f"consumer last acked or read a step {still} ago, and such a step "
+                     f"waits for its turn while the trainer acks a batch at least once "
+                     f"per timeout (a training step longer than the timeout needs a "
+                     f"longer timeout)")
         lacking = describe(not_ready(part, state))
         if lacking:  # what the rows that are there wait for
             hint += f"; {lacking}"
@@ -237,15 +244,28 @@ class ConsumingLogic:
     def _wait_error(self, part: PartitionMeta, state: TaskState, args: tuple,
                     timeout: float) -> Exception:
         step, dp_rank, replica, session, _consumer = args
+        now = time.time()
+        if step is None and state.ended:
+            held = self._held_elsewhere(part, state, dp_rank, replica, session)
+            if held:
+                return WaitTimeout(
+                    f"get_meta waited timeout={format_seconds(timeout)} on partition "
+                    f"{part.name!r} for the next batch of task {state.name!r} (rank "
+                    f"{dp_rank}, replica {replica}): the partition is closed and drained, "
+                    f"and its end waits for shares other live sessions hold: "
+                    f"{holders(held, now)}. The end comes once they are acked; a share "
+                    f"comes back here if its holder's lease expires (its heartbeat renews "
+                    f"it while it lives)")
         rec = None if step is None else state.steps.get(step)
         claim = None if rec is None else self._held_by_other(rec, (dp_rank, replica), session)
-        if claim is not None:
-            left = max(0.0, claim.expiry - time.time())
+        if rec is not None and claim is not None:
+            left = max(0.0, claim.expiry - now)
+            who = holders([(step, len(rec.shares[dp_rank]), claim)], now)
             return ConfigError(
                 f"replica={replica} of rank {dp_rank} of task {state.name!r} step {step} "
-                f"is held by another live session ({claim.session[:12]}, its lease "
-                f"renewed by its heartbeat; it expires in {format_seconds(left)} without "
-                f"one): get_meta waited timeout={format_seconds(timeout)}. Two consumers "
+                f"is held by another live session: {who} (its heartbeat renews the "
+                f"lease, which expires in {format_seconds(left)} without one); get_meta "
+                f"waited timeout={format_seconds(timeout)}. Two consumers "
                 f"must not read as one replica: give each TP/PP peer of a rank its own "
                 f"replica= (replicas={state.config.replicas}); a consumer restarted after "
                 f"its predecessor died takes the share back once that lease expired (a "
@@ -312,7 +332,9 @@ class ConsumingLogic:
     def renew(self, partition: str, task: str, step: int | None = None,
               session: str = "") -> int:
         """Keep leases alive: every claim of ``session`` (the heartbeat), or, with
-        ``step``, every claim on that step. Returns how many claims were renewed.
+        ``step``, the claims of ``session`` on that step (another session's claim on it,
+        a peer replica's, is its own to renew: a LeaseError if ``session`` has none).
+        Returns how many claims were renewed.
         ``task=""`` is a producer's heartbeat: it renews the rows ``session`` reserved
         on ``partition`` and not committed yet (returns how many)."""
         check_session("session", session)
@@ -324,12 +346,19 @@ class ConsumingLogic:
             if step is None:
                 return state.renew(session, now)
             rec = state.steps.get(step)
-            if rec is None or rec.end or not rec.claims:
+            if rec is None or rec.end:
                 raise self._no_lease(state, step, "renew")
-            for c in rec.claims.values():
+            mine = [c for c in rec.claims.values() if c.session == session]
+            if not mine:
+                raise LeaseError(
+                    f"renew needs a claim of the calling session on step {step} of task "
+                    f"{state.name!r}, got session={session[:12]!r}, which holds none (its "
+                    f"claim expired or was released, and another reader may hold the "
+                    f"share now)")
+            for c in mine:
                 c.expiry, c.renewed = now + state.config.lease_timeout, now
-            state.renewed += len(rec.claims)
-            return len(rec.claims)
+            state.renewed += len(mine)
+            return len(mine)
 
     def first_unfinished(self, partition: str, task: str, dp_rank: int = 0,
                          replica: int | None = None) -> dict[str, Any]:
@@ -341,9 +370,13 @@ class ConsumingLogic:
             return state.first_unfinished(dp_rank, replica)
 
     def cancel(self, session: str) -> None:
-        """End every wait of ``session`` now (its get_meta returns None); later waits of
-        that session return None at once. Rows a producer ``session`` reserved and did
-        not commit are aborted (``reservations.py``)."""
+        """End every wait of ``session`` now (its get_meta returns None) and every claim
+        it holds: its shares go to the next reader of their step and rank (counted in
+        the task's ``cancelled``; a restarted worker of its consumer name first). Later
+        waits of that session return None at once, for as long as the controller
+        remembers it (the last ``MAX_CANCELLED`` cancelled sessions: a call racing the
+        cancel). Rows a producer ``session`` reserved and did not commit are aborted
+        (``reservations.py``)."""
         check_session("session", session)
         if not session:
             raise ConfigError("session must be a non-empty str to cancel, got ''")
@@ -352,6 +385,9 @@ class ConsumingLogic:
                 if not may_block():
                     raise WouldBlock  # frees storage through the units: a worker thread
                 self._abort_reservations(session)
+            for tasks in self._tasks.values():
+                for state in tasks.values():
+                    state.cancel(session)
             self._cancelled[session] = time.monotonic()
             while len(self._cancelled) > MAX_CANCELLED:
                 self._cancelled.pop(next(iter(self._cancelled)))

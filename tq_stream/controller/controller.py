@@ -24,7 +24,7 @@ import numpy as np
 from tq_stream.columns import FieldSchema
 from tq_stream.controller.access import AccessLogic
 from tq_stream.controller.admission import AdmissionLogic
-from tq_stream.controller.capacity import full_error, warn_full
+from tq_stream.controller.capacity import full_error, full_reason
 from tq_stream.controller.consuming import ConsumingLogic, check_session
 from tq_stream.controller.counts import CountLogic
 from tq_stream.controller.partition import PartitionMeta, parse_schemas
@@ -85,6 +85,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         n_units: number of storage units rows are spread over.
         free: ``free(unit, partition, slots)``, called (outside the lock) when
             rows are freed, so the unit returns their memory.
+        timings: what measures waits and logs the slow ones (default: ``Timings()``).
     """
 
     RPC_METHODS = frozenset({
@@ -111,7 +112,8 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
     # ``tq_stream.transport.wait_slots``).
     RPC_WAITS = {"get_meta": "consume", "reserve": "produce", "admit": "produce"}
 
-    def __init__(self, n_units: int = 1, free: FreeFn = _no_free) -> None:
+    def __init__(self, n_units: int = 1, free: FreeFn = _no_free,
+                 timings: Timings | None = None) -> None:
         self.n_units = check_positive("n_units", n_units)
         self._free = free
         self._cond = threading.Condition(threading.RLock())
@@ -121,7 +123,8 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         self._closed = False
         self._cancelled: dict[str, float] = {}  # consumer sessions told to stop waiting
         self._unfreed: list[tuple[int, str, np.ndarray]] = []  # frees to retry
-        self._timings = Timings()  # metrics: waits, hand-out latency, rates
+        # metrics: waits, hand-out latency, rates; slow waits logged
+        self._timings = Timings() if timings is None else timings
         self._dead: set[int] = set()  # storage units lost and not back (units.py)
         self._reservations = Reservations()  # rows reserved, not committed (reservations.py)
         self._journal: Any = None  # records delivery changes (deploy/ack_journal.py) if set
@@ -263,16 +266,15 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
                         f"{partition!r}, got {n_new} new rows"
                     )
                 if cap is None or part.live + n_new <= cap:
-                    part.warned_full = False
                     break
-                warn_full(part)
                 if not may_block():
                     raise WouldBlock  # nothing allocated yet: a worker thread waits
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise full_error(part, timeout)
                 wake = min(left, max(0.01, self._reservations.soonest() - time.time()))
-                self._timings.wait(self._cond, wake, deadline - timeout, "capacity", partition, f"{part.live}/{cap} rows held")  # noqa: E501
+                self._timings.wait(self._cond, wake, deadline - timeout, "capacity",
+                                   partition, lambda: full_reason(part))
                 self._check_open()
             if n_new:
                 new_keys = [k for k, m in zip(keys, new.tolist(), strict=True) if m]
@@ -458,6 +460,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
                     )
                 return
             state = TaskState(task, config, sampler, part.size)
+            state.last_move = time.time()
             state.version, state.version_step = part.versions.pop(task, (None, None))
             rows = part.oldest_first(np.flatnonzero(part.used))
             state.offer(rows, part.ready_for(config.fields, rows, state.tags))
@@ -511,6 +514,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
             before = state.position
             state.reading(step)
             if state.position != before:
+                state.last_move = time.time()
                 self._cond.notify_all()
 
     def close(self) -> None:

@@ -73,7 +73,6 @@ class PartitionMeta:
         self.closed = False
         # tasks that read every row (None: not declared; rows stay until cleared)
         self.consumers: tuple[str, ...] | None = None
-        self.warned_full = False  # a WARNING said why it is full (controller/capacity.py)
         # set_version (version, at_step) of tasks not registered yet
         self.versions: dict[str, tuple[int, int | None]] = {}
         self.admitted = 0  # rows producers started through Writer.reserve

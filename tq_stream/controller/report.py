@@ -30,7 +30,7 @@ def add_measurements(out: dict[str, Any], part: PartitionMeta, tasks: dict[str, 
     out["blocked_seconds"] = timings.blocked_seconds(part.name)
     for name, task in out["tasks"].items():
         state = tasks[name]
-        for key in ("renewed", "expired", "redelivered"):
+        for key in ("renewed", "expired", "cancelled", "redelivered"):
             task.setdefault(key, 0)
         task["at"] = now
         task["oldest_ready_age"] = oldest_ready_age(part, state, now)

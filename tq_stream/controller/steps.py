@@ -28,7 +28,9 @@ A closed, drained partition ends with one ``end`` step that every rank
 receives, so all ranks see the same number of batches. A caller asking for "the
 next batch" gets the end only once no share of its rank and replica is held by
 another live session: until then it waits, and a share whose holder died (its
-lease expired) comes back to it.
+lease expired) comes back to it. A holder that is itself waiting in a get_meta
+is alive and finishes its own share: the end does not wait for it (two workers
+that each fetch ahead would otherwise wait for each other until a timeout).
 
 Called with the controller's lock held; ``self`` is the Controller.
 """
@@ -44,6 +46,7 @@ import numpy as np
 from tq_stream.controller import events
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task import ACKED, LEASED, Claim, StepRecord, TaskState
+from tq_stream.controller.waiters import Waiters
 from tq_stream.errors import LeaseError, StateError
 from tq_stream.samplers.base import Candidates, Selection
 from tq_stream.samplers.sequential import SequentialSampler
@@ -66,7 +69,7 @@ class StepLogic:
 
     _tasks: dict[str, dict[str, TaskState]]
     _journal: Any  # the ack journal (deploy/ack_journal.py), or None
-    _cancelled: dict[str, float]  # sessions that stopped (consuming.py ``cancel``)
+    _waiters: Waiters  # the get_meta calls waiting (waiters.py)
 
     def _candidates(self, part: PartitionMeta, state: TaskState, dp_size: int,
                     step: int, limit: int | None = None) -> Candidates:
@@ -213,7 +216,7 @@ class StepLogic:
                 f"fresh loader finds it by itself)"
             )
         if rec.end:
-            if asked_next and self._held_elsewhere(state, dp_rank, replica, session):
+            if asked_next and self._held_elsewhere(part, state, dp_rank, replica, session):
                 return None  # not the end yet: a share another session holds may come back
             meta = self._placement(part, np.zeros(0, np.int64), state.config.fields)  # type: ignore[attr-defined]
             # An end meta carries the end step itself, so a reader that asked for a later
@@ -263,9 +266,9 @@ class StepLogic:
             if rec.share_done(rank, full, state.acks):
                 continue
             claim = rec.claims.get(key)
-            if claim is not None and claim.session not in self._cancelled:
+            if claim is not None:
                 continue  # a live session reads it (this one, or another): never twice
-            name = rec.left.get(key, "") if claim is None else claim.consumer
+            name = rec.left.get(key, "")
             if consumer and name == consumer:
                 return s  # what this consumer's dead earlier session held: resume it
             if unclaimed is None:
@@ -278,25 +281,33 @@ class StepLogic:
 
     def _held_by_other(self, rec: StepRecord, key: tuple[int, int],
                        session: str) -> Claim | None:
-        """The claim on (rank, replica) ``key`` of another live session, if any: one
-        not expired (``TaskState.expire`` dropped those) whose session was not
-        cancelled (its iteration or client stopped). A caller without a session (a
-        direct controller call: no heartbeat, no Client) is not checked."""
+        """The claim on (rank, replica) ``key`` of another session, if any: every claim
+        there is live (``TaskState.expire`` dropped the expired ones, ``cancel`` those
+        of stopped sessions). A caller without a session (a direct controller call: no
+        heartbeat, no Client) is not checked."""
         claim = rec.claims.get(key)
-        if claim is None or not session or claim.session == session or \
-                claim.session in self._cancelled:
+        if claim is None or not session or claim.session == session:
             return None
         return claim
 
-    def _held_elsewhere(self, state: TaskState, rank: int, replica: int,
-                        session: str) -> bool:
-        """Some share of (rank, replica) that replica has not acked is claimed by another
-        live session: a pool worker asking for the next batch at the end waits for it
-        (acked: the end; its holder died: the share comes back to the next asker)."""
+    def _held_elsewhere(self, part: PartitionMeta, state: TaskState, rank: int,
+                        replica: int, session: str) -> list[tuple[int, int, Claim]]:
+        """(step, rows, claim) of every share of (rank, replica) that replica has not
+        acked and another live session claims, whose holder may yet give it back: a pool
+        worker asking for the next batch at the end waits for those (acked: the end; its
+        holder died: the share comes back to the next asker). A holder that is itself
+        waiting in a get_meta on the partition is alive and finishes its share itself
+        (a worker that fetches ahead): waiting for it would stall both until a timeout."""
         bit = 1 << replica
-        return any(not rec.end and self._held_by_other(rec, (rank, replica), session)
-                   is not None and not rec.share_done(rank, bit, state.acks)
-                   for rec in state.steps.values())
+        waiting = self._waiters.sessions(part.name, time.monotonic())
+        held = []
+        for step, rec in state.steps.items():
+            if rec.end or rec.share_done(rank, bit, state.acks):
+                continue
+            claim = self._held_by_other(rec, (rank, replica), session)
+            if claim is not None and claim.session not in waiting:
+                held.append((step, len(rec.shares[rank]), claim))
+        return held
 
     def _next_wake(self, state: TaskState) -> float:
         soonest = min(state.soonest_expiry(), self._reservations.soonest())  # type: ignore[attr-defined]
@@ -327,6 +338,8 @@ class StepLogic:
                   rows: np.ndarray) -> np.ndarray:
         """Set ``replica``'s bit on ``rows``; returns the rows that became ACKED."""
         rows = rows[state.state[rows] == LEASED]
+        if len(rows):
+            state.last_move = time.time()  # the trainer moved on (``awaits_turn``)
         state.acks[rows] |= 1 << replica
         done = rows[state.acks[rows] == state.full_acks]
         state.state[done] = ACKED

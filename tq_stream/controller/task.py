@@ -14,8 +14,9 @@ heartbeat thread). An expired or released claim only drops the claim: the
 rows stay in their share, LEASED to the step, for the next reader of that
 (step, rank) — a replacement consumer, or the next stage worker asking for
 "the next batch for me" (an expired claim's consumer name is kept in ``left``,
-so a restarted worker of that name gets it first). A claim whose session is live
-(not expired, not cancelled) is never handed to another session (steps.py).
+so a restarted worker of that name gets it first). A cancelled session's claims
+are dropped the same way at its cancel. A claim that is there is live, and is
+never handed to another session (steps.py).
 
 Invariants: a row is LEASED iff it belongs to exactly one share of a formed,
 not fully acked step; the ready queue holds exactly the rows that are NEW and
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +63,8 @@ class StepRecord:
     claims: dict[tuple[int, int], Claim] = field(default_factory=dict)
     served: set[tuple[int, int]] = field(default_factory=set)  # (rank, replica) handed out
     lost: set[int] = field(default_factory=set)  # ranks whose share lost rows with a unit
-    # (rank, replica) -> the consumer name of a claim that expired: a restarted worker
+    # (rank, replica) -> the consumer name of a claim that expired or whose session was
+    # cancelled: a restarted worker
     # of that name gets the share back first (steps.py ``_next_for``)
     left: dict[tuple[int, int], str] = field(default_factory=dict)
 
@@ -103,11 +106,15 @@ class TaskState:
         self.version_step: int | None = None  # the first step read under ``version``
         self.position: int | None = None  # the step the consumer reads now (``reading``)
         self.steps_per_version = 1
+        # when the consumer last moved on (registered, acked rows, or said which step it
+        # reads; epoch seconds): a step held for its turn waits for a trainer that moves
+        self.last_move = 0.0
         self.discards: Counter[str] = Counter()
         self.handed_out = 0
         self.acked = 0
         self.renewed = 0
         self.expired = 0
+        self.cancelled = 0
         self.redelivered = 0
         # (sampler class name, sampler state) of a task restored from a checkpoint and
         # not yet registered again by its consumer; None once registered.
@@ -171,17 +178,31 @@ class TaskState:
         self.discards[reason] += len(rows)
         return rows
 
-    def expire(self, now: float) -> int:
-        """Drop every claim not renewed in time; returns the rows of the expired claims
-        (counted in ``expired``)."""
+    def _drop_claims(self, ended: Callable[[Claim], bool]) -> int:
+        """Drop every claim ``ended(claim)`` is true for: its share stays in its step for
+        the next reader, and its consumer name in ``left`` (a restarted worker of that
+        name gets it first). Returns the rows of the dropped claims."""
         n = 0
         for rec in self.steps.values():
-            for key in [k for k, c in rec.claims.items() if c.expiry < now]:
+            for key in [k for k, c in rec.claims.items() if ended(c)]:
                 name = rec.claims.pop(key).consumer
                 if name:
                     rec.left[key] = name
                 n += len(rec.shares[key[0]])
+        return n
+
+    def expire(self, now: float) -> int:
+        """Drop every claim not renewed in time; returns the rows of the expired claims
+        (counted in ``expired``)."""
+        n = self._drop_claims(lambda c: c.expiry < now)
         self.expired += n
+        return n
+
+    def cancel(self, session: str) -> int:
+        """Drop every claim of ``session``, which stopped (``Controller.cancel``); returns
+        the rows of those claims (counted in ``cancelled``)."""
+        n = self._drop_claims(lambda c: c.session == session)
+        self.cancelled += n
         return n
 
     def renew(self, session: str, now: float) -> int:
@@ -213,11 +234,16 @@ class TaskState:
         return self.version if step < first else \
             self.version + 1 + (step - first) // self.steps_per_version
 
-    def awaits_turn(self, step: int | None, session: str, now: float) -> bool:
+    def awaits_turn(self, step: int | None, session: str, now: float,
+                    patience: float) -> bool:
         """``step`` is formed ahead of its turn (see ``version_at``) for a reader whose
-        session holds a live claim here (the batch its trainer is on): a wait for that
-        step that runs out says so (``TurnNotReached``), and a dataset asks again."""
+        session holds a live claim here (the batch its trainer is on) and whose trainer
+        moved on (acked a batch, or said which step it reads) within ``patience``
+        seconds: a wait for that step that runs out says so (``TurnNotReached``), and a
+        dataset asks again. A trainer that stopped moving gets a plain WaitTimeout."""
         if step is None or not session or self.version_at(step) == self.version:
+            return False
+        if now - self.last_move >= patience:
             return False
         return any(c.session == session and c.expiry > now
                    for rec in self.steps.values() for c in rec.claims.values())
@@ -283,6 +309,7 @@ class TaskState:
             "discarded": dict(self.discards),
             "renewed": self.renewed,
             "expired": self.expired,
+            "cancelled": self.cancelled,
             "redelivered": self.redelivered,
             "next_step": self.next_step,
             "first_unacked": [self.first_unfinished(r)["step"]

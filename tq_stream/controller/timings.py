@@ -59,7 +59,8 @@ class Histogram:
 class Timings:
     """The controller's measurements (see module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, slow_wait: float = SLOW_WAIT) -> None:
+        self.slow_wait = slow_wait  # a wait this long is logged at WARNING
         self.waits: dict[tuple[str, str], Histogram] = defaultdict(Histogram)
         self.handouts: dict[tuple[str, str], Histogram] = defaultdict(Histogram)
         self.blocked: dict[str, dict[str, float]] = defaultdict(
@@ -87,9 +88,9 @@ class Timings:
              what: str | Callable[[], str] = "") -> None:
         """``cond.wait(left)`` for a writer (reason "capacity"/"admission") or a consumer
         (reason "get_meta"), which started waiting at monotonic ``since``: counts a
-        writer's blocked seconds and warns once when the wait passes ``SLOW_WAIT``."""
+        writer's blocked seconds and warns once when the wait passes ``slow_wait``."""
         before = time.monotonic()
-        warn_at = since + SLOW_WAIT
+        warn_at = since + self.slow_wait
         if before < warn_at:
             left = min(left, max(0.001, warn_at - before))  # wake to warn on time
         cond.wait(left)

@@ -58,5 +58,11 @@ class Waiters:
         """The partition's waiters, oldest first (a copy: answering removes none)."""
         return list(self._by_part.get(partition, ()))
 
+    def sessions(self, partition: str, now: float) -> set[str]:
+        """The sessions with a get_meta waiting on ``partition`` now (monotonic ``now``
+        before its deadline): alive, whatever their heartbeat says."""
+        return {w.args[3] for w in self._by_part.get(partition, ())
+                if w.args[3] and w.deadline > now}
+
     def __len__(self) -> int:
         return sum(len(w) for w in self._by_part.values())

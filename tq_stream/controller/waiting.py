@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from tq_stream.controller.partition import PartitionMeta
-from tq_stream.controller.task import NEW, TaskState
+from tq_stream.controller.task import NEW, Claim, TaskState
+from tq_stream.errors import format_seconds
 
 MAX_LEASES = 32  # claims listed per task in stats() (the oldest first)
 
@@ -55,3 +56,18 @@ def leases(state: TaskState, now: float) -> list[dict[str, Any]]:
                         "expires_in": round(c.expiry - now, 3)})
     out.sort(key=lambda lease: -(lease["age"] or 0.0))
     return out[:MAX_LEASES]
+
+
+def holders(held: list[tuple[int, int, Claim]], now: float, most: int = 4) -> str:
+    """Who holds the shares a wait waited for, from (step, rows, claim) triples: "step 1
+    (2 rows) held by session 5f0c1d2e3a4b (consumer 'reward'), lease age 12 s, last
+    heartbeat 1 s ago" (at most ``most`` of them, then how many more)."""
+    said = []
+    for step, rows, c in held[:most]:
+        name = f"consumer {c.consumer!r}" if c.consumer else "no consumer name"
+        age = format_seconds(now - c.since) if c.since else "unknown"
+        beat = f"{format_seconds(now - c.renewed)} ago" if c.renewed else "unknown"
+        said.append(f"step {step} ({rows} rows) held by session {c.session[:12]} ({name}), "
+                    f"lease age {age}, last heartbeat {beat}")
+    more = f" and {len(held) - most} more" if len(held) > most else ""
+    return "; ".join(said) + more

@@ -89,7 +89,10 @@ class StreamingDataset(IterableDataset[TensorDict]):
             torch.distributed, whose rank layout only the framework knows. Two live
             consumers reading one (task, dp_rank, replica) are refused (see
             ``Client.get_meta``).
-        timeout: seconds to wait for one batch before WaitTimeout.
+        timeout: seconds to wait for one batch before WaitTimeout. A batch fetched
+            ahead and held for its turn (``StalenessSampler``) waits for the trainer
+            to reach it as long as the trainer acks a batch at least once per
+            ``timeout``: a training step must be shorter than it.
         lease_timeout: seconds rows stay leased before they are handed out again.
         drop_last: when the partition is closed, drop a short last step
             (counted as discarded, reason "tail") instead of handing it out.
@@ -236,8 +239,10 @@ class StreamingDataset(IterableDataset[TensorDict]):
                 return client.get_meta(partition, self.task, step, self.dp_rank, timeout,
                                        replica=self.replica)
             except TurnNotReached:
-                # a step fetched ahead waits for the trainer to reach it (the trainer is
-                # alive): its own wait of ``timeout`` starts again
+                # a step fetched ahead waits for the trainer to reach it: its own wait of
+                # ``timeout`` starts again. Bounded: the controller says so only while
+                # the trainer is alive and acked (or read) a batch within the timeout;
+                # a trainer that stopped gets the WaitTimeout naming the turn instead
                 deadline = time.monotonic() + self.timeout
                 timeout = self.timeout
                 continue
