@@ -94,3 +94,29 @@ def assert_rows_equal(got: TensorDict, rows: list[dict[str, Any]]) -> None:
             listed = value.tolist()
             assert listed == want, key
             assert [type(v) for v in listed] == [type(v) for v in want], key
+
+
+def dashboard_metrics() -> set[str]:
+    """The metric names the Grafana dashboard (docs/grafana) plots."""
+    import json
+    import re
+    from pathlib import Path
+
+    dash = json.loads((Path(__file__).parent.parent / "docs/grafana/tq_stream.json")
+                      .read_text())
+    return {m for p in dash["panels"] for t in p["targets"]
+            for m in re.findall(r"tq_stream_\w+", t["expr"])}
+
+
+def scrape_metric_names(endpoint: str) -> set[str]:
+    """The metric names ``http://<endpoint>/metrics`` exports, as a dashboard queries
+    them (a counter with ``_total``, a histogram with ``_bucket``, ``_sum``, ``_count``)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
+    return {fam.name + s for fam in text_string_to_metric_families(text)
+            for s in suffixes.get(fam.type, [""])}
