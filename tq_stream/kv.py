@@ -88,10 +88,8 @@ class KV:
         """Every row of ``partition``: ``{"key", "tags", "fields"}``, oldest first;
         with ``keys``, only theirs, in ``keys`` order (a key with no row left out)."""
         partition = check_name("partition", partition)
-        if keys is None:
-            return self._stream._controller().list_rows(partition=partition)
-        return self._stream._controller().list_rows(partition=partition,
-                                                    keys=check_keys(keys))
+        only = None if keys is None else check_keys(keys)
+        return self._stream._controller().list_rows(partition=partition, keys=only)
 
     def clear(self, keys: str | Sequence[str] | None = None,
               partition: str = DEFAULT_PARTITION) -> int:

@@ -36,7 +36,8 @@ def _rewrite(queue, key: str, as_object: bool) -> None:
         tq.init()
         fields = object_rows("new") if as_object else tensor_rows(99)
         tq.kv_batch_put(keys=[key], partition_id="p", fields=fields)
-        queue.put(("put", tq.kv_batch_get(keys=[key], partition_id="p")["x"].tolist()))
+        queue.put(("put", tq.kv_batch_get(keys=[key], partition_id="p",
+                                          select_fields=["x"])["x"].tolist()))
     except Exception as exc:  # the error travels back as a value
         queue.put(("error", f"{type(exc).__name__}: {exc}"))
 
