@@ -14,13 +14,13 @@ import tq_stream.compat
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
-def _worker(queue) -> None:
+def _worker(queue, conf=None) -> None:
     """A rollout worker: attach with ``init()``, put one row, report what happened."""
     tq_stream.compat.install()
     import transfer_queue as tq
 
     try:
-        tq.init()
+        tq.init(conf)
         tq.kv_batch_put(keys=["w0"], partition_id="train",
                         fields=TensorDict({"x": torch.ones(1, 2)}, batch_size=[1]))
         queue.put("put")
@@ -28,10 +28,10 @@ def _worker(queue) -> None:
         queue.put(f"{type(exc).__name__}: {exc}")
 
 
-def _run(method: str) -> str:
+def _run(method: str, conf=None) -> str:
     ctx = mp.get_context(method)
     queue = ctx.Queue()
-    proc = ctx.Process(target=_worker, args=(queue,))
+    proc = ctx.Process(target=_worker, args=(queue, conf))
     proc.start()
     try:
         return queue.get(timeout=60)
@@ -64,3 +64,11 @@ def test_a_worker_of_a_local_driver_writes_to_the_driver_s_deployment(tq, method
     tq.init({"tq_stream": {"mode": "local", "timeout": 30.0}})
     assert _run(method) == "put"
     assert list(tq.kv_list("train")["train"]) == ["w0"]
+
+
+def test_a_worker_s_init_with_conf_of_an_embedded_driver_fails_loudly(tq):
+    """With a conf of its own the worker would start a second, private deployment."""
+    tq.init({"tq_stream": {"mode": "embedded"}})
+    out = _run("spawn", {"backend": {"SimpleStorage": {"num_data_storage_units": 1}}})
+    assert out.startswith("StateError") and "embedded" in out, out
+    assert tq.kv_list("train") == {}
