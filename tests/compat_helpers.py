@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -120,3 +122,34 @@ def scrape_metric_names(endpoint: str) -> set[str]:
     suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
     return {fam.name + s for fam in text_string_to_metric_families(text)
             for s in suffixes.get(fam.type, [""])}
+
+
+def in_process(target: Any, *args: Any, method: str = "spawn", timeout: float = 120.0) -> Any:
+    """Run ``target(queue, *args)`` in another process (``method``: spawn or fork) and
+    return the one value it puts on ``queue`` (errors travel back as values)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context(method)
+    queue = ctx.Queue()
+    proc = ctx.Process(target=target, args=(queue, *args))
+    proc.start()
+    try:
+        return queue.get(timeout=timeout)
+    finally:
+        proc.join(timeout=30)
+
+
+@contextlib.contextmanager
+def installed_module() -> Iterator[Any]:
+    """``import transfer_queue`` after ``install()``, closed and uninstalled after (the
+    body of the ``tq`` fixtures)."""
+    import tq_stream.compat
+
+    tq_stream.compat.install()
+    import transfer_queue
+
+    try:
+        yield transfer_queue
+    finally:
+        transfer_queue.close()
+        tq_stream.compat.uninstall()

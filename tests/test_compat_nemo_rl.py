@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from compat_helpers import installed_module
 from nemo_rl_calls import DataPlane, densify, driver_conf, patch_actor_options
 from tensordict import NonTensorStack, TensorDict
 
@@ -19,14 +20,8 @@ EMBEDDED = {"tq_stream": {"mode": "embedded"}}
 
 @pytest.fixture
 def tq():
-    tq_stream.compat.install()
-    import transfer_queue
-
-    try:
-        yield transfer_queue
-    finally:
-        transfer_queue.close()
-        tq_stream.compat.uninstall()
+    with installed_module() as module:
+        yield module
 
 
 @pytest.fixture

@@ -4,11 +4,9 @@ that attach to its deployment (issue 21): ``controller.polling_mode``, the sampl
 
 from __future__ import annotations
 
-import multiprocessing as mp
-
 import pytest
 import torch
-from compat_helpers import dashboard_metrics, scrape_metric_names
+from compat_helpers import dashboard_metrics, in_process, installed_module, scrape_metric_names
 from tensordict import TensorDict
 
 import tq_stream.compat
@@ -56,26 +54,13 @@ def _worker(queue, conf) -> None:
 
 
 def _run(method: str, conf=None) -> dict:
-    ctx = mp.get_context(method)
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_worker, args=(queue, conf))
-    proc.start()
-    try:
-        return queue.get(timeout=120)
-    finally:
-        proc.join(timeout=30)
+    return in_process(_worker, conf, method=method)
 
 
 @pytest.fixture
 def tq():
-    tq_stream.compat.install()
-    import transfer_queue
-
-    try:
-        yield transfer_queue
-    finally:
-        transfer_queue.close()
-        tq_stream.compat.uninstall()
+    with installed_module() as module:
+        yield module
 
 
 @pytest.mark.parametrize("method", ["spawn", "fork"])

@@ -3,10 +3,9 @@ driver's deployment or fail loudly, never write to a private copy."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-
 import pytest
 import torch
+from compat_helpers import in_process, installed_module
 from tensordict import TensorDict
 
 import tq_stream.compat
@@ -29,26 +28,13 @@ def _worker(queue, conf=None) -> None:
 
 
 def _run(method: str, conf=None) -> str:
-    ctx = mp.get_context(method)
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_worker, args=(queue, conf))
-    proc.start()
-    try:
-        return queue.get(timeout=60)
-    finally:
-        proc.join(timeout=30)
+    return in_process(_worker, conf, method=method, timeout=60)
 
 
 @pytest.fixture
 def tq():
-    tq_stream.compat.install()
-    import transfer_queue
-
-    try:
-        yield transfer_queue
-    finally:
-        transfer_queue.close()
-        tq_stream.compat.uninstall()
+    with installed_module() as module:
+        yield module
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])

@@ -5,10 +5,9 @@ fails loudly (issue 21)."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-
 import pytest
 import torch
+from compat_helpers import in_process, installed_module
 from tensordict import NonTensorStack, TensorDict
 
 import tq_stream.compat
@@ -42,35 +41,18 @@ def _rewrite(queue, key: str, as_object: bool) -> None:
         queue.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
-def _in_process(key: str, as_object: bool) -> tuple[str, object]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_rewrite, args=(queue, key, as_object))
-    proc.start()
-    try:
-        return queue.get(timeout=120)
-    finally:
-        proc.join(timeout=30)
-
-
 @pytest.fixture
 def tq():
-    tq_stream.compat.install()
-    import transfer_queue
-
-    transfer_queue.init(LOCAL)
-    try:
-        yield transfer_queue
-    finally:
-        transfer_queue.close()
-        tq_stream.compat.uninstall()
+    with installed_module() as module:
+        module.init(LOCAL)
+        yield module
 
 
 def test_rewriting_a_row_s_tensor_field_with_python_values_is_refused(tq):
     """The other process would store ``x@object`` beside the row's ``x``: this process,
     which never saw ``x@object``, would read the old tensor from ``x``."""
     tq.kv_batch_put(keys=["j", "k"], partition_id="p", fields=tensor_rows(5, 6))
-    status, got = _in_process("k", as_object=True)
+    status, got = in_process(_rewrite, "k", True)
     assert status == "error" and got.startswith("SchemaError"), (status, got)
     assert "'x'" in got and "'k'" in got and "kv_clear" in got, got
     assert tq.kv_batch_get(keys=["k"], partition_id="p")["x"].tolist() == [6]  # as written
@@ -85,7 +67,7 @@ def test_rewriting_python_values_with_a_tensor_is_read_as_written_or_loudly(tq):
     known, a read of that row fails loudly, alone or beside rows of one type."""
     tq.kv_batch_put(keys=["j"], partition_id="p", fields=tensor_rows(1))
     tq.kv_batch_put(keys=["k", "m"], partition_id="p", fields=object_rows("s", "t"))
-    status, got = _in_process("k", as_object=False)
+    status, got = in_process(_rewrite, "k", False)
     assert (status, got) == ("put", [99])
     for keys in (["k"], ["k", "m"], ["m", "k"], ["j", "k"]):
         with pytest.raises(StateError, match="'k'"):
