@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -94,3 +96,60 @@ def assert_rows_equal(got: TensorDict, rows: list[dict[str, Any]]) -> None:
             listed = value.tolist()
             assert listed == want, key
             assert [type(v) for v in listed] == [type(v) for v in want], key
+
+
+def dashboard_metrics() -> set[str]:
+    """The metric names the Grafana dashboard (docs/grafana) plots."""
+    import json
+    import re
+    from pathlib import Path
+
+    dash = json.loads((Path(__file__).parent.parent / "docs/grafana/tq_stream.json")
+                      .read_text())
+    return {m for p in dash["panels"] for t in p["targets"]
+            for m in re.findall(r"tq_stream_\w+", t["expr"])}
+
+
+def scrape_metric_names(endpoint: str) -> set[str]:
+    """The metric names ``http://<endpoint>/metrics`` exports, as a dashboard queries
+    them (a counter with ``_total``, a histogram with ``_bucket``, ``_sum``, ``_count``)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
+    return {fam.name + s for fam in text_string_to_metric_families(text)
+            for s in suffixes.get(fam.type, [""])}
+
+
+def in_process(target: Any, *args: Any, method: str = "spawn", timeout: float = 120.0) -> Any:
+    """Run ``target(queue, *args)`` in another process (``method``: spawn or fork) and
+    return the one value it puts on ``queue`` (errors travel back as values)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context(method)
+    queue = ctx.Queue()
+    proc = ctx.Process(target=target, args=(queue, *args))
+    proc.start()
+    try:
+        return queue.get(timeout=timeout)
+    finally:
+        proc.join(timeout=30)
+
+
+@contextlib.contextmanager
+def installed_module() -> Iterator[Any]:
+    """``import transfer_queue`` after ``install()``, closed and uninstalled after (the
+    body of the ``tq`` fixtures)."""
+    import tq_stream.compat
+
+    tq_stream.compat.install()
+    import transfer_queue
+
+    try:
+        yield transfer_queue
+    finally:
+        transfer_queue.close()
+        tq_stream.compat.uninstall()

@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from compat_helpers import installed_module
 from nemo_rl_calls import DataPlane, densify, driver_conf, patch_actor_options
 from tensordict import NonTensorStack, TensorDict
 
 import tq_stream.compat
-from tq_stream.errors import ConfigError, StateError, WaitTimeout
+from tq_stream.errors import ConfigError, SchemaError, StateError, WaitTimeout
 
 pytest.importorskip("omegaconf")
 
@@ -19,14 +20,8 @@ EMBEDDED = {"tq_stream": {"mode": "embedded"}}
 
 @pytest.fixture
 def tq():
-    tq_stream.compat.install()
-    import transfer_queue
-
-    try:
-        yield transfer_queue
-    finally:
-        transfer_queue.close()
-        tq_stream.compat.uninstall()
+    with installed_module() as module:
+        yield module
 
 
 @pytest.fixture
@@ -218,9 +213,22 @@ def test_a_field_written_as_tensor_and_as_python_values_reads_back_as_written(tq
     values = mixed["index"].tolist()
     assert values[0] == 8 and type(values[0]) is int
     assert isinstance(values[1], torch.Tensor) and values[1].item() == 5
+    assert list(tq.kv_batch_get(keys=["t1", "p0"], partition_id="train").keys()) == ["index"]
     meta = tq.kv_batch_put(keys=["t0"], partition_id="train", tags=[{"status": "x"}])
     assert meta.fields == ["index"]
     assert tq.kv_list("train")["train"]["t0"] == {"status": "x"}
+
+
+def test_a_row_rewritten_with_another_type_is_refused_at_the_put(tq):
+    """No stored name would say which write is the last: refused, the row unchanged."""
+    tq.init(EMBEDDED)
+    tq.kv_batch_put(keys=["a", "b"], partition_id="p",
+                    fields=TensorDict({"x": torch.tensor([1, 2])}, batch_size=[2]))
+    with pytest.raises(SchemaError, match=r"field 'x' of key 'b'.*kv_clear"):
+        tq.kv_batch_put(keys=["c", "b"], partition_id="p",
+                        fields=TensorDict({"x": NonTensorStack("s", "t")}, batch_size=[2]))
+    assert tq.kv_batch_get(keys=["b"], partition_id="p")["x"].tolist() == [2]
+    assert list(tq.kv_list("p")["p"]) == ["a", "b"]  # nothing of the refused put stored
 
 
 def test_multi_modal_inputs_dicts_of_tensors_round_trip(tq):

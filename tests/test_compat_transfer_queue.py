@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
-import urllib.request
 
 import pytest
 import torch
@@ -14,9 +13,11 @@ from compat_helpers import (
     EMBEDDED,
     VERL_CONF,
     assert_rows_equal,
+    dashboard_metrics,
     list_of_dict_to_tensordict,
     new_uid,
     prompt_tags,
+    scrape_metric_names,
     trajectory,
 )
 from tensordict import NonTensorStack, TensorDict
@@ -333,19 +334,24 @@ def test_kv_put_single_row_and_by_meta(tq):
     assert tq.kv_list() == {"p": {}}
 
 
-def test_metrics_endpoint_serves_stats():
+def test_metrics_endpoint_serves_what_the_dashboard_plots():
+    """metrics.enabled serves the native endpoint's metrics (docs/grafana), not a subset."""
+    pytest.importorskip("prometheus_client")
     from tq_stream.compat import transfer_queue as tq
 
     conf = tq.init({"metrics": {"enabled": True, "port": 0}, **EMBEDDED})
     try:
         endpoint = tq.get_metrics_endpoint()
         assert endpoint.startswith("127.0.0.1:") and conf["metrics"]["endpoint"] == endpoint
-        tq.kv_batch_put(keys=["a", "b"], partition_id="train", tags=[{}, {}])
-        with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=5) as r:
-            text = r.read().decode()
-        assert 'tq_stream_rows{partition="train"} 2' in text
+        tq.kv_batch_put(keys=["a", "b"], partition_id="train",
+                        fields=TensorDict({"x": torch.ones(2, 3)}, batch_size=[2]))
+        tq.get_client().get_meta(data_fields=["x"], batch_size=1, partition_id="train",
+                                 task_name="t")
+        names = scrape_metric_names(endpoint)
     finally:
         tq.close()
+    rpc = {"tq_stream_rpc_calls_total", "tq_stream_rpc_errors_total"}  # no servers here
+    assert dashboard_metrics() - rpc <= names, sorted(dashboard_metrics() - rpc - names)
     assert tq.get_metrics_endpoint() is None
 
 

@@ -61,6 +61,16 @@ def test_list_is_oldest_first_and_stable(stream):
     assert listed[1]["fields"] == ["x"]
 
 
+def test_list_of_keys_gives_their_rows_in_key_order(stream):
+    put_rows(stream, keys_of("k", 3), partition="default")
+    stream.kv.put_batch(["k2"], {"reward": torch.ones(1)})
+    listed = stream.kv.list(keys=["k2", "gone", "k0"])  # a key with no row: left out
+    assert [(r["key"], r["fields"]) for r in listed] == [("k2", ["x", "reward"]),
+                                                        ("k0", ["x"])]
+    with pytest.raises(ConfigError, match="keys"):
+        stream.kv.list(keys="k0")
+
+
 def test_clear(stream):
     put_rows(stream, keys_of("k", 4), partition="default")
     assert stream.kv.clear(["k1", "nope"]) == 1

@@ -83,9 +83,13 @@ class KV:
             out[f] = c.row(0) if hasattr(c, "row") else c[0]
         return out if fields is None else _nest_parents(out, fields)
 
-    def list(self, partition: str = DEFAULT_PARTITION) -> list[dict[str, Any]]:
-        """Every row of ``partition``: ``{"key", "tags", "fields"}``, oldest first."""
-        return self._stream._controller().list_rows(partition=check_name("partition", partition))
+    def list(self, partition: str = DEFAULT_PARTITION,
+             keys: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Every row of ``partition``: ``{"key", "tags", "fields"}``, oldest first;
+        with ``keys``, only theirs, in ``keys`` order (a key with no row left out)."""
+        partition = check_name("partition", partition)
+        only = None if keys is None else check_keys(keys)
+        return self._stream._controller().list_rows(partition=partition, keys=only)
 
     def clear(self, keys: str | Sequence[str] | None = None,
               partition: str = DEFAULT_PARTITION) -> int:

@@ -3,10 +3,9 @@ driver's deployment or fail loudly, never write to a private copy."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-
 import pytest
 import torch
+from compat_helpers import in_process, installed_module
 from tensordict import TensorDict
 
 import tq_stream.compat
@@ -14,13 +13,13 @@ import tq_stream.compat
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
-def _worker(queue) -> None:
+def _worker(queue, conf=None) -> None:
     """A rollout worker: attach with ``init()``, put one row, report what happened."""
     tq_stream.compat.install()
     import transfer_queue as tq
 
     try:
-        tq.init()
+        tq.init(conf)
         tq.kv_batch_put(keys=["w0"], partition_id="train",
                         fields=TensorDict({"x": torch.ones(1, 2)}, batch_size=[1]))
         queue.put("put")
@@ -28,27 +27,14 @@ def _worker(queue) -> None:
         queue.put(f"{type(exc).__name__}: {exc}")
 
 
-def _run(method: str) -> str:
-    ctx = mp.get_context(method)
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_worker, args=(queue,))
-    proc.start()
-    try:
-        return queue.get(timeout=60)
-    finally:
-        proc.join(timeout=30)
+def _run(method: str, conf=None) -> str:
+    return in_process(_worker, conf, method=method, timeout=60)
 
 
 @pytest.fixture
 def tq():
-    tq_stream.compat.install()
-    import transfer_queue
-
-    try:
-        yield transfer_queue
-    finally:
-        transfer_queue.close()
-        tq_stream.compat.uninstall()
+    with installed_module() as module:
+        yield module
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
@@ -64,3 +50,11 @@ def test_a_worker_of_a_local_driver_writes_to_the_driver_s_deployment(tq, method
     tq.init({"tq_stream": {"mode": "local", "timeout": 30.0}})
     assert _run(method) == "put"
     assert list(tq.kv_list("train")["train"]) == ["w0"]
+
+
+def test_a_worker_s_init_with_conf_of_an_embedded_driver_fails_loudly(tq):
+    """With a conf of its own the worker would start a second, private deployment."""
+    tq.init({"tq_stream": {"mode": "embedded"}})
+    out = _run("spawn", {"backend": {"SimpleStorage": {"num_data_storage_units": 1}}})
+    assert out.startswith("StateError") and "embedded" in out, out
+    assert tq.kv_list("train") == {}

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from tensordict import NonTensorStack, TensorDict, TensorDictBase
 
-from tq_stream.compat import values, variants
+from tq_stream.compat import values, variant_read, variants
 from tq_stream.compat.meta import BatchMeta, KVBatchMeta
 from tq_stream.compat.runtime import Runtime
 from tq_stream.errors import ConfigError, KeyConflictError, SchemaError, StateError
@@ -134,8 +134,10 @@ def write(rt: Runtime, keys: list[str], partition: str, data: dict[str, Any],
     descs = {name: "" if isinstance(v, TensorDictBase | dict) else variants.describe(name, v, n)
              for name, v in data.items()}
     for attempt in range(PUT_TRIES):
-        names = variants.names_for(rt.schemas.fixed(partition), descs, encoded)
+        fixed = rt.schemas.fixed(partition)
+        names = variants.names_for(fixed, descs, encoded)
         names.update({k: k for k, d in descs.items() if not d})  # nested: as they are
+        variant_read.check_rewrite(stream, partition, keys, names, fixed)
         try:
             stream.kv.put_batch(keys, {names[k]: v for k, v in data.items()}, tags=tags,
                                 partition=partition)
@@ -200,67 +202,7 @@ def batch_get(rt: Runtime, keys: str | Sequence[str], partition: str,
             return stream.kv.get_batch(keys, fields, partition=partition)
         except StateError:
             pass  # some row holds a field under a variant name: find out below
-    try:
-        common = list(stream.kv.meta(keys, None, partition=partition).fields)
-    except StateError:  # no field under one name in every row
-        common = []
-    shared: dict[str, list[str]] = {}
-    for f in common:
-        if f != TAG_ONLY_FIELD:
-            shared.setdefault(variants.logical(f), []).append(f)
-    if fields is None:
-        fields = list(shared)
-        if not fields:
-            raise StateError(f"keys {keys[:5]} of partition {partition!r} must share a written "
-                             f"field to be read; they have tags only")
-    chosen: dict[str, str] = {}
-    for name in fields:
-        names = shared.get(name, [])
-        if len(names) > 1:
-            raise StateError(f"field {name!r} of keys {keys[:5]} in partition {partition!r} "
-                             f"must hold one type per row to be read; these rows were "
-                             f"overwritten with another type ({names}): clear and put them "
-                             f"again")
-        if names:
-            chosen[name] = names[0]
-    if all(chosen.get(f) == f for f in fields):
-        return stream.kv.get_batch(keys, fields, partition=partition)
-    read = stream.kv.get_batch(keys, list(chosen.values()), partition=partition) \
-        if chosen else None
-    out = TensorDict({}, batch_size=[len(keys)])
-    for name in fields:
-        p = chosen.get(name)
-        if p is None:
-            out.set(name, _row_by_row(rt, keys, partition, name))
-        elif p.endswith(variants.SEP + variants.ENCODED):
-            rows = variants.rows_of_column(read.get(p), len(keys))
-            out.set(name, NonTensorStack(*values.decode_rows(rows)))
-        else:
-            out.set(name, read.get(p))
-    return out
-
-
-def _row_by_row(rt: Runtime, keys: list[str], partition: str,
-                name: str) -> torch.Tensor | NonTensorStack:
-    """Field ``name`` of ``keys`` whose rows hold it under different physical names."""
-    stream = rt.get()
-    where = {r["key"]: r["fields"] for r in stream.kv.list(partition=partition)}
-    groups: dict[str, list[int]] = {}
-    for i, key in enumerate(keys):
-        names = [f for f in where.get(key, []) if variants.logical(f) == name]
-        if len(names) != 1:
-            raise StateError(f"field {name!r} must be written once before it is read; key "
-                             f"{key!r} of partition {partition!r} holds {names or 'none'}")
-        groups.setdefault(names[0], []).append(i)
-    rows: list[Any] = [None] * len(keys)
-    for p, pos in groups.items():
-        got = stream.kv.get_batch([keys[i] for i in pos], [p], partition=partition).get(p)
-        vals = variants.rows_of_column(got, len(pos))
-        if p.endswith(variants.SEP + variants.ENCODED):
-            vals = values.decode_rows(vals)
-        for i, v in zip(pos, vals, strict=True):
-            rows[i] = v
-    return variants.pack(rows)
+    return variant_read.read(stream, keys, partition, fields, TAG_ONLY_FIELD)
 
 
 def list_partition(rt: Runtime, partition: str) -> dict[str, dict]:

@@ -9,21 +9,28 @@ the controller and storage, ``init()`` anywhere else attaches to them. Here:
   runs under the same name is attached to instead (TransferQueue does the same).
 - ``init()`` with no ``conf`` attaches to the running deployment: in a Ray job by
   actor name, else at the address the starting process exported in
-  ``TQ_STREAM_COMPAT_ADDRESS`` (inherited by the processes it spawns). With nothing
-  running, it starts one with the default settings, as TransferQueue does. An
-  embedded deployment lives in its driver's memory and no other process can reach
-  it: the driver exports its pid in ``TQ_STREAM_COMPAT_EMBEDDED_PID``, and ``init()``
-  in another process (forked, which inherits a copy of the handle, or spawned) raises
-  StateError instead of writing to a private copy the driver never sees.
+  ``TQ_STREAM_COMPAT_ADDRESS`` (inherited by the processes it spawns or forks). There
+  ``init(conf)`` attaches too, as TransferQueue's does when a controller runs. With
+  nothing running, ``init()`` starts one with the default settings, as TransferQueue
+  does. An embedded deployment lives in its driver's memory and no other process can
+  reach it: the driver exports its pid in ``TQ_STREAM_COMPAT_EMBEDDED_PID``, and
+  ``init`` in another process (forked, which inherits a copy of the handle, or
+  spawned) raises StateError instead of writing to a private copy the driver never sees.
+- A process attached through the exported address follows the driver's settings
+  (``settings.Shared``: polling mode, capacity, timeout, metrics endpoint), exported
+  beside the address; a ``conf`` it passes that contradicts them is a ConfigError.
+  A Ray worker's ``init()`` (no conf) does not learn them yet: it uses the defaults.
 
 verl's ``transfer_queue`` config node maps onto tq_stream as follows:
 
 - ``backend.SimpleStorage.num_data_storage_units`` -> ``storage_units``;
 - ``backend.SimpleStorage.total_storage_size`` -> the capacity (rows) of each
-  partition the starting process creates (a put beyond it waits up to ``timeout``
-  for rows to be cleared, then raises ``WaitTimeout``);
-- ``metrics.enabled`` / ``metrics.port`` -> a Prometheus text endpoint of
-  ``stream.stats()`` on loopback (``get_metrics_endpoint``);
+  partition, set by whichever process writes to it first (a put beyond it waits up to
+  ``timeout`` for rows to be cleared, then raises ``WaitTimeout``). TransferQueue
+  bounds all partitions together and raises at once; tq_stream bounds each one;
+- ``metrics.enabled`` / ``metrics.port`` -> tq_stream's Prometheus endpoint
+  (``tq_stream.metrics``: the metrics docs/grafana plots) on loopback, served by the
+  driver (``get_metrics_endpoint`` in any attached process; needs the metrics extra);
 - ``controller.polling_mode`` -> what the client's ``get_meta`` does with too few
   ready rows: return an empty BatchMeta at once (True) or wait up to ``timeout``;
 - ``controller.sampler``: ``SequentialSampler`` only (any other is a ConfigError).
@@ -45,95 +52,31 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from tq_stream.compat.settings import (
+    DEFAULTS,
+    RAY_NAME,
+    RAY_NAMESPACE,
+    Shared,
+    clear_exported,
+    merge,
+    settings,
+    to_plain,
+)
 from tq_stream.compat.variants import Schemas
 from tq_stream.config import StreamConfig
-from tq_stream.errors import ConfigError, StateError, WaitTimeout
+from tq_stream.errors import StateError, WaitTimeout
 
 if TYPE_CHECKING:
     from tq_stream.client import Client
 
 ADDRESS_ENV = "TQ_STREAM_COMPAT_ADDRESS"
 EMBEDDED_ENV = "TQ_STREAM_COMPAT_EMBEDDED_PID"  # set by a driver whose deployment is embedded
-RAY_NAME = "tq_stream_compat"
-RAY_NAMESPACE = "transfer_queue"
 MAX_THREADS = 16  # blocking calls that async callers may have in flight at once
 ATTACH_TIMEOUT = 60.0  # seconds init() waits for a Ray deployment that is starting
-MODES = ("embedded", "local", "ray")
-BACKENDS = ("SimpleStorage",)
-SAMPLERS = ("SequentialSampler",)
-
-DEFAULTS: dict[str, Any] = {
-    "metrics": {"enabled": False, "port": 0},
-    "controller": {"sampler": "SequentialSampler", "polling_mode": False},
-    "backend": {"storage_backend": "SimpleStorage",
-                "SimpleStorage": {"total_storage_size": None, "num_data_storage_units": 2}},
-    "tq_stream": {"mode": None, "name": RAY_NAME, "namespace": RAY_NAMESPACE,
-                  "timeout": 60.0, "start_timeout": 300.0},
-}
-
-
-def to_plain(conf: Any) -> dict[str, Any]:
-    """A DictConfig (or any mapping) as nested plain dicts."""
-    if conf is None:
-        return {}
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(conf, DictConfig):
-            return OmegaConf.to_container(conf, resolve=True)  # type: ignore[return-value]
-    except ImportError:
-        pass
-    if not isinstance(conf, Mapping):
-        raise ConfigError(f"conf must be a DictConfig or a dict, got {type(conf).__name__}")
-    return {k: to_plain(v) if isinstance(v, Mapping) else v for k, v in conf.items()}
-
-
-def merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def settings(conf: dict[str, Any]) -> dict[str, Any]:
-    """tq_stream's options from a merged ``transfer_queue`` config (ConfigError if bad)."""
-    backend = conf.get("backend") or {}
-    name = backend.get("storage_backend", "SimpleStorage")
-    if name not in BACKENDS:
-        raise ConfigError(f"backend.storage_backend must be one of {BACKENDS} (tq_stream keeps "
-                          f"rows in its own storage units), got {name!r}")
-    simple = backend.get("SimpleStorage") or {}
-    units = simple.get("num_data_storage_units", 2)
-    if isinstance(units, bool) or not isinstance(units, int) or units < 1:
-        raise ConfigError(f"backend.SimpleStorage.num_data_storage_units must be an int >= 1, "
-                          f"got {units!r}")
-    size = simple.get("total_storage_size")
-    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-        raise ConfigError(f"backend.SimpleStorage.total_storage_size must be None or an int "
-                          f">= 1, got {size!r}")
-    own = conf.get("tq_stream") or {}
-    mode = own.get("mode")
-    if mode is not None and mode not in MODES:
-        raise ConfigError(f"tq_stream.mode must be one of {MODES} or None, got {mode!r}")
-    controller = conf.get("controller") or {}
-    sampler = controller.get("sampler", "SequentialSampler")
-    if sampler not in SAMPLERS:
-        raise ConfigError(f"controller.sampler must be one of {SAMPLERS} under tq_stream.compat "
-                          f"(use tq_stream's own samplers through tq_stream.compat.stream()), "
-                          f"got {sampler!r}")
-    polling = controller.get("polling_mode", False)
-    if not isinstance(polling, bool):
-        raise ConfigError(f"controller.polling_mode must be a bool, got {polling!r}")
-    metrics = conf.get("metrics") or {}
-    return {"polling": polling,"units": units, "capacity": size, "mode": mode,
-            "name": own.get("name", RAY_NAME), "namespace": own.get("namespace", RAY_NAMESPACE),
-            "timeout": float(own.get("timeout", 60.0)),
-            "start_timeout": float(own.get("start_timeout", 300.0)),
-            "metrics": bool(metrics.get("enabled", False)), "port": int(metrics.get("port", 0))}
 
 
 def _split_message(pid: int) -> str:
@@ -177,7 +120,8 @@ class Runtime:
         self.owner = False
         self.pid = os.getpid()  # the process this runtime's handle belongs to
         self.partitions: set[str] = set()
-        self.metrics: Any = None
+        self.metrics: Any = None  # tq_stream.metrics.server.MetricsServer, in the driver
+        self.shared: Shared | None = None  # the driver's settings, in a worker
         self._executor: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -185,26 +129,45 @@ class Runtime:
         with self.lock:
             if self.stream is not None and self.pid != os.getpid():
                 self._forked()
-            if conf is None and self.stream is None:
-                _check_not_split()
             if self.stream is not None:
                 return self.conf if conf is None else to_plain(conf)
+            _check_not_split()
+            plain = to_plain(conf)
             if conf is None and self._attach(ATTACH_TIMEOUT):
                 return None
-            merged = merge(DEFAULTS, to_plain(conf))
+            if conf is not None and not _ray_running() and self._attach_address(plain):
+                return plain  # a worker of a local driver: its deployment, its settings
+            merged = merge(DEFAULTS, plain)
             opts = settings(merged)
             mode = opts["mode"] or ("ray" if _ray_running() else "embedded")
+            if opts["metrics"]:
+                from tq_stream.metrics import check_port, require_prometheus
+
+                require_prometheus()  # fail before starting anything
+                check_port(opts["port"])
             if mode == "ray" and self._attach_ray(opts["name"], opts["namespace"], 0.0):
-                self.polling = opts["polling"]
-                return to_plain(conf)
+                self.polling, self.capacity = opts["polling"], opts["capacity"]
+                return plain
             self._start(mode, opts)
             self.conf, self.capacity, self.polling = merged, opts["capacity"], opts["polling"]
+            endpoint = None
             if opts["metrics"]:
-                from tq_stream.compat.metrics import MetricsServer
-
-                self.metrics = MetricsServer(self.stream, opts["port"])
-                merged["metrics"]["endpoint"] = self.metrics.endpoint
+                endpoint = merged["metrics"]["endpoint"] = self._serve_metrics(opts["port"])
+            if mode != "embedded":  # reachable from other processes: they follow these
+                Shared.of(opts, mode, endpoint).export()
             return merged
+
+    def _serve_metrics(self, port: int) -> str:
+        """Serve the deployment's Prometheus metrics (tq_stream's full set, the one
+        docs/grafana plots) from this process; returns the endpoint."""
+        from tq_stream.metrics import serve
+
+        try:
+            self.metrics = serve(self.stream, port)
+        except BaseException:
+            self.close()
+            raise
+        return str(self.metrics.endpoint)
 
     def _start(self, mode: str, opts: dict[str, Any]) -> None:
         import tq_stream
@@ -237,7 +200,7 @@ class Runtime:
         """A forked child inherited this runtime: an embedded deployment is a copy (refused);
         a local or Ray one is attached to again from this process."""
         stream, self.stream = self.stream, None
-        self.owner, self._client, self._executor = False, None, None
+        self.owner, self._client, self._executor, self.metrics = False, None, None, None
         self.tasks.clear()
         self.task_names.clear()
         if stream.mode == "embedded":
@@ -252,13 +215,29 @@ class Runtime:
         it to appear); False when there is none."""
         if _ray_running():
             return self._attach_ray(RAY_NAME, RAY_NAMESPACE, wait)
+        return self._attach_address({})
+
+    def _attach_address(self, conf: dict[str, Any]) -> bool:
+        """Connect to the local deployment whose driver started this process (the address
+        it exported), with the settings it exported; False when there is none.
+
+        Raises:
+            ConfigError: ``conf`` (this process's own) contradicts the driver's settings.
+        """
         address = os.environ.get(ADDRESS_ENV)
         if not address:
             return False
         import tq_stream
 
-        self.stream = tq_stream.connect(address)
+        shared = Shared.inherited()
+        if shared is not None:
+            shared.check(conf)
+        config = StreamConfig() if shared is None else StreamConfig(timeout=shared.timeout)
+        self.stream = tq_stream.connect(address, config=config)
         self.pid = os.getpid()
+        self.shared = shared
+        if shared is not None:
+            self.polling, self.capacity = shared.polling, shared.capacity
         return True
 
     def _attach_ray(self, name: str, namespace: str, wait: float) -> bool:
@@ -279,6 +258,13 @@ class Runtime:
         self.stream = tq_stream.connect(name=name, namespace=namespace)
         return True
 
+    def metrics_endpoint(self) -> str | None:
+        """Where the deployment's metrics are served: by this process, or by the driver
+        this process attached to."""
+        if self.metrics is not None:
+            return str(self.metrics.endpoint)
+        return None if self.shared is None else self.shared.metrics_endpoint
+
     def close(self) -> None:
         with self.lock:
             stream, self.stream = self.stream, None
@@ -287,9 +273,11 @@ class Runtime:
                 self.metrics = None
             if self.owner and os.environ.get(ADDRESS_ENV) == getattr(stream, "address", None):
                 os.environ.pop(ADDRESS_ENV, None)
+                clear_exported()
             if self.owner and os.environ.get(EMBEDDED_ENV) == str(self.pid):
                 os.environ.pop(EMBEDDED_ENV, None)
             self.owner, self.conf, self.capacity, self.polling = False, None, None, False
+            self.shared = None
             self.partitions.clear()
             self.schemas.clear()
             self.tasks.clear()
@@ -335,7 +323,7 @@ class Runtime:
         """Create ``partition`` with the configured capacity before its first put."""
         if partition in self.partitions:
             return
-        if self.owner and self.capacity is not None:
+        if self.capacity is not None:  # any process: the first to write may be a worker
             self.get().create_partition(partition, capacity=self.capacity)
         self.partitions.add(partition)
 

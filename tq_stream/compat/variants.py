@@ -14,8 +14,11 @@ rows. Here a TransferQueue (logical) field ``f`` is stored as:
 
 A read of ``f`` uses the one physical field every requested row has (one lookup, one
 columnar read); when rows differ it reads each group and packs the field row by row, as
-TransferQueue does (``pack``). A row holding two physical fields of ``f`` (overwritten
-with another type) is refused on read, never guessed. ``Schemas`` is this process's view
+TransferQueue does (``pack``; ``variant_read``). A row keeps one physical name per field:
+a put that would give it a second (a row rewritten with another type) is refused, as a
+process that never saw the new name would read the old value; a row that holds two all
+the same (written by a process that had not seen the other name) is refused on read,
+never guessed. ``Schemas`` is this process's view
 of the fixed schemas: a schema once fixed never changes, so the view is only extended
 (refreshed from ``stats()`` when a put is refused).
 """

@@ -79,11 +79,17 @@ class AccessLogic:
             "schemas": {f: part.schemas[f].to_dict() for f in fields if f in part.schemas},
         }
 
-    def list_rows(self, partition: str) -> list[dict[str, Any]]:
-        """Every row: key, tags and the fields written; oldest (first created) first."""
+    def list_rows(self, partition: str,
+                  keys: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Every row: key, tags and the fields written; oldest (first created) first.
+        ``keys``: only those rows, in ``keys`` order (a key with no row is left out)."""
         with self._cond:
             part = self._part(partition)
-            rows = part.oldest_first(np.flatnonzero(part.used))
+            if keys is None:
+                rows = part.oldest_first(np.flatnonzero(part.used))
+            else:
+                rows = part.lookup(list(keys))
+                rows = rows[rows >= 0]
             tags = part.tags.rows_as_dicts(rows)
             return [{"key": part.keys[r], "tags": t, "fields": part.fields_of(r)}
                     for r, t in zip(rows.tolist(), tags, strict=True)]

@@ -208,8 +208,10 @@ class RemoteController:
         return self._call("lookup", partition=partition, keys=list(keys),
                           fields=None if fields is None else list(fields))
 
-    def list_rows(self, partition: str) -> list[dict[str, Any]]:
-        return self._call("list_rows", partition=partition)
+    def list_rows(self, partition: str,
+                  keys: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        only = {} if keys is None else {"keys": list(keys)}
+        return self._call("list_rows", partition=partition, **only)
 
     def list_tags(self, partition: str) -> dict[str, Any]:
         return self._call("list_tags", partition=partition)

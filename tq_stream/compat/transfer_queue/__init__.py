@@ -56,8 +56,7 @@ def get_client() -> TransferQueueClient:
 
 def get_metrics_endpoint() -> str | None:
     """``host:port`` of the Prometheus endpoint when ``metrics.enabled``, else None."""
-    metrics = RUNTIME.metrics
-    return None if metrics is None else metrics.endpoint
+    return RUNTIME.metrics_endpoint()
 
 
 # --------------------------------------------------------------------- KV, sync
