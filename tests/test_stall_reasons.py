@@ -82,3 +82,27 @@ def test_status_and_metrics_show_what_rows_lack():
         assert lacking[(P, "t", "field", "reward")] == 8
         assert lacking[(P, "s", "tag", "score")] == 10
         assert any(s.value == 8 for s in families["tq_stream_rows_not_ready"].samples)
+
+
+def test_a_lease_past_its_expiry_reads_expired_in_status():
+    """Nobody asked for the step since its holder's heartbeat stopped: the claim is still
+    listed (its share waits for the next reader of that step), as expired."""
+    from rich.console import Console
+    from test_live_claims import die
+
+    with tq.init() as stream:
+        stream.writer(P).put(["a", "b"], {"x": torch.zeros(2, 2)})
+        client = stream.client(consumer="worker-1")
+        client.register_task(P, "t", ["x"], batch_size=2, lease_timeout=0.2)
+        client.get_meta(P, "t", 0, timeout=5)
+        console = Console(width=250, record=True)
+        console.print(status.lease_table(stream.stats()))
+        assert "expired" not in console.export_text()
+        die(client)
+        deadline = time.monotonic() + 10.0
+        while stream.stats()[P]["tasks"]["t"]["leases"][0]["expires_in"] > 0:
+            assert time.monotonic() < deadline, "the lease never expired"
+            time.sleep(0.05)
+        console.print(status.lease_table(stream.stats()))
+        row = next(line for line in console.export_text().splitlines() if "worker-1" in line)
+        assert "expired" in row

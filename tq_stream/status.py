@@ -49,7 +49,8 @@ def task_table(stats: dict[str, PartitionStats]) -> Table:
 
 def lease_table(stats: dict[str, PartitionStats]) -> Table:
     """Who holds each task's shares: a dead holder's heartbeat age grows, a slow one's
-    does not."""
+    does not; a lease past its expiry reads "expired" (its share goes to the next
+    reader of that step and rank)."""
     table = Table(title="Leases", title_justify="left")
     for col in ("partition", "task", "step", "rank", "replica", "rows", "holder", "age s",
                 "heartbeat s", "expires s"):
@@ -62,7 +63,8 @@ def lease_table(stats: dict[str, PartitionStats]) -> Table:
                 table.add_row(pname, tname, str(lease["step"]), str(lease["dp_rank"]),
                               str(lease["replica"]), str(lease["rows"]), holder,
                               _seconds(lease["age"]), _seconds(lease["heartbeat_age"]),
-                              f"{lease['expires_in']:.1f}")
+                              f"{lease['expires_in']:.1f}" if lease["expires_in"] > 0
+                              else "expired")
     return table
 
 

@@ -9,18 +9,23 @@ which names the deployment, instead of waiting out their timeout.
 
 The owner is known by its pid, its start time (a pid is reused) and its host: a
 client on another host cannot see it (nor can it reach a local deployment), so
-there the watch never says gone. Ray deployments have no owner here (Ray
-supervises their actors): a watch without an owner never says gone.
+there the watch never says gone. A Ray deployment's owner record also names its
+actors (``ray``): a client connected to Ray asks Ray, at most every
+``RAY_INTERVAL`` seconds, whether its controller actor or the owner's node is gone
+for good (``deploy.ray_owner``). A watch without an owner never says gone.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
+from tq_stream.deploy import ray_owner
 from tq_stream.errors import DeploymentGone
 
 CHECK_INTERVAL = 0.5  # seconds a transport waits between two looks at the owner
+RAY_INTERVAL = 2.0  # seconds between two questions to Ray (each a call to its GCS)
 
 
 def owner_of_this_process() -> dict[str, Any]:
@@ -42,6 +47,8 @@ class OwnerWatch:
     def __init__(self, address: str, owner: dict[str, Any] | None = None) -> None:
         self.address = address
         self.owner = owner
+        self._ray_asked = float("-inf")
+        self._ray_gone: str | None = None  # once gone, gone for good
 
     def learn(self, owner: dict[str, Any] | None) -> None:
         """Take the owner record a controller's ``ping`` reported (None: keep the one
@@ -54,6 +61,21 @@ class OwnerWatch:
         owner = self.owner
         if not owner:
             return None
+        return self._process_gone(owner) or self._ray_says(owner)
+
+    def _ray_says(self, owner: dict[str, Any]) -> str | None:
+        deployment = owner.get("ray")
+        if deployment is None or self._ray_gone is not None:
+            return self._ray_gone
+        now = time.monotonic()
+        if now - self._ray_asked >= RAY_INTERVAL:
+            self._ray_asked = now
+            self._ray_gone = ray_owner.gone(deployment)
+        return self._ray_gone
+
+    @staticmethod
+    def _process_gone(owner: dict[str, Any]) -> str | None:
+        """Why the owner process is gone (on this host only), or None."""
         from tq_stream.deploy.services import host_id
 
         if owner.get("host") != host_id():

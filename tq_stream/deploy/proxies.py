@@ -238,8 +238,8 @@ class RemoteController:
     def drop_unit(self, unit: int, info: dict[str, Any] | None = None) -> dict[str, int]:
         return self._admin("drop_unit", unit=unit, info=info)
 
-    def ping(self) -> dict[str, Any]:
-        return self._call("ping")
+    def ping(self, timeout: float | None = None) -> dict[str, Any]:
+        return self._call("ping", timeout)
 
     def server_stats(self, timeout: float | None = None) -> dict[str, Any]:
         return self._call("server_stats", timeout)

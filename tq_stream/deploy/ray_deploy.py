@@ -10,7 +10,9 @@ controller runs on the driver's node.
 Actors are named ``<name>_controller`` and ``<name>_unit<i>`` in ``namespace``;
 any Ray task or actor can ``tq.connect()`` (which looks the controller up by
 name) or simply receive the picklable Stream. Dead actors are re-created by this
-driver (``restart_units``, ``restart_controller``: ``deploy.ray_recovery``).
+driver (``restart_units``, ``restart_controller``: ``deploy.ray_recovery``); a
+client connected to Ray stops waiting with DeploymentGone once nothing will
+(``deploy.ray_owner``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from tq_stream.deploy import ray_recovery
+from tq_stream.deploy import ray_owner, ray_recovery
+from tq_stream.deploy.owner_watch import owner_of_this_process
 from tq_stream.errors import ConfigError, StateError, WaitTimeout, check_positive, check_timeout
 
 logger = logging.getLogger(__name__)
@@ -64,10 +67,12 @@ class _Service:
                  max_message: int | None, loopback: bool,
                  unit_timeout: float | None = None, address: str | None = None,
                  local_dir: str | None = None,
-                 checkpoint: tuple[str | None, float | None] = (None, None)) -> None:
+                 checkpoint: tuple[str | None, float | None] = (None, None),
+                 owner: dict[str, Any] | None = None) -> None:
         """``address``: the zmq address to bind (default: a free port); ``local_dir``:
         the folder of the unix socket (default: a new one); ``checkpoint``: the
-        controller's (path, interval), see ``deploy.meta_checkpoint``."""
+        controller's (path, interval), see ``deploy.meta_checkpoint``; ``owner``: the
+        deployment's owner record, which the controller's ``ping`` tells clients."""
         import ray
 
         from tq_stream.deploy.server import serve
@@ -88,7 +93,7 @@ class _Service:
             curve_secret.encode() or None, curve_server.encode() or None,
             local_dir=self._dir, owner_token=owner_token, max_message=max_message,
             allow_insecure=True,  # RayDeployment checked the bind (see its Args)
-            unit_timeout=unit_timeout, checkpoint=checkpoint)
+            unit_timeout=unit_timeout, checkpoint=checkpoint, owner=owner)
         self._info = {"address": self._server.address, "pid": os.getpid(), "host": host_id(),
                       "node": ray.get_runtime_context().get_node_id(), "local": local,
                       "curve_server_key": curve_server}  # public: lets tq.connect() by name
@@ -165,7 +170,11 @@ class RayDeployment:
         if not ray.is_initialized():
             ray.init(namespace=namespace)  # the servers' WARNINGs reach the driver
         self.owner_token = secrets.token_hex(16)
-        self.owner: dict[str, Any] | None = None  # Ray supervises the actors, not a process
+        # The process that owns the actors (Ray kills them when it dies) and how clients
+        # tell that the deployment is gone for good (``deploy.ray_owner``).
+        self.owner: dict[str, Any] = {**owner_of_this_process(),
+                                      "ray": ray_owner.record(name, namespace,
+                                                              restart_controller)}
         self.curve_server_key: bytes | None = None
         secret = ""
         if curve:
@@ -203,7 +212,7 @@ class RayDeployment:
                 ).remote(*self._unit_args))
             self._actors.append(actor.options(
                 name=f"{name}_controller", namespace=namespace, **ctrl_options,
-            ).remote(*self._ctrl_args, **self._ctrl_kwargs))
+            ).remote(*self._ctrl_args, **self._ctrl_kwargs, owner=self.owner))
             try:
                 self._infos = ray.get([a.info.remote() for a in self._actors],
                                       timeout=start_timeout)
@@ -321,7 +330,7 @@ class RayDeployment:
             new = ray_recovery.create(
                 self._actor_class, f"{self._name}_controller", self._namespace,
                 self.controller_node, self._ctrl_args,
-                {**self._ctrl_kwargs, "address": self.address})
+                {**self._ctrl_kwargs, "address": self.address, "owner": self.owner})
             self._actors[-1] = new
             self._infos[-1] = ray_recovery.started(new, "controller",
                                                    timeout or self.start_timeout)

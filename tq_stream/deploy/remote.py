@@ -12,9 +12,11 @@ import inspect
 import os
 import random
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from tq_stream.config import StreamConfig
+from tq_stream.deploy.lost_units import LostUnits
 from tq_stream.deploy.owner_watch import OwnerWatch, check_folder
 from tq_stream.errors import ConfigError
 from tq_stream.stream import Stream
@@ -42,6 +44,9 @@ class RemoteBackend:
         self._owner_token = owner_token  # never pickled: other processes are not the owner
         # Calls stop waiting once the owner (who alone restarts the servers) is gone.
         self.owner_watch = OwnerWatch(address, owner)
+        # A unit call that waits stops once the controller gave its unit up.
+        self._lost = LostUnits(lambda timeout: self.controller().ping(timeout),
+                               lambda: self.controller().units(), self.owner_watch.check)
         self._lock = threading.Lock()
         self._ctrl: Any = None
         self._units: list[Any] | None = None
@@ -51,11 +56,13 @@ class RemoteBackend:
         self._spares: dict[tuple[str, int], Any] = {}  # this process's SparePools
         self._spares_pid = os.getpid()
 
-    def _rpc(self, address: str, connect_window: float | None = None) -> Any:
+    def _rpc(self, address: str, connect_window: float | None = None,
+             check_alive: Callable[[], None] | None = None) -> Any:
         from tq_stream.transport.rpc import rpc_client
 
         return rpc_client(address, timeout=self._config.timeout, curve_server_key=self._curve,
-                          connect_window=connect_window, check_alive=self.owner_watch.check)
+                          connect_window=connect_window,
+                          check_alive=check_alive or self.owner_watch.check)
 
     def controller(self) -> Any:
         if self._ctrl is None:
@@ -89,18 +96,18 @@ class RemoteBackend:
             infos = self.controller().units()
             with self._lock:
                 if self._units is None:
-                    self._units = [self._unit_client(info) for info in infos]
+                    self._units = [self._unit_client(i, info) for i, info in enumerate(infos)]
                     self._unit_infos = list(infos)
         return self._units
 
-    def _unit_client(self, info: dict[str, Any]) -> Any:
+    def _unit_client(self, i: int, info: dict[str, Any]) -> Any:
         from tq_stream.deploy.local_read import SameHostUnit
         from tq_stream.deploy.proxies import RemoteUnit
         from tq_stream.deploy.services import host_id, nearest
 
         address = info["address"] if self._curve is not None else nearest(info)
-        unit = RemoteUnit(self._rpc(address, UNIT_CONNECT_WINDOW), self._config.timeout,
-                          self._owner_token)
+        rpc = self._rpc(address, UNIT_CONNECT_WINDOW, lambda: self._lost.check(i, address))
+        unit = RemoteUnit(rpc, self._config.timeout, self._owner_token)
         return SameHostUnit(unit) if info["host"] == host_id() else unit
 
     def _units_moved(self) -> None:
@@ -120,7 +127,7 @@ class RemoteBackend:
                 if old is None or (old["address"], old.get("local")) != \
                         (info["address"], info.get("local")):
                     self._retired.append(units[i])
-                    units[i] = self._unit_client(info)
+                    units[i] = self._unit_client(i, info)
             self._units, self._unit_infos, self._unit_hosts = units, list(infos), None
 
     def spares(self, partition: str, unit: int) -> Any:
