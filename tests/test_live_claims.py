@@ -6,6 +6,7 @@ items 3, 5 and 8)."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
@@ -270,3 +271,22 @@ def test_renewing_a_step_renews_only_the_callers_claims(stream, clock):
         stream.client().get_meta(P, "t", 0, replica=0, timeout=0.3)
     with pytest.raises(LeaseError, match=r"renew .*session"):
         dead.renew(theirs)  # its claim was taken over: nothing of its own to renew
+
+
+def test_a_dropped_client_stops_renewing_and_its_share_comes_back():
+    """A client dropped while it holds a batch (no cancel(), no close(): a worker object
+    that goes away) stops renewing like a dead process (leases.py: a Hold ends when it
+    is garbage-collected), so its share comes back after lease_timeout. The heartbeat
+    thread used to keep every Hold it had seen alive in a local list, renewing it for
+    good: the share never came back and a closed partition never ended. Found by
+    tests/test_model_public_api.py."""
+    with tq.init(lease_timeout=0.3, config=tq.StreamConfig(timeout=5.0)) as s:
+        put_rows(s, keys_of("k", 2))
+        a = s.client(consumer="w")
+        a.register_task(P, "t", ["x"], batch_size=2)
+        held = a.get_meta(P, "t")
+        time.sleep(0.2)  # it works on the batch over a few heartbeats (every 0.075 s)
+        del a
+        gc.collect()
+        b = s.client(consumer="w")
+        assert b.get_meta(P, "t", timeout=5.0).keys == held.keys

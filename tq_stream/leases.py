@@ -109,12 +109,16 @@ class LeaseKeeper:
 
     def _run(self) -> None:
         while not self._stopped:
+            # only the interval: a list of the Holds kept across the wait would keep
+            # every Hold alive (each new list is built while the last one holds them),
+            # so a dropped client would renew its leases for good
             with self._lock:
-                holds = [h for h in self._holds if not h.closed]
-                if not holds:
+                interval = min((h.interval for h in self._holds if not h.closed),
+                               default=None)
+                if interval is None:
                     self._thread = None
                     return
-            if self._changed.wait(min(h.interval for h in holds)):
+            if self._changed.wait(interval):
                 self._changed.clear()
             if self._stopped or os.getpid() != self._pid:
                 return
