@@ -67,6 +67,28 @@ def test_take_and_concat():
     assert take(["a", "b", "c"], torch.tensor([2, 2])) == ["c", "c"]
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.bfloat16, torch.bool])
+def test_take_of_ragged_rows_in_any_order_with_repeats_tails_and_views(dtype):
+    g = torch.Generator().manual_seed(0)
+    rows = [(torch.randn(int(k), 2, 3, generator=g) * 4).to(dtype)
+            for k in torch.randint(0, 5, (40,), generator=g)]
+    whole = Ragged.from_list(rows)
+    view = Ragged(whole.values, whole.offsets[7:34])  # offsets from offsets[7], not 0
+    pos = torch.randint(0, 26, (60,), generator=g)
+    got = take(view, pos)
+    assert got.values.dtype == dtype and got.values.shape[1:] == (2, 3)
+    assert got.offsets.dtype == torch.int64 and int(got.offsets[0]) == 0
+    assert len(got) == 60 and all(torch.equal(got.row(i), rows[7 + int(p)])
+                                  for i, p in enumerate(pos))
+
+
+def test_take_of_no_ragged_rows_keeps_dtype_and_tail():
+    got = take(Ragged.from_list([torch.ones(2, 3, dtype=torch.float16)]),
+               torch.tensor([], dtype=torch.int64))
+    assert len(got) == 0 and got.offsets.tolist() == [0]
+    assert got.values.dtype == torch.float16 and got.values.shape == (0, 3)
+
+
 def test_span_shares_values_and_keeps_rows():
     a = Ragged.from_list(ROWS)
     mid = span(a, 1, 3)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from tq_stream.buffers import indexable
@@ -26,6 +27,10 @@ from tq_stream.errors import SchemaError
 Kind = Literal["dense", "ragged", "object"]
 
 Column = Any  # torch.Tensor | Ragged | list; a type alias kept loose for msgspec-free layers
+
+# The exact types of the plain scalars an object column holds (immutable, so shared as
+# they are); a set of a column's types is checked against it in C.
+SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
 
 
 @dataclass(frozen=True)
@@ -203,8 +208,23 @@ def take(column: Column, positions: torch.Tensor) -> Column:
     if isinstance(column, torch.Tensor):
         return indexable(column).index_select(0, positions).view(column.dtype)
     if isinstance(column, Ragged):
-        return Ragged.from_list([column.row(int(i)) for i in positions])
-    return [column[int(i)] for i in positions]
+        return _take_ragged(column, positions)
+    return [column[i] for i in positions.tolist()]
+
+
+def _take_ragged(column: Ragged, positions: torch.Tensor) -> Ragged:
+    """Rows ``positions`` of ``column`` in one gather (no Python loop over rows)."""
+    pos = positions.numpy().astype(np.int64, copy=False)
+    bounds = column.offsets.numpy()
+    starts = bounds[:-1][pos]
+    lengths = bounds[1:][pos] - starts
+    offsets = np.zeros(len(pos) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    # element j of output row i is values[starts[i] + j]: np.repeat is several times
+    # faster than torch.repeat_interleave here
+    index = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
+    values = indexable(column.values).index_select(0, torch.from_numpy(index))
+    return Ragged(values.view(column.values.dtype), torch.from_numpy(offsets))
 
 
 def span(column: Column, start: int, stop: int) -> Column:

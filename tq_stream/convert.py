@@ -30,10 +30,42 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from tq_stream import fieldpath
-from tq_stream.columns import Column, FieldSchema, Ragged, column_len, dtype_name, schema_of
+from tq_stream.columns import (
+    SCALARS,
+    Column,
+    FieldSchema,
+    Ragged,
+    column_len,
+    dtype_name,
+    schema_of,
+)
 from tq_stream.errors import ConfigError, SchemaError, check_name
 
 _PLAIN = (str, int, float, bool, bytes, type(None))
+_CONTAINERS = frozenset({dict, list, tuple})
+
+
+def flat_plain(rows: list) -> bool:
+    """True if every row is a scalar, or a list, tuple or dict (str keys) of scalars
+    (exact types): the rows a non-tensor field usually holds, checked without a
+    Python call per row. False says nothing (a deeper value may still be plain)."""
+    kinds = set(map(type, rows))
+    if kinds <= SCALARS:
+        return True
+    if not kinds <= SCALARS | _CONTAINERS:
+        return False
+    keys: set[type] = set()
+    inner: set[type] = set()
+    for r in rows:
+        kind = type(r)
+        if kind is dict:
+            keys.update(map(type, r))
+            inner.update(map(type, r.values()))
+        elif kind is not list and kind is not tuple:
+            continue
+        else:
+            inner.update(map(type, r))
+    return keys <= {str} and inner <= SCALARS
 
 
 def _check_plain(field: str, value: Any, depth: int = 0) -> None:
@@ -80,8 +112,9 @@ def _from_list(field: str, rows: list) -> Column:
         return Ragged.from_list([r.contiguous() for r in rows])
     if any(isinstance(r, torch.Tensor) for r in rows):
         raise SchemaError(f"field {field!r} must not mix tensors and plain values")
-    for r in rows:
-        _check_plain(field, r)
+    if not flat_plain(rows):  # the common column needs no walk per row
+        for r in rows:
+            _check_plain(field, r)
     return list(rows)
 
 
@@ -94,11 +127,11 @@ def _from_nested(field: str, value: torch.Tensor) -> Ragged:
     if getattr(value, "_ragged_idx", 1) != 1:
         raise SchemaError(f"field {field!r} must be ragged in the dim after the batch dim, "
                           f"got a nested tensor ragged in dim {value._ragged_idx}")
-    value = value.detach()
     if value.lengths() is not None:  # a non-contiguous view (e.g. narrow): gather its rows
-        return Ragged.from_list([r.cpu().contiguous() for r in value.unbind()])
+        return Ragged.from_list([r.detach().cpu().contiguous() for r in value.unbind()])
     offsets = value.offsets().detach().cpu().to(torch.int64)
-    values = value.values().cpu()
+    values = value.values()  # detached here, not the nested tensor: several times cheaper
+    values = (values.detach() if values.requires_grad else values).cpu()
     lo, hi = int(offsets[0]), int(offsets[-1])
     if lo or hi != values.shape[0]:
         values, offsets = values[lo:hi], offsets - lo
