@@ -33,6 +33,31 @@ Column = Any  # torch.Tensor | Ragged | list; a type alias kept loose for msgspe
 SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
 
 
+CONTAINERS = frozenset({dict, list, tuple})
+
+
+def flat_plain(rows: list[Any], containers: frozenset[type] = CONTAINERS) -> bool:
+    """True if every row is a scalar, or a container (of ``containers``: dict with str
+    keys, list, tuple) of scalars, all of exact types: the rows a non-tensor field
+    usually holds, checked without a Python call per row. False says nothing (a
+    deeper value may still be plain)."""
+    kinds = set(map(type, rows))
+    if kinds <= SCALARS:
+        return True
+    if not kinds <= SCALARS | containers:
+        return False
+    keys: set[type] = set()
+    inner: set[type] = set()
+    for r in rows:
+        kind = type(r)
+        if kind is dict:
+            keys.update(map(type, r))
+            inner.update(map(type, r.values()))
+        elif kind is list or kind is tuple:
+            inner.update(map(type, r))
+    return keys <= {str} and inner <= SCALARS
+
+
 @dataclass(frozen=True)
 class Ragged:
     """Variable-length rows: ``values[offsets[i]:offsets[i+1]]`` is row i.

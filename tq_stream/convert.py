@@ -31,43 +31,17 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from tq_stream import fieldpath
 from tq_stream.columns import (
-    SCALARS,
     Column,
     FieldSchema,
     Ragged,
     column_len,
     dtype_name,
+    flat_plain,
     schema_of,
 )
 from tq_stream.errors import ConfigError, SchemaError, check_name
 
 _PLAIN = (str, int, float, bool, bytes, type(None))
-_CONTAINERS = frozenset({dict, list, tuple})
-
-
-def flat_plain(rows: list) -> bool:
-    """True if every row is a scalar, or a list, tuple or dict (str keys) of scalars
-    (exact types): the rows a non-tensor field usually holds, checked without a
-    Python call per row. False says nothing (a deeper value may still be plain)."""
-    kinds = set(map(type, rows))
-    if kinds <= SCALARS:
-        return True
-    if not kinds <= SCALARS | _CONTAINERS:
-        return False
-    keys: set[type] = set()
-    inner: set[type] = set()
-    for r in rows:
-        kind = type(r)
-        if kind is dict:
-            keys.update(map(type, r))
-            inner.update(map(type, r.values()))
-        elif kind is not list and kind is not tuple:
-            continue
-        else:
-            inner.update(map(type, r))
-    return keys <= {str} and inner <= SCALARS
-
-
 def _check_plain(field: str, value: Any, depth: int = 0) -> None:
     if isinstance(value, _PLAIN):
         return

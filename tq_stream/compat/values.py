@@ -19,8 +19,7 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack
 
-from tq_stream.columns import dtype_from_name, dtype_name
-from tq_stream.convert import flat_plain
+from tq_stream.columns import dtype_from_name, dtype_name, flat_plain
 
 TENSOR = "__tq_compat_tensor__"
 _MAX_DEPTH = 16
