@@ -14,6 +14,7 @@ the driver bootstraps from the package's ``config.yaml`` plus NeMo-RL's overlay
   fetch mode for task ``prev_lp`` with ``dp_rank``, then ``kv_retrieve_keys``) ->
   ``get_samples`` (``kv_batch_get`` of the fields a logprob pass reads) ->
   ``put_samples`` (the ``prev_logprobs`` column written back under the same keys);
+  the worker's forward pass in between (making that column) is not timed;
 - ``check_consumption_status``, then ``clear_all`` (``kv_list`` + ``kv_clear``).
 """
 
@@ -97,11 +98,14 @@ def measure(target: Target, quick: bool) -> list[Row]:
                 got, _ = plane.claim_meta(PARTITION, TASK, READ, batch_size=n // DP,
                                           dp_rank=rank, timeout_s=60.0)
                 data = plane.get_samples(got, PARTITION, READ)
-                lp = torch.nested.as_nested_tensor(
-                    [-torch.ones(int(k)) for k in data["input_lengths"]], layout=torch.jagged)
-                plane.put_samples(got, PARTITION,
-                                  TensorDict({"prev_logprobs": lp}, batch_size=[len(got)]))
-                loops.append(time.perf_counter() - t)
+                spent = time.perf_counter() - t
+                # the worker's forward pass (not timed): one logprob per token
+                lp = TensorDict({"prev_logprobs": torch.nested.as_nested_tensor(
+                    [-torch.ones(int(k)) for k in data["input_lengths"]], layout=torch.jagged)},
+                    batch_size=[len(got)])
+                t = time.perf_counter()
+                plane.put_samples(got, PARTITION, lp)
+                loops.append(spent + time.perf_counter() - t)
             if not plane.consumed(PARTITION, [TASK]):
                 raise RuntimeError(f"{target.name}: task {TASK!r} must have consumed every "
                                    f"row of step {step}")
