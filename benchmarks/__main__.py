@@ -15,7 +15,15 @@ import traceback
 from benchmarks import report
 from benchmarks.systems import PEERS, load
 from benchmarks.systems.tq import TqStreamSystem
-from benchmarks.workloads import bulk, controller_scale, small_ops, startup, streaming, verl
+from benchmarks.workloads import (
+    bulk,
+    controller_scale,
+    nemo_rl,
+    small_ops,
+    startup,
+    streaming,
+    verl,
+)
 from benchmarks.workloads.common import Row, Shapes
 
 
@@ -40,7 +48,7 @@ def _available(name: str, factory: object) -> tuple[bool, str]:
     return check() if check is not None else (True, "")
 
 
-WORKLOADS = ("bulk", "small", "streaming", "controller", "verl")
+WORKLOADS = ("bulk", "small", "streaming", "controller", "verl", "nemo_rl")
 
 
 def run(quick: bool, only: set[str],
@@ -80,6 +88,13 @@ def run(quick: bool, only: set[str],
         except Exception as exc:  # noqa: BLE001 - report the failure, keep the rest
             traceback.print_exc()
             notes.append(f"verl failed: {exc!r:.200}")
+    if "nemo_rl" in workloads and (not only or only & {"nemo_rl", "transferqueue"}):
+        print("## nemo_rl", file=sys.stderr, flush=True)
+        try:
+            rows += nemo_rl.run(quick)
+        except Exception as exc:  # noqa: BLE001 - report the failure, keep the rest
+            traceback.print_exc()
+            notes.append(f"nemo_rl failed: {exc!r:.200}")
     _stop_ray()
     return rows, notes
 

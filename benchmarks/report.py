@@ -31,6 +31,31 @@ def _ratio(v: float, ref: float | None, unit: str) -> str:
     return f"{r:.2f}x"
 
 
+def merge_rounds(rounds: list[list[Row]], peer: str = "transferqueue") -> list[Row]:
+    """Rows measured in several rounds (every system once per round, one after another)
+    as one row per (workload, case, system): the median value, each round's value and,
+    for the other systems, each round's ratio to ``peer`` in that same round."""
+    import statistics
+
+    groups: dict[tuple[str, str, str], list[tuple[int, Row]]] = {}
+    for i, rows in enumerate(rounds):
+        for r in rows:
+            groups.setdefault((r.workload, r.case, r.system), []).append((i, r))
+    out = []
+    for (workload, case, system), items in groups.items():
+        values = [r.value for _, r in items]
+        extra = dict(items[0][1].extra)
+        if len(rounds) > 1:
+            extra["by round"] = " / ".join(_fmt(v) for v in values)
+        if system != peer and len(rounds) > 1:
+            ratios = [_ratio(r.value, _ref(rounds[i], case, peer), r.unit) for i, r in items]
+            if any(x != "–" for x in ratios):
+                extra[f"vs {PEER} by round"] = " / ".join(ratios)
+        out.append(Row(workload, case, system, statistics.median(values), items[0][1].unit,
+                       extra))
+    return out
+
+
 def _ref(rows: list[Row], case: str, name_part: str) -> float | None:
     for r in rows:
         if r.case == case and name_part.lower() in r.system.lower():

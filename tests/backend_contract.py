@@ -70,6 +70,19 @@ class BackendContract:
         unit.put("p", np.arange(len(values)), {"o": values})
         assert unit.get("p", np.arange(len(values)), ["o"])["o"] == values
 
+    def test_object_values_are_copied_in_and_out(self, unit):
+        value = {"k": [1, {"n": 2}], "t": (1, [2]), "s": "x"}
+        unit.put("p", slots(0, 1), {"o": [value, [value["k"]]]})
+        value["k"][1]["n"] = 99  # the caller's objects change after the put
+        value["t"][1].append(3)
+        got = unit.get("p", slots(0, 1), ["o"])["o"]
+        assert got == [{"k": [1, {"n": 2}], "t": (1, [2]), "s": "x"}, [[1, {"n": 2}]]]
+        assert type(got[0]["t"]) is tuple
+        got[0]["k"].append("changed")  # and the reader's objects change after the get
+        got[1][0][1]["n"] = -1
+        again = unit.get("p", slots(0, 1), ["o"])["o"]
+        assert again[0]["k"] == [1, {"n": 2}] and again[1] == [[1, {"n": 2}]]
+
     def test_get_follows_slot_order(self, unit):
         unit.put("p", slots(0, 1, 2, 3), {"x": dense(4), "r": ragged([1, 2, 3, 4]),
                                           "o": ["a", "b", "c", "d"]})

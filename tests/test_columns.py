@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import pytest
@@ -15,6 +16,7 @@ from tq_stream.columns import (
     column_nbytes,
     concat,
     dtype_from_name,
+    flat_plain,
     schema_of,
     span,
     take,
@@ -65,6 +67,50 @@ def test_take_and_concat():
     assert dense.shape == (3, 3) and take(dense, torch.tensor([2])).sum() == 0
     assert concat([["a"], ["b", "c"]]) == ["a", "b", "c"]
     assert take(["a", "b", "c"], torch.tensor([2, 2])) == ["c", "c"]
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.bfloat16, torch.bool])
+def test_take_of_ragged_rows_in_any_order_with_repeats_tails_and_views(dtype):
+    g = torch.Generator().manual_seed(0)
+    rows = [(torch.randn(int(k), 2, 3, generator=g) * 4).to(dtype)
+            for k in torch.randint(0, 5, (40,), generator=g)]
+    whole = Ragged.from_list(rows)
+    view = Ragged(whole.values, whole.offsets[7:34])  # offsets from offsets[7], not 0
+    pos = torch.randint(0, 26, (60,), generator=g)
+    got = take(view, pos)
+    assert got.values.dtype == dtype and got.values.shape[1:] == (2, 3)
+    assert got.offsets.dtype == torch.int64 and int(got.offsets[0]) == 0
+    assert len(got) == 60 and all(torch.equal(got.row(i), rows[7 + int(p)])
+                                  for i, p in enumerate(pos))
+
+
+def test_take_of_no_ragged_rows_keeps_dtype_and_tail():
+    got = take(Ragged.from_list([torch.ones(2, 3, dtype=torch.float16)]),
+               torch.tensor([], dtype=torch.int64))
+    assert len(got) == 0 and got.offsets.tolist() == [0]
+    assert got.values.dtype == torch.float16 and got.values.shape == (0, 3)
+
+
+@pytest.mark.parametrize(("rows", "flat"), [
+    ([1, "a", 2.5, True, None, b"x"], True),
+    ([{"a": 1, "b": "x"}, {}], True),
+    ([{"a": 1}, [1, 2], (3,), 5, []], True),
+    ([], True),
+    ([{1: "int key"}], False),
+    ([[[1]]], False),  # nested: the per-row walk decides
+    ([{"a": [1]}], False),
+    ([object()], False),
+    ([{"a": torch.ones(1)}], False),
+    ([collections.OrderedDict(a=1)], False),  # a subclass: walked, not trusted
+    ([True, (1,)], True),
+])
+def test_flat_plain_says_true_only_for_flat_rows_of_exact_plain_types(rows, flat):
+    assert flat_plain(rows) is flat
+
+
+def test_flat_plain_takes_the_containers_to_accept():
+    assert flat_plain([(1,)]) and not flat_plain([(1,)], frozenset({list, dict}))
+    assert flat_plain([{"a": 1}, [2]], frozenset({list, dict}))
 
 
 def test_span_shares_values_and_keeps_rows():

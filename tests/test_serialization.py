@@ -297,6 +297,22 @@ def test_unsupported_values_raise(case):
         encode({"field": [make()]})
 
 
+@pytest.mark.parametrize("case", ["numpy scalar", "int key", "function", "set", "dataclass",
+                                  "int beyond 64 bits"])
+def test_unsupported_values_inside_a_column_of_dicts_raise(case):
+    make, words = UNSUPPORTED[case]
+    with pytest.raises(SerializationError, match=words):
+        encode({"field": [{"ok": 1}, {"v": make()}, ["x"]]})
+
+
+def test_a_column_of_flat_dicts_and_lists_roundtrips_as_written():
+    rows = [{"acc": 1.0, "turns": 3, "src": "a", "none": None, "raw": b"x"}, [1, "two", True],
+            "s", 4, {"pair": (1, 2)}, {}, [], ({"k": 1},)]
+    out = roundtrip({"col": rows})
+    assert out == {"col": rows}
+    assert type(out["col"][4]["pair"]) is tuple and type(out["col"][7]) is tuple
+
+
 def test_too_deep_nesting_raises():
     obj: list = []
     for _ in range(200):

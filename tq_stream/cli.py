@@ -35,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--systems", default="", help="comma-separated subset of systems")
     bench.add_argument("--out", default="benchmarks/RESULTS.md")
     bench.add_argument("--workloads", default="",
-                       help="comma-separated subset of bulk,small,streaming,controller,verl")
+                       help="comma-separated subset of bulk,small,streaming,controller,verl,"
+                            "nemo_rl")
     return parser
 
 

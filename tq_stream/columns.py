@@ -16,8 +16,10 @@ and per-row shape (for ragged fields, the shape after the ragged dim).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from tq_stream.buffers import indexable
@@ -26,6 +28,34 @@ from tq_stream.errors import SchemaError
 Kind = Literal["dense", "ragged", "object"]
 
 Column = Any  # torch.Tensor | Ragged | list; a type alias kept loose for msgspec-free layers
+
+# The exact types of the plain scalars an object column holds (immutable, so shared as
+# they are); a set of a column's types is checked against it in C.
+SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
+
+
+CONTAINERS = frozenset({dict, list, tuple})
+
+
+def flat_plain(rows: list[Any], containers: frozenset[type] = CONTAINERS) -> bool:
+    """True if every row is a scalar, or a container (of ``containers``: dict with str
+    keys, list, tuple) of scalars, all of exact types: the rows a non-tensor field
+    usually holds, checked without a Python call per row. False says nothing (a
+    deeper value may still be plain)."""
+    kinds = set(map(type, rows))
+    if kinds <= SCALARS:
+        return True
+    if not kinds <= SCALARS | containers:
+        return False
+    if kinds == {dict}:  # the common column of containers: every row a dict
+        dicts, seqs = rows, []
+    else:
+        dicts = [r for r in rows if type(r) is dict]
+        seqs = [r for r in rows if type(r) is list or type(r) is tuple]
+    keys = set(map(type, chain.from_iterable(dicts)))  # chained in C, no call per row
+    inner = set(map(type, chain.from_iterable(map(dict.values, dicts))))
+    inner.update(map(type, chain.from_iterable(seqs)))
+    return keys <= {str} and inner <= SCALARS
 
 
 @dataclass(frozen=True)
@@ -203,8 +233,23 @@ def take(column: Column, positions: torch.Tensor) -> Column:
     if isinstance(column, torch.Tensor):
         return indexable(column).index_select(0, positions).view(column.dtype)
     if isinstance(column, Ragged):
-        return Ragged.from_list([column.row(int(i)) for i in positions])
-    return [column[int(i)] for i in positions]
+        return _take_ragged(column, positions)
+    return [column[i] for i in positions.tolist()]
+
+
+def _take_ragged(column: Ragged, positions: torch.Tensor) -> Ragged:
+    """Rows ``positions`` of ``column`` in one gather (no Python loop over rows)."""
+    pos = positions.numpy().astype(np.int64, copy=False)
+    bounds = column.offsets.numpy()
+    starts = bounds[:-1][pos]
+    lengths = bounds[1:][pos] - starts
+    offsets = np.zeros(len(pos) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    # element j of output row i is values[starts[i] + j]: np.repeat is several times
+    # faster than torch.repeat_interleave here
+    index = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
+    values = indexable(column.values).index_select(0, torch.from_numpy(index))
+    return Ragged(values.view(column.values.dtype), torch.from_numpy(offsets))
 
 
 def span(column: Column, start: int, stop: int) -> Column:

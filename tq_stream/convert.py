@@ -30,12 +30,18 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from tq_stream import fieldpath
-from tq_stream.columns import Column, FieldSchema, Ragged, column_len, dtype_name, schema_of
+from tq_stream.columns import (
+    Column,
+    FieldSchema,
+    Ragged,
+    column_len,
+    dtype_name,
+    flat_plain,
+    schema_of,
+)
 from tq_stream.errors import ConfigError, SchemaError, check_name
 
 _PLAIN = (str, int, float, bool, bytes, type(None))
-
-
 def _check_plain(field: str, value: Any, depth: int = 0) -> None:
     if isinstance(value, _PLAIN):
         return
@@ -80,8 +86,9 @@ def _from_list(field: str, rows: list) -> Column:
         return Ragged.from_list([r.contiguous() for r in rows])
     if any(isinstance(r, torch.Tensor) for r in rows):
         raise SchemaError(f"field {field!r} must not mix tensors and plain values")
-    for r in rows:
-        _check_plain(field, r)
+    if not flat_plain(rows):  # the common column needs no walk per row
+        for r in rows:
+            _check_plain(field, r)
     return list(rows)
 
 
@@ -94,11 +101,11 @@ def _from_nested(field: str, value: torch.Tensor) -> Ragged:
     if getattr(value, "_ragged_idx", 1) != 1:
         raise SchemaError(f"field {field!r} must be ragged in the dim after the batch dim, "
                           f"got a nested tensor ragged in dim {value._ragged_idx}")
-    value = value.detach()
     if value.lengths() is not None:  # a non-contiguous view (e.g. narrow): gather its rows
-        return Ragged.from_list([r.cpu().contiguous() for r in value.unbind()])
+        return Ragged.from_list([r.detach().cpu().contiguous() for r in value.unbind()])
     offsets = value.offsets().detach().cpu().to(torch.int64)
-    values = value.values().cpu()
+    values = value.values()  # detached here, not the nested tensor: several times cheaper
+    values = (values.detach() if values.requires_grad else values).cpu()
     lo, hi = int(offsets[0]), int(offsets[-1])
     if lo or hi != values.shape[0]:
         values, offsets = values[lo:hi], offsets - lo

@@ -54,7 +54,7 @@ import msgspec
 import numpy as np
 import torch
 
-from tq_stream.columns import Ragged
+from tq_stream.columns import SCALARS, Ragged, flat_plain
 from tq_stream.errors import SerializationError
 
 __all__ = ["VERSION", "decode", "encode"]
@@ -70,7 +70,8 @@ _INT_DTYPES = {ord(c): np.dtype(name) for name, c in _INT_CODES.items()}
 _INT_LETTERS = {np.dtype(name): c for name, c in _INT_CODES.items()}  # cheaper than .str
 _MAX_DEPTH = 64  # nesting limit: bounds recursion on encode (msgspec bounds decode)
 
-_PLAIN = frozenset({str, int, float, bool, type(None), bytes})
+_PLAIN = SCALARS  # what msgspec writes as it is
+_LISTS_AND_DICTS = frozenset({list, dict})  # written by msgspec as they are (not tuples)
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, name)
@@ -182,8 +183,9 @@ def _prepare(obj: Any, buffers: list[memoryview], depth: int) -> Any:
                 changed[k] = new
         return obj if changed is None else {**obj, **changed}
     if isinstance(obj, list):
-        if kind is list and _all_plain(obj):
-            return obj
+        if kind is list and (_all_plain(obj) or (depth + 2 < _MAX_DEPTH and
+                                                 flat_plain(obj, _LISTS_AND_DICTS))):
+            return obj  # e.g. an object column of flat dicts: msgspec writes it as it is
         return [_prepare(v, buffers, depth + 1) for v in obj]
     if isinstance(obj, tuple):
         items = [_prepare(v, buffers, depth + 1) for v in obj]

@@ -47,6 +47,31 @@ def _peer_env() -> dict[str, str]:
     }
 
 
+_REAL_MODULES: dict[str, Any] = {}  # the real package's modules, once imported
+
+
+def real_module() -> Any:
+    """TransferQueue's own ``transfer_queue`` package, also after
+    ``tq_stream.compat.install()`` registered tq_stream's under that name (the workloads
+    that run both in one process switch back and forth): imported once, its modules are
+    put back in ``sys.modules`` on every call, so none of them runs twice."""
+    import sys
+
+    import tq_stream.compat
+
+    tq_stream.compat.uninstall()
+    if not _REAL_MODULES:
+        for name, value in _peer_env().items():
+            os.environ.setdefault(name, value)  # before the first import of transfer_queue
+        import transfer_queue
+
+        assert not transfer_queue.__name__.startswith("tq_stream")
+        _REAL_MODULES.update({k: m for k, m in sys.modules.items()
+                              if k == "transfer_queue" or k.startswith("transfer_queue.")})
+    sys.modules.update(_REAL_MODULES)
+    return _REAL_MODULES["transfer_queue"]
+
+
 def _dense(td):
     """Jagged fields whose rows all have one length -> dense views of their values."""
     for name, value in list(td.items()):

@@ -67,3 +67,20 @@ def percentiles(samples_s: list[float]) -> tuple[float, float]:
         return float("nan"), float("nan")
     arr = np.asarray(samples_s) * 1e3
     return float(np.percentile(arr, 50)), float(np.percentile(arr, 99))
+
+
+def in_rounds(names: list[str], measure: Callable[[str], list[Row]], rounds: int,
+              label: str) -> list[list[Row]]:
+    """``measure(name)`` of every name, ``rounds`` times over (all names once per round):
+    on a shared, noisy machine a ratio is only meaningful within one round, and the
+    rounds show whether it holds."""
+    import sys
+
+    out = []
+    for k in range(rounds):
+        rows: list[Row] = []
+        for name in names:
+            print(f"## {label} round {k + 1}/{rounds}: {name}", file=sys.stderr, flush=True)
+            rows += measure(name)
+        out.append(rows)
+    return out

@@ -26,9 +26,10 @@ from typing import Any
 import torch
 from tensordict import NonTensorStack, TensorDict
 
-from benchmarks.workloads.common import Row
+from benchmarks.workloads.common import Row, in_rounds
 
 ROWS, FIELDS, RAGGED = 256, 20, 8
+ROUNDS = 3  # every target once per round (see common.in_rounds)
 GROUP, GROUPS = 8, 1000
 
 
@@ -44,30 +45,41 @@ class Target:
                             "SimpleStorage": {"num_data_storage_units": units,
                                               "total_storage_size": None}}}
 
-    def start(self) -> Any:
+    @property
+    def mode(self) -> str:
+        """The tq_stream mode of a compat target ("" for TransferQueue)."""
+        return "" if self.name == "transferqueue" else self.name.rsplit("-", 1)[-1]
+
+    def module(self) -> Any:
+        """The ``transfer_queue`` package of this target, registered under that name
+        (Ray started first for TransferQueue); nothing initialized yet."""
         if self.name == "transferqueue":
-            import os
-
             from benchmarks.systems import ray_util
-            from benchmarks.systems.transferqueue import _peer_env
+            from benchmarks.systems.transferqueue import real_module
 
-            for k, v in _peer_env().items():
-                os.environ.setdefault(k, v)
-            sys.modules.pop("transfer_queue", None)  # the real package, not the compat one
-            import transfer_queue as tq
+            tq = real_module()
+            self._owned_ray = ray_util.ensure_ray()
+            return tq
+        import tq_stream.compat
+
+        return tq_stream.compat.install()
+
+    def start(self) -> Any:
+        tq = self.module()
+        if self.name == "transferqueue":
             from omegaconf import OmegaConf
 
-            self._owned_ray = ray_util.ensure_ray()
             tq.init(OmegaConf.create(self.conf()))
-            return tq
-        from tq_stream.compat import transfer_queue as tq
-
-        mode = self.name.rsplit("-", 1)[-1]
-        tq.init({**self.conf(), "tq_stream": {"mode": mode}})
+        else:
+            tq.init({**self.conf(), "tq_stream": {"mode": self.mode}})
         return tq
 
     def stop(self, tq: Any) -> None:
         tq.close()
+        if self.mode:
+            import tq_stream.compat
+
+            tq_stream.compat.uninstall()
         if self._owned_ray:
             from benchmarks.systems import ray_util
 
@@ -131,7 +143,7 @@ def sample_once(tq: Any, partition: str, batch_groups: int,
 
 def measure(target: Target, quick: bool) -> list[Row]:
     rows: list[Row] = []
-    name, repeats = target.name, (1 if quick else 5)
+    name, repeats = target.name, (1 if quick else 7)
     t = time.perf_counter()
     tq = target.start()
     try:
@@ -184,8 +196,8 @@ def _sampler_rate(tq: Any, name: str, quick: bool) -> Row:
                calls / (time.perf_counter() - t), "ops/s")
 
 
-def run(quick: bool) -> list[Row]:
-    """Every available target; TransferQueue (Ray) only in a full run."""
+def targets(quick: bool) -> list[str]:
+    """The compat modes, and TransferQueue (Ray) in a full run when installed."""
     from benchmarks.systems.transferqueue import TransferQueueSystem
 
     names = ["tq-compat-embedded"] if quick else ["tq-compat-embedded", "tq-compat-local"]
@@ -194,10 +206,16 @@ def run(quick: bool) -> list[Row]:
         names += ["transferqueue"] if ok else []
         if not ok:
             print(f"transferqueue skipped: {why}", file=sys.stderr)
-    rows: list[Row] = []
-    for name in names:
-        print(f"## verl: {name}", file=sys.stderr, flush=True)
-        rows += measure(Target(name), quick)
+    return names
+
+
+def run(quick: bool) -> list[Row]:
+    """Every available target, ROUNDS times (once in a quick run), then the samplers."""
+    from benchmarks.report import merge_rounds
+
+    rounds = in_rounds(targets(quick), lambda name: measure(Target(name), quick),
+                       1 if quick else ROUNDS, "verl")
+    rows = merge_rounds(rounds)
     from benchmarks.workloads import verl_samplers
 
     rows += verl_samplers.run(quick)

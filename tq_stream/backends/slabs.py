@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from tq_stream.buffers import gather_rows, indexable, scatter_rows
-from tq_stream.columns import Column, Ragged, dtype_from_name, schema_of
+from tq_stream.columns import SCALARS, Column, Ragged, dtype_from_name, schema_of
 from tq_stream.errors import KeyConflictError, StateError
 
 Alloc = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
@@ -202,8 +202,28 @@ class RaggedArena:
 
 
 def _own(value: object) -> object:
-    """A copy of a mutable plain value (lists/dicts), so storage and callers never share it."""
+    """A copy of a mutable plain value (lists/dicts), so storage and callers never share it.
+
+    The exact plain containers are rebuilt here, much cheaper than ``deepcopy`` (a row
+    is copied on every put and get); anything else (a dict subclass) is deep-copied.
+    """
+    kind = type(value)
+    if kind in SCALARS:
+        return value
+    if kind is dict:
+        if set(map(type, value.values())) <= SCALARS:  # flat: one C-level copy
+            return dict(value)
+        return {k: _own(v) for k, v in value.items()}
+    if kind is list:
+        return list(value) if set(map(type, value)) <= SCALARS else [_own(v) for v in value]
+    if kind is tuple:
+        return value if set(map(type, value)) <= SCALARS else tuple(_own(v) for v in value)
     return copy.deepcopy(value) if isinstance(value, list | dict | tuple) else value
+
+
+def _own_all(values: list) -> list:
+    """``[_own(v) for v in values]``, skipping the calls when every value is a scalar."""
+    return list(values) if set(map(type, values)) <= SCALARS else [_own(v) for v in values]
 
 
 class ObjectSlots:
@@ -222,13 +242,13 @@ class ObjectSlots:
         top = int(slots.max())
         if top >= cap:
             self.data = np.concatenate([self.data, np.empty(_grown(cap, top + 1) - cap, object)])
-        for s, v in zip(slots.tolist(), values, strict=True):
-            self.data[s] = _own(v)
+        for s, v in zip(slots.tolist(), _own_all(values), strict=True):
+            self.data[s] = v
         self.written = _mark(self.written, slots, True)
 
     def get(self, slots: np.ndarray) -> list:
         _check_written(self.written, slots)
-        return [_own(v) for v in self.data[slots].tolist()]
+        return _own_all(self.data[slots].tolist())
 
     def free(self, slots: np.ndarray) -> None:
         slots = slots[slots < self.data.shape[0]]

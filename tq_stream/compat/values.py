@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack
 
-from tq_stream.columns import dtype_from_name, dtype_name
+from tq_stream.columns import dtype_from_name, dtype_name, flat_plain
 
 TENSOR = "__tq_compat_tensor__"
 _MAX_DEPTH = 16
@@ -58,6 +58,8 @@ def _has_tensor(value: object, depth: int = 0) -> bool:
 def needs_encoding(rows: list) -> bool:
     """Some row holds a tensor inside a dict or list (a row that is itself a tensor is
     a tensor field, not this)."""
+    if flat_plain(rows):  # the common field: no Python call per row
+        return False
     return any(isinstance(r, dict | list | tuple) and _has_tensor(r) for r in rows)
 
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 from tensordict import NonTensorStack
 
-from tq_stream.columns import FieldSchema, dtype_name, schema_of
+from tq_stream.columns import FieldSchema, dtype_name, flat_plain, schema_of
 from tq_stream.convert import to_column
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 SEP = "@"
 ENCODED = "object+tensors"
+OBJECT = FieldSchema("object").describe()
 
 
 def physical(name: str, desc: str) -> str:
@@ -56,6 +57,8 @@ def describe(name: str, value: object, n: int) -> str:
             return FieldSchema("ragged", dtype_name(value.dtype),
                                tuple(value.values().shape[1:])).describe()
         return FieldSchema("dense", dtype_name(value.dtype), tuple(value.shape[1:])).describe()
+    if type(value) is list and len(value) == n and flat_plain(value):
+        return OBJECT  # what to_column would make of it, without building the column
     return schema_of(to_column(name, value, n)).describe()
 
 
