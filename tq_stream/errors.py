@@ -10,6 +10,7 @@
     │   ├── LeaseError         ack/release of rows this consumer does not hold
     │   └── LengthUnknownError len() of an open stream (also a TypeError)
     ├── WaitTimeout            a bounded wait expired (also a TimeoutError)
+    │   └── WorkerStalled      a DataLoader worker alive but delivering nothing
     ├── SerializationError     a malformed, truncated or unsupported message
     │   └── CheckpointError    a checkpoint file that is missing, damaged or inconsistent
     ├── AuthError              an admin call without the deployment owner's token
@@ -75,6 +76,13 @@ class TurnNotReached(WaitTimeout):
     """A step formed ahead of its turn waited its timeout while the trainer, alive (its
     session holds the batch it trains), was still on an earlier step: the step waits
     for that turn (see ``StalenessSampler``); asking again is safe."""
+
+
+class WorkerStalled(WaitTimeout):
+    """A DataLoader worker process of a StreamingDataLoader delivered neither a batch nor
+    an error within the loader's ``timeout`` although it lives (stuck, e.g. on a lock or
+    an import a thread of its parent held when it was forked): the loader stopped its
+    workers; iterating it again resumes at the first step not acked."""
 
 
 class ConnectionLost(WaitTimeout):

@@ -11,12 +11,12 @@ from __future__ import annotations
 import inspect
 import os
 import random
-import threading
 from typing import Any
 
 from tq_stream.config import StreamConfig
 from tq_stream.deploy.owner_watch import OwnerWatch, check_folder
 from tq_stream.errors import ConfigError
+from tq_stream.forksafe import ForkSafeLock
 from tq_stream.stream import Stream
 
 SPARE_RELEASE_TIMEOUT = 2.0  # seconds closing a stream waits to return its spare rows
@@ -42,7 +42,7 @@ class RemoteBackend:
         self._owner_token = owner_token  # never pickled: other processes are not the owner
         # Calls stop waiting once the owner (who alone restarts the servers) is gone.
         self.owner_watch = OwnerWatch(address, owner)
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()  # a producer thread may hold it when a worker forks
         self._ctrl: Any = None
         self._units: list[Any] | None = None
         self._unit_infos: list[dict[str, Any]] = []  # the addresses _units were made for
