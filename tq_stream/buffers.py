@@ -11,12 +11,13 @@ most ``max_bytes`` of idle buffers are kept (the rest is freed).
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections import defaultdict
 
 import numpy as np
 import torch
+
+from tq_stream.forksafe import ForkSafeLock
 
 MIN_BYTES = 1 << 20
 DEFAULT_MAX_BYTES = 1 << 30
@@ -37,7 +38,7 @@ class BufferPool:
         self.max_bytes = max_bytes
         self._idle: dict[int, list[np.ndarray]] = defaultdict(list)
         self.idle_bytes = 0
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         numel = 1

@@ -11,7 +11,8 @@ when the loader is iterated again); a loop left by an exception (or in any way n
 known to be a jump, see ``release``) gives it back, so iterating the loader again
 trains it first. ``release()`` gives a batch back on purpose. A DataLoader worker
 that dies is a ``StateError`` naming task and rank, raised when the next batch is
-asked for even if it died during the training step.
+asked for even if it died during the training step; one that lives but delivers
+nothing within ``timeout`` is a ``WorkerStalled`` (see ``datasets.workers``).
 
 Each iteration is a consumer session whose leases the process's heartbeat keeps
 alive (workers renew what they fetched ahead, this process what it yielded), so
@@ -44,9 +45,16 @@ from torch.utils.data import DataLoader
 from tq_stream.datasets import loop_exit, worker_deaths
 from tq_stream.datasets.batch import batch_meta, copy_meta, loader_step
 from tq_stream.datasets.minibatch import minibatches
-from tq_stream.datasets.streaming import StreamingDataset
-from tq_stream.datasets.workers import check_start_method
-from tq_stream.errors import ConfigError, StateError, TQError, check_positive
+from tq_stream.datasets.streaming import RELAY, StreamingDataset
+from tq_stream.datasets.workers import check_start_method, stall_timeout, stalled
+from tq_stream.errors import (
+    ConfigError,
+    StateError,
+    TQError,
+    WorkerStalled,
+    check_positive,
+    format_seconds,
+)
 
 logger = logging.getLogger(__name__)
 _open: weakref.WeakSet[StreamingDataLoader] = weakref.WeakSet()  # open iterations
@@ -87,13 +95,19 @@ class StreamingDataLoader:
             batch (a SpawnStartWarning says so): prefer "fork" or "forkserver".
         pin_memory: copy batches into pinned memory (with CUDA only).
         prefetch_factor: batches each worker fetches ahead.
+        timeout: (with workers) seconds to wait for a batch from the workers before
+            ``WorkerStalled``: a worker that lives but delivers neither a batch nor an
+            error is stuck. Default: the dataset's timeout + 5 s + 15 s (fork) or
+            120 s (spawn, forkserver: a worker imports torch again first); a value
+            given must exceed the dataset's timeout + 5 s.
     """
 
     STATE_KEYS = ("partition", "task", "dp_rank", "step", "yielded")
 
     def __init__(self, dataset: StreamingDataset, num_workers: int = 0,
                  multiprocessing_context: str | None = None,
-                 prefetch_factor: int | None = None, pin_memory: bool = False) -> None:
+                 prefetch_factor: int | None = None, pin_memory: bool = False,
+                 timeout: float | None = None) -> None:
         if not isinstance(dataset, StreamingDataset):
             raise ConfigError(f"dataset must be a StreamingDataset, got {type(dataset).__name__}")
         self.dataset = dataset
@@ -108,9 +122,15 @@ class StreamingDataLoader:
         self._kwargs: dict[str, Any] = {"batch_size": None, "num_workers": num_workers,
                                         "collate_fn": _identity}
         if num_workers:
-            check_start_method(multiprocessing_context)
+            method = check_start_method(multiprocessing_context)
             self._kwargs["multiprocessing_context"] = multiprocessing_context
             self._kwargs["prefetch_factor"] = prefetch_factor or 2
+            # torch's own wait for a batch: without it, a stuck worker is waited for forever
+            self._kwargs["timeout"] = stall_timeout(timeout, dataset.timeout + RELAY, method)
+        elif timeout is not None:
+            raise ConfigError(f"timeout bounds the wait for DataLoader workers, so it needs "
+                              f"num_workers >= 1 (with 0, the dataset's timeout bounds "
+                              f"every wait), got timeout={timeout!r} with num_workers=0")
         self._client = dataset.stream.client()
         self._next_step = dataset.start_step
         self._unacked: list[TensorDict] = []
@@ -202,6 +222,15 @@ class StreamingDataLoader:
                     if not self.num_workers or isinstance(exc, TQError):
                         raise
                     _stop_workers(batches)  # torch's SIGCHLD handler would raise later
+                    if stalled(exc):
+                        raise WorkerStalled(
+                            f"no batch from the DataLoader workers of task {ds.task!r} "
+                            f"(rank {ds.dp_rank}) within timeout="
+                            f"{format_seconds(self._kwargs['timeout'])}, although they "
+                            f"live: a worker is stuck (e.g. on a lock or an import a "
+                            f"thread of this process held when it was forked); they were "
+                            f"stopped: iterate the loader again to resume at the first "
+                            f"unfinished step (acked batches are not read again)") from exc
                     raise StateError(
                         f"a DataLoader worker of task {ds.task!r} (rank {ds.dp_rank}) "
                         f"failed ({type(exc).__name__}: {exc}); iterate the loader again "

@@ -12,7 +12,8 @@
     ├── WaitTimeout            a bounded wait expired (also a TimeoutError)
     │   ├── Unreachable        no server accepted the connection: the request was never sent
     │   ├── TurnNotReached     a step formed ahead of the trainer's turn waited its timeout
-    │   └── ConnectionLost     the connection broke after the request was sent
+    │   ├── ConnectionLost     the connection broke after the request was sent
+    │   └── WorkerStalled      a DataLoader worker alive but delivering nothing
     ├── SerializationError     a malformed, truncated or unsupported message
     │   └── CheckpointError    a checkpoint file that is missing, damaged or inconsistent
     ├── AuthError              an admin call without the deployment owner's token
@@ -78,6 +79,13 @@ class TurnNotReached(WaitTimeout):
     """A step formed ahead of its turn waited its timeout while the trainer, alive (its
     session holds the batch it trains), was still on an earlier step: the step waits
     for that turn (see ``StalenessSampler``); asking again is safe."""
+
+
+class WorkerStalled(WaitTimeout):
+    """A DataLoader worker process of a StreamingDataLoader delivered neither a batch nor
+    an error within the loader's ``timeout`` although it lives (stuck, e.g. on a lock or
+    an import a thread of its parent held when it was forked): the loader stopped its
+    workers; iterating it again resumes at the first step not acked."""
 
 
 class ConnectionLost(WaitTimeout):

@@ -24,7 +24,6 @@ belongs to the process that filled it (a forked child starts with none).
 from __future__ import annotations
 
 import collections
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +34,7 @@ from tq_stream.backends.base import occupancy
 from tq_stream.columns import Column, FieldSchema, coerce
 from tq_stream.convert import schemas_of
 from tq_stream.errors import StateError, TQError, WaitTimeout
+from tq_stream.forksafe import ForkSafeLock
 
 _FIELDS = ("index", "unit", "slot", "generation")  # of each spare row, from the controller
 _ROWS = (*_FIELDS, "token")  # and its occupancy token (``occupancy``), computed once here
@@ -74,7 +74,7 @@ class SparePool:
     def __init__(self, partition: str, unit: int) -> None:
         self.partition = partition
         self.unit = unit
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
         # One dict of one-row arrays per spare row, next first: a one-row put (the
         # common small put) takes its row with no numpy call.
         self._rows: collections.deque[dict[str, np.ndarray]] = collections.deque()

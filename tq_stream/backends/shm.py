@@ -34,6 +34,7 @@ from tq_stream.backends.direct import DirectWrites
 from tq_stream.backends.memory import MemoryUnit
 from tq_stream.backends.slabs import DenseSlab, fence
 from tq_stream.errors import StateError
+from tq_stream.forksafe import ForkSafeLock
 
 SHM_DIR = "/dev/shm"
 PREFIX = "tq_"
@@ -393,7 +394,7 @@ class ShmReader:
     def __init__(self, max_segments: int = 64) -> None:
         self._maps: OrderedDict[str, _Segment] = OrderedDict()
         self._max = max_segments
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()  # a producer thread's put may hold it at a fork
 
     def view(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         with self._lock:

@@ -17,7 +17,6 @@ token of every slot of a partition (see ``tq_stream.backends.base.occupancy``).
 from __future__ import annotations
 
 import copy
-import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -26,6 +25,7 @@ import torch
 from tq_stream.buffers import gather_rows, indexable, scatter_rows
 from tq_stream.columns import SCALARS, Column, Ragged, dtype_from_name, schema_of
 from tq_stream.errors import KeyConflictError, StateError
+from tq_stream.forksafe import ForkSafeLock
 
 Alloc = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
 _MIN_ROWS = 16
@@ -262,7 +262,7 @@ class ObjectSlots:
 Store = DenseSlab | RaggedArena | ObjectSlots
 
 UNSET = -1  # the token of a slot that is free, or being written right now
-_FENCE = threading.Lock()
+_FENCE = ForkSafeLock()  # a writer in a forked child fences too
 
 
 def fence() -> None:

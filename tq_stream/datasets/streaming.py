@@ -31,7 +31,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from tq_stream.client import Client
 from tq_stream.config import DEFAULT_PREFETCH
-from tq_stream.datasets import exit_stop
+from tq_stream.datasets import exit_stop, worker_imports
 from tq_stream.datasets.batch import attach_meta, batch_meta, loader_step
 from tq_stream.datasets.length import epoch_end, known_steps
 from tq_stream.errors import (
@@ -59,6 +59,10 @@ _END = object()
 WORKER_ACK_LAG = 3
 STATE_KEYS = ("partition", "task", "dp_rank", "replica", "yielded")
 _LOST = object()  # a step whose share for this rank died with its storage unit
+# Seconds the iterator waits for its prefetch thread beyond ``timeout`` (whose own waits
+# each end within ``timeout``): so a live iterator, in a DataLoader worker too, hands
+# over a batch or an error within ``timeout + RELAY``.
+RELAY = 5.0
 logger = logging.getLogger(__name__)
 
 
@@ -119,6 +123,7 @@ class StreamingDataset(IterableDataset[TensorDict]):
                  ragged: str = "nested", prefetch: int = DEFAULT_PREFETCH,
                  rows_per_epoch: int | None = None) -> None:
         super().__init__()
+        worker_imports.preload()  # before any DataLoader worker of it is forked
         self.stream = stream
         self._router = sampler if isinstance(sampler, PartitionSampler) else None
         if self._router is not None:
@@ -423,11 +428,12 @@ class StreamingDataset(IterableDataset[TensorDict]):
                 while self.auto_ack and len(pending) >= lag:  # before waiting
                     client.ack(batch_meta(pending.popleft()))
                 try:
-                    item = out.get(timeout=self.timeout + 5.0)
+                    item = out.get(timeout=self.timeout + RELAY)
                 except queue.Empty:
                     raise WaitTimeout(
                         f"no batch of task {self.task!r} arrived within timeout="
-                        f"{format_seconds(self.timeout)} (+5 s) from the prefetch thread") from None
+                        f"{format_seconds(self.timeout)} (+{format_seconds(RELAY)}) from the "
+                        f"prefetch thread") from None
                 room.release()
                 if item is _END:
                     finished = True

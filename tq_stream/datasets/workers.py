@@ -1,10 +1,16 @@
-"""How DataLoader worker processes start, and a warning when that is slow.
+"""How DataLoader worker processes start, how long one may take, and a warning when slow.
 
 With ``spawn`` every worker starts a fresh interpreter that imports torch and the
 trainer's main module again before its first batch (tens of seconds in a large
 trainer; ``mp.spawn`` trainers often set it globally). ``fork`` starts a worker in
 milliseconds; ``forkserver`` pays the import once, in the server. A StreamingDataLoader
 checks the start method its workers will use and warns on ``spawn`` with that hint.
+
+A live worker hands over a batch or an error within the dataset's ``timeout`` plus
+``RELAY`` (see ``tq_stream.datasets.streaming``). One that does neither for longer is
+stuck where no wait of tq_stream's runs (a lock or an import a thread of the trainer
+held when the worker was forked, a hung start): the loader waits for a worker at most
+``stall_timeout`` seconds (torch's ``timeout``), then raises ``WorkerStalled``.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import multiprocessing
 import warnings
 from multiprocessing.context import BaseContext
 
-from tq_stream.errors import ConfigError
+from tq_stream.errors import ConfigError, check_timeout, format_seconds
 
 
 class SpawnStartWarning(UserWarning):
@@ -53,3 +59,33 @@ def check_start_method(context: str | BaseContext | None) -> str:
             f"multiprocessing_context={hint!r} (or 'forkserver') to StreamingDataLoader",
             SpawnStartWarning, stacklevel=3)
     return method
+
+
+# Seconds beyond a live worker's bound before it counts as stalled: the hand-over of a
+# large batch, and the start of a worker (spawn and forkserver import torch again).
+STALL_GRACE = {"fork": 15.0, "forkserver": 120.0, "spawn": 120.0}
+_TORCH_TIMED_OUT = "DataLoader timed out after"  # torch's _get_data, when timeout > 0
+
+
+def stall_timeout(timeout: float | None, bound: float, method: str) -> float:
+    """Seconds the loader waits for a batch from its workers: ``timeout`` if given (it
+    must exceed ``bound``, the longest a live worker takes to answer), else ``bound``
+    plus ``STALL_GRACE`` of the start ``method``.
+
+    Raises:
+        ConfigError: ``timeout`` is not a positive number above ``bound``.
+    """
+    if timeout is None:
+        return bound + STALL_GRACE[method]
+    timeout = check_timeout("timeout", timeout)
+    if timeout <= bound:
+        raise ConfigError(
+            f"timeout must be more than {format_seconds(bound)} (the dataset's timeout + "
+            f"the hand-over of a batch: a worker waiting that long for rows is not "
+            f"stalled), got {timeout!r}")
+    return timeout
+
+
+def stalled(exc: BaseException) -> bool:
+    """True if ``exc`` is torch's "DataLoader timed out" (no batch within ``timeout``)."""
+    return isinstance(exc, RuntimeError) and str(exc).startswith(_TORCH_TIMED_OUT)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import os
 import random
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +18,7 @@ from tq_stream.config import StreamConfig
 from tq_stream.deploy.lost_units import LostUnits
 from tq_stream.deploy.owner_watch import OwnerWatch, check_folder
 from tq_stream.errors import ConfigError
+from tq_stream.forksafe import ForkSafeLock
 from tq_stream.stream import Stream
 
 SPARE_RELEASE_TIMEOUT = 2.0  # seconds closing a stream waits to return its spare rows
@@ -47,7 +47,7 @@ class RemoteBackend:
         # A unit call that waits stops once the controller gave its unit up.
         self._lost = LostUnits(lambda timeout: self.controller().ping(timeout),
                                lambda: self.controller().units(), self.owner_watch.check)
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()  # a producer thread may hold it when a worker forks
         self._ctrl: Any = None
         self._units: list[Any] | None = None
         self._unit_infos: list[dict[str, Any]] = []  # the addresses _units were made for

@@ -6,7 +6,6 @@ import itertools
 import os
 import select
 import socket
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,6 +21,7 @@ from tq_stream.errors import (
     check_timeout,
     format_seconds,
 )
+from tq_stream.forksafe import ForkSafeLock
 from tq_stream.serialization import decode, encode
 from tq_stream.transport.base import Transport
 from tq_stream.transport.remote_errors import error_from_value
@@ -75,7 +75,7 @@ class _Pool:
         self._max_idle = max_idle
         self._window = connect_window
         self._check_alive = check_alive
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
         self._idle: list[_Conn] = []
         self._closed = False
 
@@ -177,7 +177,7 @@ class UnixRpcClient(Transport):
             check_timeout("connect_window", connect_window)
         self._check_alive = check_alive
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()  # a child's first call may find a parent's thread in it
         self._pool: _Pool | None = None
         self._closed = False
 
@@ -272,8 +272,6 @@ class UnixRpcClient(Transport):
         pool = self._pool
         if pool is not None and pool.pid == os.getpid():
             return pool
-        if self._lock_is_inherited():
-            self._lock = threading.Lock()  # a parent's thread may hold the old one forever
         with self._lock:
             if self._closed:
                 raise ClosedError(f"client for {self.address} is closed")
@@ -282,9 +280,6 @@ class UnixRpcClient(Transport):
                 self._pool = _Pool(self._path, self._max_idle, self._window,
                                    self._check_alive)
             return self._pool
-
-    def _lock_is_inherited(self) -> bool:
-        return self._pool is not None and self._pool.pid != os.getpid()
 
 
 def _rebuild(address: str, timeout: float, max_idle: int,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -21,6 +20,7 @@ from tq_stream.errors import (
     check_timeout,
     format_seconds,
 )
+from tq_stream.forksafe import ForkSafeLock
 from tq_stream.serialization import decode, encode
 from tq_stream.transport.base import Transport
 from tq_stream.transport.remote_errors import error_from_value
@@ -44,7 +44,7 @@ class _SocketPool:
         self._configure = configure
         self._max_idle = max_idle
         self._group = SocketGroup(f"RpcClient({address})")
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
         self._idle: list[zmq.Socket] = []
         self._closed = False
 
@@ -139,8 +139,7 @@ class RpcClient(Transport):
         self._max_idle = check_positive("max_idle_sockets", max_idle_sockets)
         self._check_alive = check_alive
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()
-        self._lock_pid = os.getpid()
+        self._lock = ForkSafeLock()  # a child's first call may find a parent's thread in it
         self._pool: _SocketPool | None = None
         self._parent_pool: _SocketPool | None = None
         self._closed = False
@@ -190,24 +189,17 @@ class RpcClient(Transport):
 
     def close(self) -> None:
         """Close this process's sockets; idempotent. Later calls raise ClosedError."""
-        with self._lock_of_this_process():
+        with self._lock:
             self._closed = True
             pool, self._pool = self._pool, None
         if pool is not None and pool.pid == os.getpid():
             pool.close()
 
-    def _lock_of_this_process(self) -> threading.Lock:
-        if self._lock_pid != os.getpid():
-            # A lock inherited through fork may be held by a parent thread forever.
-            self._lock = threading.Lock()
-            self._lock_pid = os.getpid()
-        return self._lock
-
     def _pool_of_this_process(self) -> _SocketPool:
         pool = self._pool
         if pool is not None and pool.pid == os.getpid():
             return pool
-        with self._lock_of_this_process():
+        with self._lock:
             if self._closed:
                 raise ClosedError(f"client for {self.address} is closed")
             if self._pool is None or self._pool.pid != os.getpid():
