@@ -9,9 +9,11 @@ import torch
 
 import tq_stream as tq
 from tq_stream.controller import events, timings
+from tq_stream.controller.controller import Controller
 from tq_stream.errors import WaitTimeout
 
 W = logging.WARNING
+SCHEMA = {"kind": "dense", "dtype": "float32", "shape": [2]}
 
 
 def _messages(caplog: pytest.LogCaptureFixture, level: int = W) -> list[str]:
@@ -63,30 +65,34 @@ def test_discards_warn_rate_limited_with_reason_and_count(stream, caplog, monkey
         "4 rows discarded by task 't' on partition 'dz' (reason 'zero_variance')"
 
 
-def test_a_consumer_waiting_long_warns_what_it_waits_for(stream, caplog, monkeypatch) -> None:
-    monkeypatch.setattr(timings, "SLOW_WAIT", 0.1)
-    stream.writer("cw").put(["a"], {"x": torch.ones(1, 2)})
-    client = stream.client()
-    client.register_task("cw", "t", ["x"], batch_size=4)
+def _slow_controller() -> Controller:
+    """A controller that logs waits longer than 0.1 s (10 s in a deployment)."""
+    return Controller(timings=timings.Timings(slow_wait=0.1))
+
+
+def test_a_consumer_waiting_long_warns_what_it_waits_for(caplog) -> None:
+    ctrl = _slow_controller()
+    held = ctrl.reserve("cw", ["a"], {"x": SCHEMA})
+    ctrl.commit("cw", held["index"], held["generation"], {"x": SCHEMA})
+    ctrl.register_task("cw", "t", ["x"], batch_size=4)
     with caplog.at_level(W, logger="tq_stream"), pytest.raises(WaitTimeout):
-        client.get_meta("cw", "t", step=0, timeout=0.4)
+        ctrl.get_meta("cw", "t", step=0, timeout=0.4)
     (msg,) = _messages(caplog)
     assert "get_meta on partition 'cw' has waited" in msg
     assert "task 't' step 0 (rank 0): 1 rows ready, 4 needed" in msg
 
 
-def test_a_writer_blocked_at_capacity_warns(stream, caplog, monkeypatch) -> None:
-    monkeypatch.setattr(timings, "SLOW_WAIT", 0.1)
-    stream.create_partition("cap", capacity=1)
-    w = stream.writer("cap")
-    w.put(["a"], {"x": torch.ones(1, 2)})
+def test_a_writer_blocked_at_capacity_warns(caplog) -> None:
+    ctrl = _slow_controller()
+    ctrl.create_partition("cap", capacity=1)
+    held = ctrl.reserve("cap", ["a"], {"x": SCHEMA})
+    ctrl.commit("cap", held["index"], held["generation"], {"x": SCHEMA})
     with caplog.at_level(W, logger="tq_stream"), pytest.raises(WaitTimeout):
-        stream._controller().reserve("cap", ["b"], {"x": {"kind": "dense", "dtype": "float32",
-                                                          "shape": [2]}}, timeout=0.4)
-    why, msg = _messages(caplog)  # it filled (and has no consumers), then it blocked long
-    assert "partition 'cap' is full (1/1 rows) and has no declared consumers" in why
+        ctrl.reserve("cap", ["b"], {"x": SCHEMA}, timeout=0.4)
+    (msg,) = _messages(caplog)  # once it has waited slow_wait, not as soon as it blocks
     assert "blocked at capacity on partition 'cap'" in msg and "1/1 rows held" in msg
-    assert stream.stats()["cap"]["blocked_seconds"]["capacity"] >= 0.3
+    assert "has no declared consumers" in msg
+    assert ctrl.stats()["cap"]["blocked_seconds"]["capacity"] >= 0.3
 
 
 def test_a_unit_going_down_warns_once(stream, caplog, monkeypatch) -> None:
