@@ -9,6 +9,7 @@ twice; a crashed consumer's unacked rows come back.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -25,7 +26,7 @@ CONFIG = tq.StreamConfig(timeout=20.0, lease_timeout=2.0)
 
 __all__ = ["CONFIG", "UNIT_TIMEOUT", "alive", "kill", "segments_of", "start_local",
            "wait_gone", "wait_until", "faulty_local", "check_no_leftovers", "Ledger",
-           "own_hosts"]
+           "own_hosts", "three_nodes"]
 
 
 def faulty_local(storage_units: int = 2, **options: object) -> tq.Stream:
@@ -98,3 +99,25 @@ def own_hosts() -> dict:
         services.host_id = lambda: f"{machine}/{node}"
 
     return {"worker_process_setup_hook": node_is_a_host}
+
+
+@contextlib.contextmanager
+def three_nodes(runtime_env: dict | None = None) -> Iterator:
+    """A three-node ``ray.cluster_utils.Cluster`` (one CPU each), Ray attached to it
+    under ``runtime_env``; yields the cluster and shuts Ray and the cluster down."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.add_node(num_cpus=1)
+        ray.init(address=cluster.address, namespace="tq_stream", log_to_driver=False,
+                 runtime_env=runtime_env)
+        cluster.wait_for_nodes(timeout=60)
+        assert len([n for n in ray.nodes() if n["Alive"]]) == 3
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

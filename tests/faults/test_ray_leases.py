@@ -20,7 +20,7 @@ import time
 
 import pytest
 import torch
-from fault_kit import own_hosts, wait_until
+from fault_kit import own_hosts, three_nodes, wait_until
 
 import tq_stream as tq
 
@@ -34,20 +34,8 @@ CONFIG = tq.StreamConfig(timeout=60.0, lease_timeout=LEASE)
 @pytest.fixture(scope="module")
 def three_hosts():
     """Three nodes, each its own host; yields their node ids (the head's first)."""
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True,
-                      head_node_args={"num_cpus": 1, "include_dashboard": False})
-    try:
-        cluster.add_node(num_cpus=1)
-        cluster.add_node(num_cpus=1)
-        ray.init(address=cluster.address, namespace="tq_stream", log_to_driver=False,
-                 runtime_env=own_hosts())
-        cluster.wait_for_nodes(timeout=60)
+    with three_nodes(own_hosts()) as cluster:
         yield [cluster.head_node.node_id] + [n.node_id for n in cluster.worker_nodes]
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def _on(node: str) -> dict:

@@ -14,11 +14,11 @@ storage unit on each node) while a consumer streams (issue 20, item 11).
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 import pytest
 from fault_kit import UNIT_TIMEOUT, Ledger, own_hosts, wait_until
+from fault_kit import three_nodes as three_node_cluster
 from fault_workers import values
 
 import tq_stream as tq
@@ -35,35 +35,16 @@ SLOW = tq.StreamConfig(timeout=120.0, lease_timeout=4.0)
 HOSTS_BOUND = 45.0
 
 
-@contextlib.contextmanager
-def _three_nodes(runtime_env: dict | None = None):
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True,
-                      head_node_args={"num_cpus": 1, "include_dashboard": False})
-    try:
-        cluster.add_node(num_cpus=1)
-        cluster.add_node(num_cpus=1)
-        ray.init(address=cluster.address, namespace="tq_stream", log_to_driver=False,
-                 runtime_env=runtime_env)
-        cluster.wait_for_nodes(timeout=60)
-        assert len([n for n in ray.nodes() if n["Alive"]]) == 3
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-
-
 @pytest.fixture  # each test removes a node: a fresh cluster each
 def three_nodes():
-    with _three_nodes() as cluster:
+    with three_node_cluster() as cluster:
         yield cluster
 
 
 @pytest.fixture
 def three_hosts():
     """Three nodes, each its own host for tq_stream (``fault_kit.own_hosts``)."""
-    with _three_nodes(own_hosts()) as cluster:
+    with three_node_cluster(own_hosts()) as cluster:
         yield cluster
 
 

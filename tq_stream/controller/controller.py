@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,7 @@ from tq_stream.controller.admission import AdmissionLogic
 from tq_stream.controller.capacity import full_error, full_reason
 from tq_stream.controller.consuming import ConsumingLogic, check_session
 from tq_stream.controller.counts import CountLogic
+from tq_stream.controller.frees import FreeFn, Frees, no_free
 from tq_stream.controller.partition import PartitionMeta, parse_schemas
 from tq_stream.controller.reservations import (
     DEFAULT_WRITE_LEASE,
@@ -35,7 +36,7 @@ from tq_stream.controller.reservations import (
 )
 from tq_stream.controller.spares import SpareLogic, check_spare
 from tq_stream.controller.steps import StepLogic
-from tq_stream.controller.task import MAX_REPLICAS, TaskConfig, TaskState
+from tq_stream.controller.task import TaskConfig, TaskState, check_replicas
 from tq_stream.controller.timings import Timings
 from tq_stream.controller.units import UnitLogic
 from tq_stream.controller.waiters import Waiters
@@ -53,29 +54,8 @@ from tq_stream.samplers.base import Sampler, check_sampler
 from tq_stream.samplers.sequential import SequentialSampler
 from tq_stream.transport.dispatch import WouldBlock, may_block
 
-FreeFn = Callable[[int, str, np.ndarray], None]
 logger = logging.getLogger(__name__)
 
-
-def check_replicas(replicas: object) -> int:
-    check_positive("replicas", replicas)
-    if replicas > MAX_REPLICAS:  # type: ignore[operator]
-        raise ConfigError(f"replicas must be <= {MAX_REPLICAS}, got {replicas!r}")
-    return replicas  # type: ignore[return-value]
-
-
-def _no_free(unit: int, partition: str, slots: np.ndarray) -> None:
-    pass
-
-
-def _coalesce(frees: list[tuple[int, str, np.ndarray]]) -> list[tuple[int, str, np.ndarray]]:
-    """Frees to retry, one entry per (unit, partition): bounded by the deployment's shape
-    and never dropped (a dropped free would keep its slots unusable for good)."""
-    merged: dict[tuple[int, str], list[np.ndarray]] = {}
-    for unit, partition, slots in frees:
-        merged.setdefault((unit, partition), []).append(np.asarray(slots, dtype=np.int64))
-    return [(u, p, parts[0] if len(parts) == 1 else np.concatenate(parts))
-            for (u, p), parts in merged.items()]
 
 class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLogic,
                  CountLogic, UnitLogic, ReservationLogic):
@@ -112,17 +92,16 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
     # ``tq_stream.transport.wait_slots``).
     RPC_WAITS = {"get_meta": "consume", "reserve": "produce", "admit": "produce"}
 
-    def __init__(self, n_units: int = 1, free: FreeFn = _no_free,
+    def __init__(self, n_units: int = 1, free: FreeFn = no_free,
                  timings: Timings | None = None) -> None:
         self.n_units = check_positive("n_units", n_units)
-        self._free = free
         self._cond = threading.Condition(threading.RLock())
         self._parts: dict[str, PartitionMeta] = {}
         self._tasks: dict[str, dict[str, TaskState]] = {}
         self._rr = 0
         self._closed = False
         self._cancelled: dict[str, float] = {}  # consumer sessions told to stop waiting
-        self._unfreed: list[tuple[int, str, np.ndarray]] = []  # frees to retry
+        self._frees = Frees(free, self._cond)  # slots freed in storage, retried (frees.py)
         # metrics: waits, hand-out latency, rates; slow waits logged
         self._timings = Timings() if timings is None else timings
         self._dead: set[int] = set()  # storage units lost and not back (units.py)
@@ -394,32 +373,13 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         return freed
 
     def _free_slots(self, partition: str, freed: list) -> None:
-        """Free slots in storage, then make them reusable (see PartitionMeta.release).
+        """Free slots in storage, then make them reusable (``frees.py``)."""
+        self._frees.run(partition, freed, self._give_slots)
 
-        Freeing is the controller's business, never the caller's error: a unit that
-        cannot be reached keeps its slots unusable (no new row gets them) and the free
-        is retried with the next one, so an ack or clear succeeds as a whole.
-        """
-        with self._cond:
-            todo = self._unfreed + [(u, partition, slots) for u, slots in freed]
-            self._unfreed = []
-        if not todo:
-            return
-        done, failed = [], []
-        for unit, part_name, slots in todo:
-            try:
-                self._free(unit, part_name, slots)
-                done.append((unit, part_name, slots))
-            except Exception as exc:  # the unit is down: retried later
-                logger.warning("freeing %d slots of partition %r on unit %d failed (%s); "
-                               "retried later", len(slots), part_name, unit, exc)
-                failed.append((unit, part_name, slots))
-        with self._cond:
-            self._unfreed = _coalesce(self._unfreed + failed)
-            for unit, part_name, slots in done:
-                part = self._parts.get(part_name)
-                if part is not None:
-                    part.give_slots(unit, slots)
+    def _give_slots(self, unit: int, partition: str, slots: np.ndarray) -> None:
+        part = self._parts.get(partition)
+        if part is not None:
+            part.give_slots(unit, slots)
 
     # ------------------------------------------------------------------ tasks
     def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,

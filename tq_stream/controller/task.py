@@ -35,10 +35,19 @@ from typing import Any
 import numpy as np
 
 from tq_stream.controller.fifo import ReadyQueue
+from tq_stream.errors import ConfigError, check_positive
 from tq_stream.samplers.base import Sampler
 
 NEW, LEASED, ACKED, DISCARDED = 0, 1, 2, 3
 MAX_REPLICAS = 62  # replica bits fit an int64
+
+
+def check_replicas(replicas: object) -> int:
+    """``replicas`` if it is an int in [1, MAX_REPLICAS], else ConfigError."""
+    check_positive("replicas", replicas)
+    if replicas > MAX_REPLICAS:  # type: ignore[operator]
+        raise ConfigError(f"replicas must be <= {MAX_REPLICAS}, got {replicas!r}")
+    return replicas  # type: ignore[return-value]
 
 
 @dataclass

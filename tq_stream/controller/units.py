@@ -24,6 +24,7 @@ import logging
 
 import numpy as np
 
+from tq_stream.controller.frees import Frees
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task import LEASED, NEW, TaskState
 from tq_stream.errors import ConfigError, StateError, check_positive
@@ -39,7 +40,7 @@ class UnitLogic:
     _parts: dict[str, PartitionMeta]
     _tasks: dict[str, dict[str, TaskState]]
     _dead: set[int]
-    _unfreed: list[tuple[int, str, np.ndarray]]
+    _frees: Frees
 
     def _check_unit(self, unit: object) -> int:
         check_positive("unit", unit, allow_zero=True)
@@ -69,11 +70,9 @@ class UnitLogic:
             self._dead.add(unit)
             dropped = self._drop_rows_of(unit)
             # Frees still pending there have nothing left to free.
-            unfreed = self._unfreed
-            for u, part_name, slots in unfreed:
-                if u == unit and part_name in self._parts:
-                    self._parts[part_name].give_slots(u, slots)
-            self._unfreed = [f for f in unfreed if f[0] != unit]
+            for part_name, slots in self._frees.forget_unit(unit):
+                if part_name in self._parts:
+                    self._parts[part_name].give_slots(unit, slots)
         logger.warning("storage unit %d is lost: dropped its rows %s; no new rows go "
                        "there until it is back", unit, dropped or "(none)")
         return dropped
