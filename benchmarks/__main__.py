@@ -81,20 +81,14 @@ def run(quick: bool, only: set[str],
     if "controller" in workloads and (not only or "controller" in only):
         print("## controller scale", file=sys.stderr, flush=True)
         rows += controller_scale.run(shapes)
-    if "verl" in workloads and (not only or only & {"verl", "transferqueue"}):
-        print("## verl", file=sys.stderr, flush=True)
-        try:
-            rows += verl.run(quick)
-        except Exception as exc:  # noqa: BLE001 - report the failure, keep the rest
-            traceback.print_exc()
-            notes.append(f"verl failed: {exc!r:.200}")
-    if "nemo_rl" in workloads and (not only or only & {"nemo_rl", "transferqueue"}):
-        print("## nemo_rl", file=sys.stderr, flush=True)
-        try:
-            rows += nemo_rl.run(quick)
-        except Exception as exc:  # noqa: BLE001 - report the failure, keep the rest
-            traceback.print_exc()
-            notes.append(f"nemo_rl failed: {exc!r:.200}")
+    for name, workload in (("verl", verl), ("nemo_rl", nemo_rl)):  # against TransferQueue
+        if name in workloads and (not only or only & {name, "transferqueue"}):
+            print(f"## {name}", file=sys.stderr, flush=True)
+            try:
+                rows += workload.run(quick)
+            except Exception as exc:  # noqa: BLE001 - report the failure, keep the rest
+                traceback.print_exc()
+                notes.append(f"{name} failed: {exc!r:.200}")
     _stop_ray()
     return rows, notes
 
