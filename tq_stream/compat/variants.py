@@ -25,7 +25,6 @@ of the fixed schemas: a schema once fixed never changes, so the view is only ext
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,6 +32,7 @@ from tensordict import NonTensorStack
 
 from tq_stream.columns import FieldSchema, dtype_name, flat_plain, schema_of
 from tq_stream.convert import to_column
+from tq_stream.forksafe import ForkSafeLock
 
 if TYPE_CHECKING:
     from tq_stream.stream import Stream
@@ -66,7 +66,7 @@ class Schemas:
     """This process's view of each partition's fixed field schemas (descriptions)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()  # a DataLoader worker may fork while a thread holds it
         self._parts: dict[str, dict[str, str]] = {}
 
     def fixed(self, partition: str) -> dict[str, str]:

@@ -14,12 +14,12 @@ reader then asks for its step again (it holds the surviving rows), a writer puts
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from tq_stream.errors import ConnectionLost, WaitTimeout
+from tq_stream.forksafe import ForkSafeLock
 
 INTERVAL = 1.0  # seconds between two pings of the controller for waiting unit calls
 PING_TIMEOUT = 5.0  # seconds such a ping may take (no answer: no news, the call waits on)
@@ -42,7 +42,7 @@ class LostUnits:
         self._interval = interval
         self._units = units
         self._check_owner = check_owner
-        self._lock = threading.Lock()  # one ping at a time; the other calls read its news
+        self._lock = ForkSafeLock()  # one ping at a time; the other calls read its news
         self._asked = float("-inf")
         self._dead: frozenset[int] = frozenset()
         self._epoch: int | None = None
