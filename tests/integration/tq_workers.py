@@ -143,3 +143,32 @@ def soak_consume(stream: tq.Stream, partition: str, rank: int, out: Any, stop: A
                 return
     except Exception as exc:  # noqa: BLE001 - reported to the test
         out.put(("error", f"consumer {rank}", repr(exc)))
+
+
+def gloo_rank(rank: int, world: int, init_file: str, stream: tq.Stream, partition: str,
+              replica_of: str, out: Connection) -> None:
+    """One trainer rank of DP 2 x 2 replicas over gloo (rank ``r`` is DP rank ``r // 2``),
+    its loader with 2 DataLoader workers. ``replica_of`` is ``"peer"`` (``replica=r % 2``,
+    as the README says) or ``"zero"`` (every peer claims replica 0). Reports ``(steps,
+    keys, error)``: what it trained, and the error that stopped it, if any."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    steps: list[int] = []
+    keys: list[str] = []
+    error = ""
+    try:
+        ds = tq.StreamingDataset(stream, partition, "t", ["x"], batch_size=4,
+                                 dp_rank=rank // 2, dp_size=2, replicas=2,
+                                 replica=rank % 2 if replica_of == "peer" else 0,
+                                 timeout=30)
+        for batch in tq.StreamingDataLoader(ds, num_workers=2):
+            meta = tq.batch_meta(batch)
+            steps.append(meta.step)
+            keys += meta.keys
+            time.sleep(0.05)  # "training"
+    except Exception as exc:  # noqa: BLE001 — reported to the test
+        error = f"{type(exc).__name__}: {exc}"
+    out.send((steps, keys, error))
+    dist.destroy_process_group()
