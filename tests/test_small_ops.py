@@ -24,9 +24,10 @@ from tq_stream.errors import (
     StateError,
     WaitTimeout,
 )
+from tq_stream.handling import WouldBlock, may_block
 from tq_stream.serialization import decode, encode
 from tq_stream.spares import SparePool
-from tq_stream.transport.dispatch import Dispatcher, WouldBlock, may_block
+from tq_stream.transport.dispatch import Dispatcher
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from tq_stream.controller.tags import TagTable, check_tags
+from tq_stream.checks import check_tags
+from tq_stream.controller.tags import TagTable
 from tq_stream.errors import ConfigError
 
 

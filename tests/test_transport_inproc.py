@@ -110,6 +110,28 @@ def test_bad_allowlists_fail_at_construction(allowlist, words):
         Dispatcher(Bad())
 
 
+def test_a_method_in_rpc_replies_gets_its_reply_handle_from_the_server_only():
+    class Waits:
+        RPC_METHODS = frozenset({"wait", "echo"})
+        RPC_REPLIES = frozenset({"wait"})
+
+        def wait(self, reply=None):
+            return reply
+
+        def echo(self, value):
+            return value
+
+    handle = object()
+    d = Dispatcher(Waits())
+    assert d("wait", {}, handle) is handle and d.call_inline("wait", {}) is None
+    assert d("echo", {"value": 1}, handle) == 1  # not in RPC_REPLIES: no handle
+    with pytest.raises(ConfigError, match="must not carry 'reply'"):
+        d("wait", {"reply": "forged"})  # a caller cannot send one
+    Waits.RPC_REPLIES = frozenset({"echo"})  # echo takes no reply argument
+    with pytest.raises(ConfigError, match="RPC_REPLIES must be a frozenset"):
+        Dispatcher(Waits())
+
+
 def test_dispatcher_lists_its_methods():
     assert Dispatcher(Handler()).methods == ["add", "crash", "echo", "fail"]
 

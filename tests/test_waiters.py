@@ -1,6 +1,7 @@
 """A commit forms the steps of waiting get_meta calls and gives them to their server
 (``controller/waiters.py``, ``transport/answers.py``), in embedded mode: a test plays
-the servers with ``answers.serving``."""
+the servers with ``answers.serving`` and hands each get_meta its request's handle as
+a server's dispatcher does."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from rpc_handler import wait_until
 
 from tq_stream.controller.waiters import Waiter
 from tq_stream.errors import WaitTimeout
+from tq_stream.handling import ANSWERED
 from tq_stream.samplers import Candidates, Sampler, Selection
-from tq_stream.transport.answers import ANSWERED, serving
+from tq_stream.transport.answers import serving
+from tq_stream.transport.dispatch import Dispatcher
 
 P = "train"
 
@@ -25,8 +28,8 @@ def _wait_in_thread(ctrl, out, srv=None, reply_to=None, req_id=0, **kw):
             if srv is None:
                 out.append(ctrl.get_meta(P, "t", **kw))
             else:
-                with serving(srv, reply_to, req_id, "get_meta"):
-                    out.append(ctrl.get_meta(P, "t", **kw))
+                with serving(srv, reply_to, req_id) as box:
+                    out.append(ctrl.get_meta(P, "t", reply=box.request, **kw))
         except Exception as exc:  # noqa: BLE001 — the test asserts on it
             out.append(exc)
 
@@ -45,7 +48,7 @@ def test_a_commit_gives_each_waiting_rank_its_rows(stream, rows):
     got: list[list] = [[], []]
     threads = [_wait_in_thread(ctrl, got[r], srv, f"conn{r}", 10 + r, step=0, dp_rank=r,
                                timeout=10.0) for r in (0, 1)]
-    with serving(srv, "producer", 99, "commit_new") as box:
+    with serving(srv, "producer", 99) as box:
         put_rows(stream, keys_of("k", 2 * rows))  # the producer's request
     given = {p.req_id: (p.reply_to, meta) for p, meta in box.replies}
     box.sent()  # the server sent the replies given: it wakes the waiting threads
@@ -66,7 +69,7 @@ def test_without_a_server_the_waiter_returns_the_step_the_commit_formed(stream):
     stream.client().register_task(P, "t", ["x"], batch_size=2)
     ctrl, got = stream._controller(), []
     th = _wait_in_thread(ctrl, got, step=0, timeout=10.0)  # embedded: no server
-    with serving(object(), "producer", 1, "commit_new") as box:  # a server the waiter is not on
+    with serving(object(), "producer", 1) as box:  # a server the waiter is not on
         put_rows(stream, keys_of("k", 2))
     th.join(10)
     assert box.replies == [] and sorted(got[0]["keys"]) == keys_of("k", 2)
@@ -101,7 +104,7 @@ def test_a_sampler_error_reaches_the_waiter_not_the_producer(stream):
     ctrl, got = stream._controller(), []
     srv = object()
     th = _wait_in_thread(ctrl, got, srv, "conn", 5, step=0, timeout=10.0)
-    with serving(srv, "producer", 6, "commit_new") as box:
+    with serving(srv, "producer", 6) as box:
         stream.writer(P).put(["k"], {"x": torch.zeros(1, 4)})  # succeeds
     box.sent()
     th.join(10)
@@ -122,20 +125,28 @@ def test_a_waiter_that_times_out_leaves_no_registration(stream):
 
 
 def test_a_get_meta_inside_another_handler_does_not_answer_that_handlers_caller(stream):
-    """The Pending a waiter takes is its own request's: a get_meta called from inside
-    another method's handler waits and returns its rows like a direct call."""
+    """The reply handle a waiter holds is its own request's: the dispatcher hands a
+    request's handle only to the method it calls (``RPC_REPLIES``), so a get_meta
+    called from inside another method's handler waits and returns its rows like a
+    direct call."""
     stream.create_partition(P, consumers=["t"])
     stream.client().register_task(P, "t", ["x"], batch_size=1)
     ctrl, srv, got = stream._controller(), object(), []
 
-    def outer():  # a request of another method, whose handler calls get_meta
-        with serving(srv, "outer-conn", 1, "kv_batch_get"):
-            got.append(ctrl.get_meta(P, "t", 0, timeout=10.0))
+    class Outer:  # a handler of another method, which calls get_meta
+        RPC_METHODS = frozenset({"kv_batch_get"})
+
+        def kv_batch_get(self):
+            return ctrl.get_meta(P, "t", 0, timeout=10.0)
+
+    def outer():  # a request of that method, run as a server runs it
+        with serving(srv, "outer-conn", 1) as box:
+            got.append(Dispatcher(Outer())("kv_batch_get", {}, box.request))
 
     th = threading.Thread(target=outer, daemon=True)
     th.start()
     wait_until(lambda: len(ctrl._waiters) == 1)
-    with serving(srv, "producer", 2, "commit_new") as box:
+    with serving(srv, "producer", 2) as box:
         put_rows(stream, keys_of("k", 1))
     box.sent()
     th.join(10)

@@ -18,10 +18,10 @@ from tensordict import TensorDict
 
 from tq_stream import fieldpath, placement
 from tq_stream.backends.base import occupancy
+from tq_stream.checks import check_keys
 from tq_stream.convert import to_tensordict
 from tq_stream.errors import ConfigError, check_name
 from tq_stream.meta import BatchMeta
-from tq_stream.writer import check_keys
 
 if TYPE_CHECKING:
     from tq_stream.stream import Stream

@@ -25,14 +25,12 @@ import torch
 
 from tq_stream import placement
 from tq_stream.backends.base import occupancy
+from tq_stream.checks import check_keys, check_tags
 from tq_stream.columns import Column, FieldSchema, coerce, take
-from tq_stream.controller.tags import check_tags
 from tq_stream.convert import schemas_of, single_row, to_columns
 from tq_stream.errors import (
     ClosedError,
-    ConfigError,
     ConnectionLost,
-    KeyConflictError,
     SchemaError,
     StateError,
     Unreachable,
@@ -43,27 +41,6 @@ logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from tq_stream.stream import Stream
-
-
-def check_keys(keys: Any) -> list[str]:
-    """Keys of a put: a non-empty list of distinct non-empty str."""
-    if type(keys) is list and len(keys) == 1 and type(keys[0]) is str and keys[0]:
-        return list(keys)  # one key: the common small put, checked without the ABCs
-    if isinstance(keys, str) or not isinstance(keys, Sequence):
-        raise ConfigError(f"keys must be a list of str, got {type(keys).__name__}")
-    keys = list(keys)
-    if not keys:
-        raise ConfigError("keys must name at least one row, got []")
-    bad = [k for k in keys if not isinstance(k, str) or not k]
-    if bad:
-        raise ConfigError(f"keys must be non-empty str, got {bad[:5]!r}")
-    if len(set(keys)) != len(keys):
-        seen: set[str] = set()
-        dup = [k for k in keys if k in seen or seen.add(k)]  # type: ignore[func-returns-value]
-        raise KeyConflictError(f"keys must be distinct within one put, got duplicates "
-                               f"{sorted(set(dup))[:5]}")
-    out: list[str] = keys
-    return out
 
 
 def _coerced(cols: dict[str, Column], fixed: dict[str, Any]) -> dict[str, Column]:

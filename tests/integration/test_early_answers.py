@@ -9,7 +9,8 @@ import pytest
 from rpc_handler import wait_until
 
 from tq_stream.errors import WaitTimeout
-from tq_stream.transport.answers import ANSWERED, pending, send_given
+from tq_stream.handling import ANSWERED
+from tq_stream.transport.answers import send_given
 from tq_stream.transport.rpc import rpc_client, rpc_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -20,6 +21,7 @@ class Mailbox:
 
     RPC_METHODS = frozenset({"wait", "put", "put_all", "put_then_block", "echo"})
     RPC_INLINE = frozenset({"put"})  # the zmq server runs it on its IO thread
+    RPC_REPLIES = frozenset({"wait"})  # called with reply= its request's handle
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
@@ -29,9 +31,9 @@ class Mailbox:
         self.blocking = threading.Event()  # put_then_block is blocked
         self.go = threading.Event()  # ... until this is set
 
-    def wait(self, name: str, timeout: float):
+    def wait(self, name: str, timeout: float, reply=None):
         with self.cond:
-            rec = self.waiting[name] = [pending("wait"), None, False]
+            rec = self.waiting[name] = [reply, None, False]
             self.cond.notify_all()
             self.cond.wait_for(lambda: rec[1] is not None, timeout)
             out = ANSWERED if rec[2] else rec[1]

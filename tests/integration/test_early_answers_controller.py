@@ -15,9 +15,9 @@ from rpc_handler import wait_until
 from tq_stream.backends.memory import MemoryUnit
 from tq_stream.controller.controller import Controller
 from tq_stream.deploy.services import ControllerService, UnitService
+from tq_stream.handling import ANSWERED, may_block
 from tq_stream.samplers import Candidates, Sampler, Selection
-from tq_stream.transport.answers import ANSWERED
-from tq_stream.transport.dispatch import OWNER_ARG, may_block
+from tq_stream.transport.dispatch import OWNER_ARG
 from tq_stream.transport.rpc import rpc_client, rpc_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -20,8 +20,8 @@ from tq_stream.backends.shm import ShmUnit, shm_available
 from tq_stream.deploy import local_read
 from tq_stream.deploy.local_read import SameHostUnit
 from tq_stream.errors import KeyConflictError, RemoteError, SchemaError, StateError
+from tq_stream.handling import WouldBlock, may_block
 from tq_stream.transport import unix_client, zmq_client
-from tq_stream.transport.dispatch import WouldBlock, may_block
 from tq_stream.transport.zeromq import BUSY, RpcClient, RpcServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -29,7 +29,7 @@ import numpy as np
 from tq_stream.backends.slabs import DenseSlab
 from tq_stream.columns import dtype_from_name
 from tq_stream.errors import ConfigError, StateError, WaitTimeout
-from tq_stream.transport.dispatch import WouldBlock, may_block
+from tq_stream.handling import WouldBlock, may_block
 
 TICKET_TTL = 60.0  # seconds an open ticket blocks growth before it is dropped
 GROWTH_WAIT = 30.0  # seconds a growth waits for open tickets

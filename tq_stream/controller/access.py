@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from tq_stream import fieldpath
+from tq_stream.checks import check_tags
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.report import add_measurements
 from tq_stream.errors import KeyConflictError, StateError
@@ -127,8 +128,6 @@ class AccessLogic:
 
     def set_tags(self, partition: str, keys: Sequence[str], tags: list[dict[str, Any]]) -> None:
         """Merge ``tags[i]`` into the tags of ``keys[i]``."""
-        from tq_stream.controller.tags import check_tags
-
         tags_ = check_tags(tags, len(keys))
         with self._cond:
             part = self._part(partition)

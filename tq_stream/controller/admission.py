@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from tq_stream.errors import WaitTimeout, check_positive, check_timeout, format_seconds
-from tq_stream.transport.dispatch import WouldBlock, may_block
+from tq_stream.handling import WouldBlock, may_block
 
 
 class AdmissionLogic:

@@ -6,10 +6,11 @@ client) and kept alive by their heartbeat (``renew(session=...)``); see
 A waiting ``get_meta`` is one wait on the controller's condition, woken by
 acks, clears, version changes and closes (and by row changes as below), and ended
 early by ``cancel(session)`` when its loader stops. A call that makes rows ready (a commit,
-a release, a tag change) forms the waiters' steps itself and hands each reply to
-the waiting request's server (``waiters.py``, ``transport/answers.py``); it wakes
-only the waiters it could not answer that way (a waiter it found no step for is not
-woken: it would only repeat that try). On a server's IO thread it forms steps only
+a release, a tag change) forms the waiters' steps itself and gives each reply to
+the ``reply`` handle the waiting request's server handed its ``get_meta``
+(``waiters.py``, ``tq_stream.handling``); it wakes only the waiters it could not
+answer that way (a waiter it found no step for is not woken: it would only repeat
+that try). On a server's IO thread it forms steps only
 for the default sampler on an open partition, and small steps (``_forms_inline``).
 
 Called by the Controller's public methods; ``self`` is the Controller.
@@ -39,10 +40,9 @@ from tq_stream.errors import (
     check_timeout,
     format_seconds,
 )
+from tq_stream.handling import ANSWERED, Reply, WouldBlock, may_block
 from tq_stream.samplers.sequential import SequentialSampler
 from tq_stream.stats import describe
-from tq_stream.transport.answers import ANSWERED, pending
-from tq_stream.transport.dispatch import WouldBlock, may_block
 
 MAX_CANCELLED = 1024  # cancelled sessions remembered (their late waits return None)
 
@@ -83,7 +83,7 @@ class ConsumingLogic:
 
     def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
                  timeout: float = 60.0, replica: int | None = None, session: str = "",
-                 consumer: str = "") -> dict[str, Any] | None:
+                 consumer: str = "", reply: Reply | None = None) -> dict[str, Any] | None:
         """The rows of ``step`` for ``dp_rank`` (``step=None``: the next batch for this
         consumer, see ``steps.py``); waits for enough ready rows.
 
@@ -98,9 +98,14 @@ class ConsumingLogic:
             consumer: a stable name of a stage worker (``step=None``): a restarted
                 worker of that name first gets back what its dead earlier session held
                 (once that lease expired); a live session's share never goes to another.
+            reply: the reply handle of the request this call serves, from its server
+                (``RPC_REPLIES``; never a caller's): a commit that forms this call's
+                step while it waits gives the reply there, and this call returns
+                ``ANSWERED``. None (a direct call): the call returns the step itself.
         Returns:
-            a BatchMeta as a dict (``end=True`` once a closed partition is drained), or
-            None if ``session`` was cancelled while waiting.
+            a BatchMeta as a dict (``end=True`` once a closed partition is drained),
+            ``ANSWERED`` once a commit gave its reply to ``reply``, or None if
+            ``session`` was cancelled while waiting.
         Raises:
             WaitTimeout: not enough ready rows within ``timeout`` seconds.
         """
@@ -115,7 +120,7 @@ class ConsumingLogic:
             replica = check_replica(replica, state.config.replicas)
             _check_ids(state, dp_rank, replica)
             waiter = Waiter(state, (step, dp_rank, replica, session, consumer),
-                            deadline - timeout, deadline, pending("get_meta"))
+                            deadline - timeout, deadline, reply)
             return self._wait_step(part, state, waiter, timeout)
 
     def _wait_step(self, part: PartitionMeta, state: TaskState, waiter: Waiter,
@@ -134,7 +139,7 @@ class ConsumingLogic:
                 meta = self._try_step(part, state, step, dp_rank, replica, session, consumer)
                 if meta is not None:
                     self._timings.waited(part.name, state.name, waiter.since)
-                    return self._handout(meta)
+                    return meta
                 left = waiter.deadline - time.monotonic()
                 if left <= 0 and state.awaits_turn(step, session, time.time(), timeout):
                     what = self._waiting_for(part, state, step, dp_rank)
@@ -165,8 +170,8 @@ class ConsumingLogic:
         must be woken now: a step formed here could not be given (its waiter returns
         it), a waiter's try raised (it raises it itself), or a waiter was left to its
         own worker. Waiters answered here are woken once their replies were sent
-        (``_wake``); a waiter this call found nothing for is not woken at all (it
-        would only repeat the same try)."""
+        (``Waiters.wake``); a waiter this call found nothing for is not woken at all
+        (it would only repeat the same try)."""
         waiting = self._waiters.of(part.name)
         now = time.monotonic()
         wake_now = False
@@ -187,9 +192,9 @@ class ConsumingLogic:
                 continue
             if meta is not None:
                 self._timings.waited(part.name, waiter.state.name, waiter.since)
-                waiter.meta = self._handout(meta)
-                waiter.given = waiter.pending is not None and \
-                    waiter.pending.give(waiter.meta, self._wake)
+                waiter.meta = meta
+                waiter.given = waiter.reply is not None and \
+                    waiter.reply.give(meta, self._waiters.wake)
                 wake_now = wake_now or not waiter.given
         return wake_now
 
@@ -200,15 +205,6 @@ class ConsumingLogic:
         would compete with the send). Lock held."""
         if self._answer_waiters(part):
             self._cond.notify_all()
-
-    def _wake(self) -> None:
-        """Wake every waiting thread (called without the lock, after early answers)."""
-        with self._cond:
-            self._cond.notify_all()
-
-    def _handout(self, meta: dict[str, Any]) -> dict[str, Any]:
-        """The reply of a get_meta that formed ``meta`` (a service adds its own fields)."""
-        return meta
 
     def _waiting_for(self, part: PartitionMeta, state: TaskState, step: int | None,
                      dp_rank: int) -> str:

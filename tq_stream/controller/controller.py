@@ -50,9 +50,9 @@ from tq_stream.errors import (
     check_positive,
     check_timeout,
 )
+from tq_stream.handling import WouldBlock, may_block
 from tq_stream.samplers.base import Sampler, check_sampler
 from tq_stream.samplers.sequential import SequentialSampler
-from tq_stream.transport.dispatch import WouldBlock, may_block
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +91,9 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
     # Methods that may wait long, by who waits (a server caps each class: see
     # ``tq_stream.transport.wait_slots``).
     RPC_WAITS = {"get_meta": "consume", "reserve": "produce", "admit": "produce"}
+    # Methods a server calls with their request's reply handle: a commit may answer a
+    # waiting get_meta (``waiters.py``).
+    RPC_REPLIES = frozenset({"get_meta"})
 
     def __init__(self, n_units: int = 1, free: FreeFn = no_free,
                  timings: Timings | None = None) -> None:
@@ -107,7 +110,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         self._dead: set[int] = set()  # storage units lost and not back (units.py)
         self._reservations = Reservations()  # rows reserved, not committed (reservations.py)
         self._journal: Any = None  # records delivery changes (deploy/ack_journal.py) if set
-        self._waiters = Waiters()  # get_meta calls waiting, per partition (waiters.py)
+        self._waiters = Waiters(self._cond)  # get_meta calls waiting (waiters.py)
 
     # ------------------------------------------------------------ partitions
     def _part(self, partition: str, create: bool = False, by_put: bool = False) -> PartitionMeta:

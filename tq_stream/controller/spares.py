@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from tq_stream.checks import check_tags
 from tq_stream.controller.partition import PartitionMeta, parse_schemas
-from tq_stream.controller.tags import check_tags
 from tq_stream.errors import ClosedError, ConfigError, KeyConflictError, StateError
 
 MAX_SPARE = 1024  # spare rows one reserve may ask for

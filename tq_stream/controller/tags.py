@@ -11,46 +11,15 @@ for bool and object columns), so a missing value is always visible to samplers.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from tq_stream.checks import TagValue
 from tq_stream.errors import ConfigError
 
-TagValue = str | int | float | bool | None
-_SCALARS = (str, int, float, bool, type(None))
-_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 _ENTRY_KEYS = {"kind", "rows", "values"}
-
-
-def check_tags(tags: Any, n: int) -> list[dict[str, TagValue]] | None:
-    """Validate ``tags`` for a put of ``n`` rows: None or n dicts of JSON-like scalars."""
-    if tags is None:
-        return None
-    if isinstance(tags, Mapping):
-        tags = [tags] * n if n == 1 else None
-        if tags is None:
-            raise ConfigError(f"tags must be a list of {n} dicts (one per row), got one dict")
-    if not isinstance(tags, Sequence) or isinstance(tags, str | bytes) or len(tags) != n:
-        got = type(tags).__name__ if not isinstance(tags, Sequence) or \
-            isinstance(tags, str | bytes) else len(tags)
-        raise ConfigError(f"tags must be a list of {n} dicts (one per row), got {got}")
-    for i, row in enumerate(tags):
-        if not isinstance(row, Mapping):
-            raise ConfigError(f"tags[{i}] must be a dict, got {type(row).__name__}")
-        for k, v in row.items():
-            if not isinstance(k, str) or not k:
-                raise ConfigError(f"tags[{i}] keys must be non-empty str, got {k!r}")
-            if not isinstance(v, _SCALARS) or isinstance(v, float) and math.isnan(v):
-                raise ConfigError(
-                    f"tags[{i}][{k!r}] must be a str, int, float, bool or None "
-                    f"(not NaN), got {v!r}"
-                )
-            if type(v) is int and not _INT_MIN <= v <= _INT_MAX:
-                raise ConfigError(f"tags[{i}][{k!r}] must fit in int64, got {v!r}")
-    return [dict(r) for r in tags]
 
 
 def _kind_of(values: list[TagValue]) -> str:

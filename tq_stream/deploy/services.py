@@ -16,7 +16,7 @@ import os
 import socket
 import threading
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,9 +32,10 @@ from tq_stream.deploy.grants import SlotGrants, SlotLimits
 from tq_stream.deploy.meta_checkpoint import Recovery
 from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT, UnitWatch, process_alive
 from tq_stream.errors import AuthError, ConfigError, StateError
+from tq_stream.handling import ANSWERED, Reply, WouldBlock, may_block
 from tq_stream.samplers.spec import from_spec
 from tq_stream.transport.answers import send_given
-from tq_stream.transport.dispatch import OWNER_ARG, WouldBlock, may_block, rpc_stats
+from tq_stream.transport.dispatch import OWNER_ARG, rpc_stats
 
 
 def host_id() -> str:
@@ -187,6 +188,21 @@ def units_epoch(units: Sequence[Mapping[str, Any]]) -> int:
     addresses, so a restarted controller gives the same number for the same units)."""
     return zlib.crc32("\n".join(f"{u.get('address')} {u.get('local')}"
                                 for u in units).encode())
+
+
+class _EpochReply:
+    """The reply handle a ControllerService hands its Controller's ``get_meta``: a
+    reply a commit gives there names the units' epoch when it was formed."""
+
+    __slots__ = ("epoch", "reply")
+
+    def __init__(self, reply: Reply, epoch: Callable[[], int]) -> None:
+        self.reply = reply  # the request's own handle, from the server
+        self.epoch = epoch
+
+    def give(self, result: dict[str, Any], then: Callable[[], None] | None = None) -> bool:
+        result["units_epoch"] = self.epoch()  # a dict of this call's own
+        return self.reply.give(result, then)
 
 
 def nearest(info: dict[str, Any]) -> str:
@@ -425,9 +441,16 @@ class ControllerService(Controller, Recovery):
                 self._watch.moved(unit)
         self._units_epoch = units_epoch(self._unit_addresses)
 
-    def _handout(self, meta: dict[str, Any]) -> dict[str, Any]:
-        """A get_meta reply (whichever thread formed it) names the units' epoch."""
-        meta["units_epoch"] = self._units_epoch  # a dict of this call's own
+    def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
+                 timeout: float = 60.0, replica: int | None = None, session: str = "",
+                 consumer: str = "", reply: Reply | None = None) -> dict[str, Any] | None:
+        """``Controller.get_meta``, whose reply (whichever thread formed it) names the
+        units' epoch."""
+        stamped = None if reply is None else _EpochReply(reply, lambda: self._units_epoch)
+        meta = super().get_meta(partition, task, step, dp_rank, timeout, replica, session,
+                                consumer, stamped)
+        if meta is not None and meta is not ANSWERED:
+            meta["units_epoch"] = self._units_epoch  # a dict of this call's own
         return meta
 
     def units(self) -> list[dict[str, Any]]:

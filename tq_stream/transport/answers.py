@@ -7,11 +7,13 @@ whose threads have just idled, that wake-up and the waiting worker's own run cos
 more than forming the reply (``docs/design.md``, "Write→wake"), so a socket server
 lets a handler answer a waiting request from the thread that ends the wait:
 
-- the server runs each request inside ``serving(server, reply_to, req_id, method)``,
-  which names the request and where its reply goes, and gives the thread an outbox;
-- a handler about to wait takes ``pending(method)``: its request's ``Pending``, or
-  None when the call did not come through such a server as a call of that method
-  (embedded mode, a direct call, a call from inside another handler);
+- the server runs each request inside ``serving(server, reply_to, req_id)``, which
+  names the request and where its reply goes, and gives the thread an outbox;
+- a handler method that may wait and be answered early is named in its
+  ``RPC_REPLIES``: the server calls it with ``reply=`` its request's ``Pending``
+  (``transport.dispatch``; a ``tq_stream.handling.Reply``). A method called any other
+  way (embedded mode, a direct call, a call from inside another handler) gets None,
+  so it cannot answer another request with its result;
 - a thread that ends that wait calls ``Pending.give(result)``. When that thread is
   itself serving a request of the same server, the result goes into its outbox and
   ``give`` returns True; the server sends the outbox's replies as soon as that
@@ -20,8 +22,8 @@ lets a handler answer a waiting request from the thread that ends the wait:
   handler wakes its waiting threads there: woken earlier, they would compete with
   the send for the GIL and the cores). Otherwise ``give`` returns False and the
   waiting handler, woken, returns that result to its own server;
-- the waiting handler, once it sees its ``Pending`` was given, returns ``ANSWERED``,
-  and its server sends nothing for it;
+- the waiting handler, once it sees its ``Pending`` was given, returns ``ANSWERED``
+  (``tq_stream.handling``), and its server sends nothing for it;
 - a handler that gave replies and then has to block (a call to another process)
   calls ``send_given()`` first, outside its lock: the server sends them at once.
 
@@ -39,27 +41,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-
-class _Answered:
-    def __repr__(self) -> str:
-        return "ANSWERED"
-
-
 logger = logging.getLogger(__name__)
-ANSWERED: Any = _Answered()  # a handler's result whose reply was already given
 _local = threading.local()
 
 
 class Pending:
-    """The reply address of one request a server is running (see module docstring)."""
+    """The reply address of one request a server is running (see module docstring);
+    a ``tq_stream.handling.Reply``."""
 
-    __slots__ = ("method", "reply_to", "req_id", "server")
+    __slots__ = ("reply_to", "req_id", "server")
 
-    def __init__(self, server: object, reply_to: Any, req_id: int, method: str) -> None:
+    def __init__(self, server: object, reply_to: Any, req_id: int) -> None:
         self.server = server
         self.reply_to = reply_to  # the server's own handle: a connection, a zmq identity
         self.req_id = req_id
-        self.method = method
 
     def give(self, result: Any, then: Callable[[], None] | None = None) -> bool:
         """Answer this request with ``result`` from the current thread: True if the
@@ -98,11 +93,11 @@ class Outbox:
 
 
 @contextmanager
-def serving(server: object, reply_to: Any, req_id: int, method: str) -> Iterator[Outbox]:
-    """Run a request of ``server`` (a call of ``method`` whose reply goes to
-    ``reply_to``) on this thread; yields the thread's outbox, for the server to send
-    once the handler returned."""
-    box = Outbox(server, Pending(server, reply_to, req_id, method))
+def serving(server: object, reply_to: Any, req_id: int) -> Iterator[Outbox]:
+    """Run a request of ``server`` (whose reply goes to ``reply_to``) on this thread;
+    yields the thread's outbox (its ``request`` is the request's ``Pending``, for the
+    dispatcher to hand its method), for the server to send once the handler returned."""
+    box = Outbox(server, Pending(server, reply_to, req_id))
     outer = getattr(_local, "box", None)
     _local.box = box
     try:
@@ -119,11 +114,3 @@ def send_given() -> None:
     box = getattr(_local, "box", None)
     if box is not None and box.replies and box.send is not None:
         box.send()
-
-
-def pending(method: str) -> Pending | None:
-    """The request the current thread is serving if it is a call of ``method`` (so a
-    handler that calls another one inside cannot answer its caller's request with the
-    inner call's result), else None."""
-    box = getattr(_local, "box", None)
-    return box.request if box is not None and box.request.method == method else None

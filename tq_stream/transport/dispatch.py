@@ -5,7 +5,12 @@ condition wait, no sleep, no I/O to another process; locks held only for short
 CPU work): a server runs those on its IO thread, skipping two thread hops. An
 inline method that finds it would have to wait raises ``WouldBlock`` before
 changing anything, and the server runs it again on a worker thread, where it
-may block. ``may_block()`` tells a method which case it is in.
+may block. ``may_block()`` tells a method which case it is in (both in
+``tq_stream.handling``, which the handlers import instead of the transport). And it
+may name, in ``RPC_REPLIES``, methods another request may answer while they wait
+(``transport/answers.py``): each takes a ``reply`` argument, which the dispatcher
+fills with the request's reply handle (never a caller: a request carrying ``reply``
+is refused).
 
 Every dispatcher counts the calls it ran and the errors they raised, per method, in
 this process (``rpc_stats()``: what a server reports to metrics).
@@ -26,10 +31,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tq_stream.errors import AuthError, ConfigError
+from tq_stream.handling import Reply, WouldBlock, inline
 
 MAX_BOUND = 1024  # argument-name tuples remembered as valid
 OWNER_ARG = "owner_token"  # the argument of an admin call that carries the owner's token
-_INLINE = threading.local()  # .active is True while an inline call runs in this thread
+REPLY_ARG = "reply"  # the argument of an RPC_REPLIES method that carries its reply handle
 _CALLS: dict[str, int] = {}  # "Handler.method" -> calls run in this process
 _ERRORS: dict[tuple[str, str], int] = {}  # ("Handler.method", exception name) -> count
 _COUNT_LOCK = threading.Lock()
@@ -53,14 +59,13 @@ def _count(name: str, error: BaseException | None) -> None:
             _ERRORS[key] = _ERRORS.get(key, 0) + 1
 
 
-class WouldBlock(Exception):  # noqa: N818 - a control-flow signal, not an error
-    """Raised by a method running inline, before any state changed, when it would
-    have to wait: the server runs the call again on a worker thread."""
-
-
-def may_block() -> bool:
-    """False while a handler method runs inline on a server's IO thread."""
-    return not getattr(_INLINE, "active", False)
+def _takes(signature: inspect.Signature, name: str) -> bool:
+    """True if a method of ``signature`` can be called with keyword ``name``."""
+    try:
+        signature.bind_partial(**{name: None})
+    except TypeError:
+        return False
+    return True
 
 
 class Dispatcher:
@@ -70,8 +75,10 @@ class Dispatcher:
     methods can be called, each with keyword arguments that must bind to its
     signature. An optional ``RPC_INLINE: frozenset[str]`` (a subset) names the
     methods that never wait, ``RPC_ADMIN: frozenset[str]`` (a subset) the
-    methods only the owner may call (see the module docstring), and ``RPC_WAITS``
-    (method -> wait class) the methods that may wait long (``transport.wait_slots``).
+    methods only the owner may call (see the module docstring), ``RPC_WAITS``
+    (method -> wait class) the methods that may wait long (``transport.wait_slots``),
+    and ``RPC_REPLIES: frozenset[str]`` (a subset) the methods called with ``reply=``
+    their request's reply handle (see the module docstring).
     The table is built once, so a typo in the allowlist fails at construction and no attribute
     lookup ever depends on received data. Safe to share between threads: the
     table is immutable, and the only other state is a cache of argument names
@@ -131,6 +138,14 @@ class Dispatcher:
             )
         # Methods that may wait long, and their class (see ``transport.wait_slots``).
         self.waits: dict[str, str] = dict(waits)
+        replies = getattr(handler, "RPC_REPLIES", frozenset())
+        if not isinstance(replies, frozenset) or not replies <= methods or \
+                not all(_takes(self._table[m][1], REPLY_ARG) for m in replies):
+            raise ConfigError(
+                f"{self.handler_name}.RPC_REPLIES must be a frozenset of names in "
+                f"RPC_METHODS whose methods take a {REPLY_ARG!r} argument, got {replies!r}"
+            )
+        self.replies: frozenset[str] = replies
         self._owner = owner_token
         # (method, *argument names) that bound to the signature before; sets are safe to
         # share between threads under the GIL (an add racing a lookup only repeats a bind).
@@ -140,12 +155,15 @@ class Dispatcher:
     def methods(self) -> list[str]:
         return sorted(self._table)
 
-    def __call__(self, method: Any, args: Any) -> Any:
-        """Call ``handler.<method>(**args)``.
+    def __call__(self, method: Any, args: Any, reply: Reply | None = None) -> Any:
+        """Call ``handler.<method>(**args)`` (with ``reply=reply`` if ``method`` is in
+        ``RPC_REPLIES``: the reply handle of the request being run, None outside a
+        socket server).
 
         Raises:
             ConfigError: ``method`` is not in the allowlist, or ``args`` is not a
-                dict of keyword arguments that bind to the method's signature.
+                dict of keyword arguments that bind to the method's signature (and
+                without ``reply`` for a method in ``RPC_REPLIES``).
         """
         entry = self._table.get(method) if isinstance(method, str) else None
         if entry is None:
@@ -158,6 +176,12 @@ class Dispatcher:
             raise ConfigError(f"args of {method!r} must be a dict with str keys, got {args!r}")
         if method in self.admin:
             args = self._owner_only(method, args)
+        if method in self.replies:
+            if REPLY_ARG in args:
+                raise ConfigError(f"args of {method!r} must not carry {REPLY_ARG!r}: its "
+                                  f"server gives the reply handle, got {REPLY_ARG}="
+                                  f"{args[REPLY_ARG]!r:.80}")
+            args = {**args, REPLY_ARG: reply}
         fn, signature = entry
         names = (method, *args)
         try:
@@ -198,14 +222,12 @@ class Dispatcher:
                             f"{'none' if token is None else 'a wrong one'}")
         return args
 
-    def call_inline(self, method: Any, args: Any) -> Any:
-        """``self(method, args)`` with ``may_block()`` False (on a server's IO thread).
+    def call_inline(self, method: Any, args: Any, reply: Reply | None = None) -> Any:
+        """``self(method, args, reply)`` with ``may_block()`` False (on a server's IO
+        thread).
 
         Raises:
             WouldBlock: the method would have to wait; call it again on a worker.
         """
-        _INLINE.active = True
-        try:
-            return self(method, args)
-        finally:
-            _INLINE.active = False
+        with inline():
+            return self(method, args, reply)

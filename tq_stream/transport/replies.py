@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 from tq_stream.errors import SerializationError, TQError, WaitTimeout, format_seconds
+from tq_stream.handling import ANSWERED, WouldBlock
 from tq_stream.serialization import decode, encode
-from tq_stream.transport.answers import ANSWERED, Outbox
-from tq_stream.transport.dispatch import Dispatcher, WouldBlock
+from tq_stream.transport.answers import Outbox
+from tq_stream.transport.dispatch import Dispatcher
 from tq_stream.transport.remote_errors import error_to_value
 
 logger = logging.getLogger(__name__)
@@ -54,17 +54,20 @@ def read_request(frames: list[Any], where: str) -> tuple[Request | None, list[An
 
 
 def run_request(dispatch: Dispatcher, request: Request, received: float, inline: bool,
-                where: str, given: Callable[[], None] | None = None) -> Any:
+                where: str, box: Outbox | None = None) -> Any:
     """The encoded reply to a parsed request; ``DEFER`` when an inline method would
     have to wait (the caller queues it for a worker). A request that waited longer
     than its caller's timeout before it could run is not run (the caller gave up).
-    ``given`` sends the replies the request gave to waiting ones (``answers.py``): it
-    is called once the handler returned or raised, before this reply is encoded."""
+    ``box`` is the outbox ``answers.serving`` gave this request: its ``request`` is
+    the reply handle a method in ``RPC_REPLIES`` gets, and its ``send`` sends the
+    replies the request gave to waiting ones, once the handler returned or raised,
+    before this reply is encoded."""
     req_id, method, args, timeout = request
+    reply = None if box is None else box.request
     try:
         try:
             if inline:
-                result = dispatch.call_inline(method, args)
+                result = dispatch.call_inline(method, args, reply)
             else:
                 waited = time.monotonic() - received
                 if timeout and waited > timeout:
@@ -73,10 +76,10 @@ def run_request(dispatch: Dispatcher, request: Request, received: float, inline:
                         f"{where}, "
                         f"longer than its timeout {format_seconds(timeout)}; not run"
                     )
-                result = dispatch(method, args)
+                result = dispatch(method, args, reply)
         finally:
-            if given is not None:
-                given()
+            if box is not None and box.send is not None:
+                box.send()
         if result is ANSWERED:
             return None  # another thread gave its reply already (answers.py)
         return ok_reply(req_id, result)

@@ -416,10 +416,10 @@ class UnixRpcServer:
         """Run a request that holds its wait slot (if its method has one) and reply; the
         slot then goes to the oldest parked request of its class, on a worker."""
         try:
-            with serving(self, conn, *request[:2]) as box:
+            with serving(self, conn, request[0]) as box:
                 box.send = lambda: self._send_given(box)
                 reply = run_request(self._dispatch, request, received, False, self.address,
-                                    box.send)
+                                    box)
             self._send(conn, reply)
         finally:
             parked = self._waits.release(request[1])

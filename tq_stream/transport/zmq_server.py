@@ -269,10 +269,10 @@ class RpcServer:
             identity, received = msg[0], time.monotonic()
             request, reply = read_request(msg[2:], self.address)
             if request is not None and request[1] in self._dispatch.inline:
-                with serving(self, identity, *request[:2]) as box:
+                with serving(self, identity, request[0]) as box:
                     box.send = lambda: self._send_given(self._router, box)
                     reply = run_request(self._dispatch, request, received, True, self.address,
-                                        box.send)
+                                        box)
                 if reply is not DEFER:
                     request = None  # answered here, on the IO thread
             if request is None:
@@ -319,10 +319,10 @@ class RpcServer:
             self._group.release(push)
 
     def _reply(self, push: Any, identity: Any, request: Any, received: float) -> None:
-        with serving(self, identity, *request[:2]) as box:
+        with serving(self, identity, request[0]) as box:
             box.send = lambda: self._send_given(push, box)
             reply = run_request(self._dispatch, request, received, False, self.address,
-                                box.send)
+                                box)
         # After close() the IO thread is gone and a send would wait for sndtimeo.
         if reply is not None and not self._closed:
             try:
