@@ -16,6 +16,7 @@ from fault_workers import values
 from tq_fixtures import two_node_cluster_of
 
 import tq_stream as tq
+from tq_stream.deploy.ray_deploy import controller_info
 from tq_stream.errors import ConfigError
 
 ray = pytest.importorskip("ray")
@@ -180,9 +181,11 @@ def test_restart_controller_needs_a_checkpoint_in_ray_mode(ray_cluster):
 def test_a_killed_controller_actor_restarts_from_its_checkpoint(ray_cluster):
     """checkpoint_interval + restart_controller: a controller actor that dies is
     re-created at the same address (pinned to the driver's node, where its checkpoint
-    file is) from its last checkpoint; it re-attaches the units and a loader carries on
-    through its retries. Only acks before the checkpoint are asserted on."""
-    stream = _start(checkpoint_interval=0.5, restart_controller=True)
+    file is) from its last checkpoint, with the driver's annotations; it re-attaches the
+    units and a loader carries on through its retries. Only acks before the checkpoint
+    are asserted on."""
+    stream = _start(checkpoint_interval=0.5, restart_controller=True,
+                    annotations={"note": "kept"})
     try:
         owner = stream._owner
         assert owner.controller_node == ray.get_runtime_context().get_node_id()
@@ -202,6 +205,7 @@ def test_a_killed_controller_actor_restarts_from_its_checkpoint(ray_cluster):
         assert wait_until(lambda: owner.restarts, RECOVERY), "the controller was not restarted"
         info = owner.restarts[0]
         assert owner.pids[-1] != old and info["recovery"]["rows_lost"] == 0
+        assert controller_info("tq_faults", "tq_stream")["annotations"] == {"note": "kept"}
         after = _put(ledger, "b", 16)  # producers carry on
         stream.close_partition(P)
         later = [list(tq.batch_meta(b).keys) for b in batches]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from compat_helpers import dashboard_metrics, in_process, installed_module, scrape_metric_names
+from compat_workers import default_config, report_settings
 from tensordict import TensorDict
 
 import tq_stream.compat
@@ -30,27 +31,7 @@ def one(x: int) -> TensorDict:
 
 
 def _worker(queue, conf) -> None:
-    """A worker process: attach (``init()`` or ``init(conf)``), then report what the
-    driver's settings look like from here."""
-    tq_stream.compat.install()
-    import transfer_queue as tq
-
-    out: dict = {}
-    try:
-        tq.init(conf)
-        out["timeout"] = tq_stream.compat.stream().config.timeout
-        out["endpoint"] = tq.get_metrics_endpoint()  # the driver's, if it serves one
-        # a partition this worker creates: bounded by total_storage_size too
-        tq.kv_batch_put(keys=["w0"], partition_id="worker_made", fields=one(0))
-        # one row ready, two asked: polling_mode returns an empty BatchMeta at once
-        tq.kv_batch_put(keys=["a"], partition_id="poll", fields=one(1))
-        meta = tq.get_client().get_meta(data_fields=["x"], batch_size=2, partition_id="poll",
-                                        task_name="t", mode="fetch",
-                                        sampling_config={"dp_rank": 0})
-        out["polled"] = meta.size
-    except Exception as exc:  # the error travels back as a value
-        out["error"] = f"{type(exc).__name__}: {exc}"
-    queue.put(out)
+    queue.put(report_settings(conf))
 
 
 def _run(method: str, conf=None) -> dict:
@@ -86,11 +67,26 @@ def test_a_worker_s_init_with_conf_attaches_to_the_driver_s_deployment(tq):
     assert list(tq.kv_list("worker_made")["worker_made"]) == ["w0"]  # one deployment
 
 
-def test_a_worker_s_conf_that_contradicts_the_driver_s_is_refused(tq):
-    tq.init(driver_conf(polling=True))
-    got = _run("spawn", {"controller": {"polling_mode": False}})
+@pytest.mark.parametrize(("polling", "conf", "named"), [
+    (True, {"backend": {"SimpleStorage": {"total_storage_size": 8}}},
+     "backend.SimpleStorage.total_storage_size must be 4"),
+    (False, {"controller": {"polling_mode": True}}, "controller.polling_mode must be False"),
+])
+def test_a_worker_s_conf_that_contradicts_the_driver_s_is_refused(tq, polling, conf, named):
+    tq.init(driver_conf(polling=polling))
+    got = _run("spawn", conf)
     assert got.get("error", "").startswith("ConfigError"), got
-    assert "controller.polling_mode" in got["error"] and "True" in got["error"], got
+    assert named in got["error"], got
+
+
+def test_a_worker_passing_the_full_default_config_follows_the_driver(tq):
+    """NeMo-RL's worker may pass the package's config.yaml unmerged: its defaults
+    (polling_mode false, total_storage_size null, 2 units, timeout 60) are not the
+    worker's choices, so they do not contradict the driver's overlay."""
+    tq.init(driver_conf(polling=True))
+    got = _run("spawn", default_config())
+    assert got == {"timeout": TIMEOUT, "endpoint": None, "polled": 0}, got
+    assert tq_stream.compat.stream().stats()["worker_made"]["capacity"] == CAPACITY
 
 
 def test_simple_storage_settings_and_the_sampler_take_effect(tq):

@@ -16,10 +16,14 @@ the controller and storage, ``init()`` anywhere else attaches to them. Here:
   reach it: the driver exports its pid in ``TQ_STREAM_COMPAT_EMBEDDED_PID``, and
   ``init`` in another process (forked, which inherits a copy of the handle, or
   spawned) raises StateError instead of writing to a private copy the driver never sees.
-- A process attached through the exported address follows the driver's settings
-  (``settings.Shared``: polling mode, capacity, timeout, metrics endpoint), exported
-  beside the address; a ``conf`` it passes that contradicts them is a ConfigError.
-  A Ray worker's ``init()`` (no conf) does not learn them yet: it uses the defaults.
+- Every attached process follows the driver's settings (``settings.Shared``: polling
+  mode, capacity, timeout; metrics endpoint): a Ray task or actor reads them from the
+  controller actor it finds by name (the driver started it with them as annotations),
+  a spawned or forked process from the environment it inherited. A ``conf`` it passes
+  that contradicts them is a ConfigError; a value equal to the package default is no
+  contradiction (the full default ``config.yaml``, unmerged, is accepted). A Ray
+  deployment started by ``tq_stream.init`` itself has no such settings: a process
+  attaching to it uses its own ``conf``'s (or the defaults).
 
 verl's ``transfer_queue`` config node maps onto tq_stream as follows:
 
@@ -103,6 +107,10 @@ def _ray_running() -> bool:
     return ray.is_initialized()
 
 
+def _stream_config(shared: Shared | None) -> StreamConfig:
+    return StreamConfig() if shared is None else StreamConfig(timeout=shared.timeout)
+
+
 class Runtime:
     """This process's handle on the deployment (one per process, see module doc)."""
 
@@ -121,7 +129,7 @@ class Runtime:
         self.pid = os.getpid()  # the process this runtime's handle belongs to
         self.partitions: set[str] = set()
         self.metrics: Any = None  # tq_stream.metrics.server.MetricsServer, in the driver
-        self.shared: Shared | None = None  # the driver's settings, in a worker
+        self.shared: Shared | None = None  # the settings an attached process follows
         self._executor: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -145,10 +153,11 @@ class Runtime:
 
                 require_prometheus()  # fail before starting anything
                 check_port(opts["port"])
-            if mode == "ray" and self._attach_ray(opts["name"], opts["namespace"], 0.0):
-                self.polling, self.capacity = opts["polling"], opts["capacity"]
+            own = Shared.of(opts, mode, None)
+            if mode == "ray" and self._attach_ray(opts["name"], opts["namespace"], 0.0, plain,
+                                                  own):
                 return plain
-            self._start(mode, opts)
+            self._start(mode, opts, own)
             self.conf, self.capacity, self.polling = merged, opts["capacity"], opts["polling"]
             endpoint = None
             if opts["metrics"]:
@@ -169,14 +178,15 @@ class Runtime:
             raise
         return str(self.metrics.endpoint)
 
-    def _start(self, mode: str, opts: dict[str, Any]) -> None:
+    def _start(self, mode: str, opts: dict[str, Any], shared: Shared) -> None:
         import tq_stream
 
         config = StreamConfig(timeout=opts["timeout"])
         extra: dict[str, Any] = {}
-        if mode == "ray":
+        if mode == "ray":  # every Ray process that finds it by name reads ``shared``
             extra = {"name": opts["name"], "namespace": opts["namespace"],
-                     "start_timeout": opts["start_timeout"]}
+                     "start_timeout": opts["start_timeout"],
+                     "annotations": shared.annotation()}
         try:
             self.stream = tq_stream.init(mode=mode, storage_units=opts["units"],
                                          config=config, **extra)
@@ -232,19 +242,22 @@ class Runtime:
         shared = Shared.inherited()
         if shared is not None:
             shared.check(conf)
-        config = StreamConfig() if shared is None else StreamConfig(timeout=shared.timeout)
-        self.stream = tq_stream.connect(address, config=config)
-        self.pid = os.getpid()
-        self.shared = shared
-        if shared is not None:
-            self.polling, self.capacity = shared.polling, shared.capacity
+        self.stream = tq_stream.connect(address, config=_stream_config(shared))
+        self._follow(shared)
         return True
 
-    def _attach_ray(self, name: str, namespace: str, wait: float) -> bool:
-        """Connect to the Ray deployment ``name`` (waiting up to ``wait`` s for it)."""
+    def _attach_ray(self, name: str, namespace: str, wait: float,
+                    conf: dict[str, Any] | None = None, own: Shared | None = None) -> bool:
+        """Connect to the Ray deployment ``name`` (waiting up to ``wait`` s for it), with
+        the settings its driver annotated it with (else ``own``, this process's).
+
+        Raises:
+            ConfigError: ``conf`` (this process's own) contradicts the driver's settings.
+        """
         import ray
 
         import tq_stream
+        from tq_stream.deploy.ray_deploy import controller_info
 
         deadline = time.monotonic() + wait
         while True:
@@ -255,8 +268,21 @@ class Runtime:
                 if time.monotonic() >= deadline:
                     return False
                 time.sleep(0.2)
-        self.stream = tq_stream.connect(name=name, namespace=namespace)
+        shared = Shared.annotated(controller_info(name, namespace).get("annotations", {}))
+        if shared is not None:
+            shared.check(conf or {})
+        shared = shared or own
+        self.stream = tq_stream.connect(name=name, namespace=namespace,
+                                        config=_stream_config(shared))
+        self._follow(shared)
         return True
+
+    def _follow(self, shared: Shared | None) -> None:
+        """Take ``shared`` (the driver's settings; None: the defaults) in this process."""
+        self.pid = os.getpid()
+        self.shared = shared
+        if shared is not None:
+            self.polling, self.capacity = shared.polling, shared.capacity
 
     def metrics_endpoint(self) -> str | None:
         """Where the deployment's metrics are served: by this process, or by the driver

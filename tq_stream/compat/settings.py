@@ -5,11 +5,20 @@ the options every process of one deployment must share.
 ``Runtime`` uses (see ``runtime``'s module docstring for what each key does).
 
 TransferQueue keeps the config in its controller, so every client follows the driver's:
-its polling mode is the controller's. Here the process that starts a local deployment
-exports the ``Shared`` options (polling mode, capacity, units, timeout, mode, metrics
-endpoint) beside its address, in ``TQ_STREAM_COMPAT_SETTINGS``; a process that attaches
-through that address (spawned or forked, which inherit the environment) takes them, and
-a ``conf`` it passes may repeat them but not contradict them (``Shared.check``).
+its polling mode is the controller's. Here the driver's ``Shared`` options (polling
+mode, capacity, units, timeout, mode, metrics endpoint), as JSON text, travel two ways:
+
+- a Ray deployment carries them in its controller actor's ``annotations`` (key
+  ``ANNOTATION``), so every Ray task or actor, on any node, that finds the deployment
+  by name takes them (``Shared.annotated``);
+- the process that starts a local (or Ray) deployment exports them beside its address,
+  in ``TQ_STREAM_COMPAT_SETTINGS``, for the processes it spawns or forks, which inherit
+  the environment (``Shared.inherited``).
+
+A ``conf`` that an attaching process passes may repeat them but not contradict them
+(``Shared.check``): only a value that differs from the driver's and from the package
+default counts, so a worker that passes the full default ``config.yaml`` unmerged is
+not refused for the defaults it carries.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from typing import Any
 from tq_stream.errors import ConfigError
 
 SETTINGS_ENV = "TQ_STREAM_COMPAT_SETTINGS"
+ANNOTATION = "tq_stream.compat.settings"  # the Ray controller's annotation holding them
 RAY_NAME = "tq_stream_compat"
 RAY_NAMESPACE = "transfer_queue"
 MODES = ("embedded", "local", "ray")
@@ -125,33 +135,57 @@ class Shared:
         return cls(opts["polling"], opts["capacity"], opts["units"], opts["timeout"], mode,
                    endpoint)
 
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> Shared:
+        """The options ``to_json`` wrote, read from ``where`` (named in the ConfigError)."""
+        try:
+            return cls(**json.loads(text))
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{where} must hold the JSON tq_stream.compat writes, "
+                              f"got {text!r}") from exc
+
     def export(self) -> None:
         """Publish these options to the processes this one starts from now on."""
-        os.environ[SETTINGS_ENV] = json.dumps(asdict(self))
+        os.environ[SETTINGS_ENV] = self.to_json()
+
+    def annotation(self) -> dict[str, str]:
+        """These options as the annotations of a Ray deployment."""
+        return {ANNOTATION: self.to_json()}
 
     @classmethod
     def inherited(cls) -> Shared | None:
         """The options the process that started the deployment exported, if any."""
         text = os.environ.get(SETTINGS_ENV)
-        if not text:
-            return None
-        try:
-            return cls(**json.loads(text))
-        except (ValueError, TypeError) as exc:
-            raise ConfigError(f"{SETTINGS_ENV} must hold the JSON tq_stream.compat exports, "
-                              f"got {text!r}") from exc
+        return cls.from_json(text, SETTINGS_ENV) if text else None
+
+    @classmethod
+    def annotated(cls, annotations: Mapping[str, str]) -> Shared | None:
+        """The options a Ray deployment's driver annotated it with, if any (none when
+        it was started by ``tq_stream.init`` itself, not through ``transfer_queue``)."""
+        text = annotations.get(ANNOTATION)
+        return cls.from_json(text, f"annotation {ANNOTATION!r}") if text else None
 
     def check(self, conf: dict[str, Any]) -> None:
-        """Raise ConfigError if ``conf`` (a plain config) sets a shared option otherwise."""
+        """Raise ConfigError if ``conf`` (a plain config) sets a shared option otherwise.
+
+        A value equal to the package default does not count: it may come from the
+        default ``config.yaml`` the process loaded unmerged, not from its own choice.
+        """
         opts = settings(merge(DEFAULTS, conf))
         mine = asdict(self)
         for field, (path, opt) in KEYS.items():
-            if _has(conf, path) and opts[opt] != mine[field]:
+            if _has(conf, path) and opts[opt] not in (mine[field], DEFAULT_SETTINGS[opt]):
                 raise ConfigError(
                     f"{path} must be {mine[field]!r} in this process: it attaches to the "
                     f"running {self.mode} deployment, whose driver set it (every process "
                     f"follows the driver's, as under TransferQueue), got {opts[opt]!r}; leave "
                     f"it out of this process's conf")
+
+
+DEFAULT_SETTINGS = settings(DEFAULTS)
 
 
 def _has(conf: Mapping[str, Any], path: str) -> bool:

@@ -9,7 +9,9 @@ node (round robin over the alive nodes when there are more units than nodes); th
 controller runs on the driver's node.
 Actors are named ``<name>_controller`` and ``<name>_unit<i>`` in ``namespace``;
 any Ray task or actor can ``tq.connect()`` (which looks the controller up by
-name) or simply receive the picklable Stream. Dead actors are re-created by this
+name) or simply receive the picklable Stream. The controller's ``info`` also carries
+the driver's ``annotations`` (text, e.g. tq_stream.compat's shared settings) to every
+process that finds the deployment by name, on any node. Dead actors are re-created by this
 driver (``restart_units``, ``restart_controller``: ``deploy.ray_recovery``); a
 client connected to Ray stops waiting with DeploymentGone once nothing will
 (``deploy.ray_owner``).
@@ -28,7 +30,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tq_stream.deploy import ray_owner, ray_recovery
@@ -58,6 +60,17 @@ def sweep_folders() -> int:
     return removed
 
 
+def check_annotations(annotations: Mapping[str, str] | None) -> dict[str, str]:
+    """``annotations`` as a plain dict of text (ConfigError if not str -> str)."""
+    if annotations is None:
+        return {}
+    if not isinstance(annotations, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()):
+        raise ConfigError(f"annotations must map str to str (text the deployment tells "
+                          f"the processes that find it by name), got {annotations!r}")
+    return dict(annotations)
+
+
 class _Service:
     """The body of every tq_stream actor: serve one role in this process (zmq for
     other nodes, a unix socket for this one)."""
@@ -68,11 +81,13 @@ class _Service:
                  unit_timeout: float | None = None, address: str | None = None,
                  local_dir: str | None = None,
                  checkpoint: tuple[str | None, float | None] = (None, None),
-                 owner: dict[str, Any] | None = None) -> None:
+                 owner: dict[str, Any] | None = None,
+                 annotations: dict[str, str] | None = None) -> None:
         """``address``: the zmq address to bind (default: a free port); ``local_dir``:
         the folder of the unix socket (default: a new one); ``checkpoint``: the
         controller's (path, interval), see ``deploy.meta_checkpoint``; ``owner``: the
-        deployment's owner record, which the controller's ``ping`` tells clients."""
+        deployment's owner record, which the controller's ``ping`` tells clients;
+        ``annotations``: the driver's text that ``info`` tells (``RayDeployment``)."""
         import ray
 
         from tq_stream.deploy.server import serve
@@ -96,7 +111,8 @@ class _Service:
             unit_timeout=unit_timeout, checkpoint=checkpoint, owner=owner)
         self._info = {"address": self._server.address, "pid": os.getpid(), "host": host_id(),
                       "node": ray.get_runtime_context().get_node_id(), "local": local,
-                      "curve_server_key": curve_server}  # public: lets tq.connect() by name
+                      "curve_server_key": curve_server,  # public: lets tq.connect() by name
+                      "annotations": dict(annotations or {})}
 
     def info(self) -> dict[str, Any]:
         return self._info
@@ -132,6 +148,10 @@ class RayDeployment:
             (``checkpoint_path``, default a file in a private temporary folder).
         restart_controller: re-create a controller whose actor died, at the same
             address, from its last checkpoint (needs ``checkpoint_interval``).
+        annotations: text (str -> str) the controller tells every process that looks
+            the deployment up by name (``controller_info(name, namespace)
+            ["annotations"]``), kept across controller restarts; set at start, so a
+            process that finds the deployment finds them.
 
     A deployment whose driver ends without ``stream.close()`` is closed at exit.
     """
@@ -144,7 +164,8 @@ class RayDeployment:
                  unit_timeout: float | None = None, restart_units: bool = False,
                  checkpoint_interval: float | None = None,
                  checkpoint_path: str | None = None,
-                 restart_controller: bool = False) -> None:
+                 restart_controller: bool = False,
+                 annotations: Mapping[str, str] | None = None) -> None:
         try:
             import ray
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -158,6 +179,7 @@ class RayDeployment:
         if restart_controller and checkpoint_interval is None:
             raise ConfigError("restart_controller=True needs checkpoint_interval (seconds "
                               "between checkpoints of the controller), got None")
+        self.annotations = check_annotations(annotations)
         self._actors: list[Any] = []
         self._infos: list[dict[str, Any]] = []
         self._backend: Any = None
@@ -212,7 +234,8 @@ class RayDeployment:
                 ).remote(*self._unit_args))
             self._actors.append(actor.options(
                 name=f"{name}_controller", namespace=namespace, **ctrl_options,
-            ).remote(*self._ctrl_args, **self._ctrl_kwargs, owner=self.owner))
+            ).remote(*self._ctrl_args, **self._ctrl_kwargs, owner=self.owner,
+                     annotations=self.annotations))
             try:
                 self._infos = ray.get([a.info.remote() for a in self._actors],
                                       timeout=start_timeout)
@@ -330,7 +353,8 @@ class RayDeployment:
             new = ray_recovery.create(
                 self._actor_class, f"{self._name}_controller", self._namespace,
                 self.controller_node, self._ctrl_args,
-                {**self._ctrl_kwargs, "address": self.address, "owner": self.owner})
+                {**self._ctrl_kwargs, "address": self.address, "owner": self.owner,
+                 "annotations": self.annotations})
             self._actors[-1] = new
             self._infos[-1] = ray_recovery.started(new, "controller",
                                                    timeout or self.start_timeout)
@@ -407,8 +431,8 @@ def controller_address(name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESP
 def controller_info(name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE
                     ) -> dict[str, Any]:
     """What the controller actor of a Ray deployment tells about itself, looked up by
-    actor name: ``address`` and ``curve_server_key`` (its public key, z85 text; "" without
-    CURVE), among others."""
+    actor name: ``address``, ``curve_server_key`` (its public key, z85 text; "" without
+    CURVE) and ``annotations`` (its driver's, see ``RayDeployment``), among others."""
     import ray
 
     try:
