@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import faulthandler
 import json
 import logging
 import os
@@ -236,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of a spawned child; settings arrive as one JSON line on stdin (keys
     stay out of the process table)."""
     argparse.ArgumentParser(prog="tq_stream.deploy.server").parse_args(argv)
+    faulthandler.enable()  # a crash in native code (SIGSEGV, SIGABRT) shows every thread
     code = run_child(json.loads(sys.stdin.readline()), sys.stdout)
     sys.stdout.flush()
     os._exit(code)  # no interpreter teardown: a zmq context left by a peer cannot block it
