@@ -268,6 +268,21 @@ def test_a_break_still_acks_and_release_gives_the_batch_back(stream):
     assert task_stats(stream)["acked"] == 8
 
 
+def test_a_break_acks_its_batch_as_the_loop_is_left(stream):
+    """New-user replay: a trainer breaks after 3 steps and its process exits; a fresh
+    loader in the next process trained step 2 again (the ack waited for an iteration
+    that never came, and the lease expired). The ack happens at the break now."""
+    put_rows(stream, keys_of("k", 8))
+    stream.close_partition(P)
+    ld = loader(stream)
+    for i, _ in enumerate(ld):
+        if i == 2:
+            break
+    assert task_stats(stream)["acked"] == 6  # step 3, fetched ahead, is not acked
+    del ld  # the process exits: nothing is left to iterate again or to ack
+    assert [tq.batch_meta(b).step for b in loader(stream)] == [3]
+
+
 def test_release_inside_a_loop_that_goes_on_is_refused(stream):
     put_rows(stream, keys_of("k", 8))
     stream.close_partition(P)

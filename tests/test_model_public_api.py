@@ -6,7 +6,7 @@ ranks of a DP x replicas task (``StreamingDataLoader`` loops), the way the READM
 the docstrings say to use them, and checks each answer against ``public_model.Model``:
 
 - training steps that raise inside ``for batch in loader`` (the batch comes first
-  again), ``break`` (the batch is acked at the next iteration, or by ``loader.ack()``),
+  again), ``break`` (the batch is acked as the loop is left: nothing comes again),
   ``loader.release()``, loops that run off the end, an open iteration closed by hand;
 - consumers that die: a stage client dropped (its heartbeat stops, its lease runs out
   after ``lease_timeout``) or cancelled, a trainer dropped in the middle of a loop, a
@@ -78,7 +78,6 @@ class Trainer:
     open: Iterator | None = None  # an iteration left open across steps of the machine
     out: tq.BatchMeta | None = None  # its batch, being trained
     session: Session | None = None  # the open iteration's session
-    pending: list[tq.BatchMeta] = field(default_factory=list)  # left by break: trained
 
 
 @dataclass(eq=False)
@@ -351,12 +350,6 @@ class PublicAPIMachine(RuleBasedStateMachine):
         """A loop that gives its n-th batch back on purpose: ``release()``, break."""
         self._train(data.draw(st.sampled_from(self.spec.slots)), n, "release")
 
-    def _ack_pending(self, tr: Trainer) -> None:
-        """A new iteration acks what the last one left by break (so does ack())."""
-        for meta in tr.pending:
-            self.model.train_acked(tr.slot, meta.step)
-        tr.pending = []
-
     def _trained(self, tr: Trainer, step: int) -> None:
         """A step finished training: the leader bumps its version every N steps. A step
         trained again (after a crash) is no new step: the version changes at most once
@@ -418,9 +411,7 @@ class PublicAPIMachine(RuleBasedStateMachine):
                 return False
             m.train_acked(slot, out.step)  # acked when the next batch is asked for
         else:
-            self._ack_pending(tr)
             if not (m.available(slot) or m.train_end()):
-                tr.loader.ack()  # nothing to read now; ack() what a break left
                 return False
             session = Session()
         count, last = 0, None
@@ -436,7 +427,7 @@ class PublicAPIMachine(RuleBasedStateMachine):
                     break
                 self._trained(tr, last.step)
                 if count == n or not m.can_go_on(slot, last.step):
-                    tr.pending.append(last)
+                    m.train_acked(slot, last.step)  # acked as the loop is left
                     break
                 m.train_acked(slot, last.step)
             else:
@@ -459,9 +450,7 @@ class PublicAPIMachine(RuleBasedStateMachine):
         tr = self._trainer(slot)
         if tr.open is not None:
             return
-        self._ack_pending(tr)
         if not self.model.available(slot):
-            tr.loader.ack()
             return
         it = iter(tr.loader)
         session = Session()
@@ -471,31 +460,17 @@ class PublicAPIMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.live() and any(self.trainers.values()))
     @rule(data=st.data())
     def train_kill(self, data):
-        """A trainer dies (in the middle of a loop, or after a break before its ack);
+        """A trainer dies (in the middle of a loop, or after a loop left by break);
         the next trainer of its slot resumes at the first step the slot has not
         acked."""
         slot = data.draw(st.sampled_from([s for s, t in self.trainers.items() if t]))
         tr = self.trainers[slot]
         assert tr is not None
-        m = self.model
-        for meta in tr.pending:  # trained, never acked: it comes again
-            m.give_back(slot, meta.step)
-            if slot == (0, 0) and self.every is not None:
-                m.exempt.add(meta.step)  # under a newer version: the share is fixed
         if tr.session is not None:
             tr.session.cancelled = True  # the dropped iteration's session is cancelled
         self.trainers[slot] = None
         _drop(tr, "loader", "open")
         self.seen.add("train: a trainer died")
-
-    @precondition(lambda self: self.live() and any(t and t.pending
-                                                   for t in self.trainers.values()))
-    @rule(data=st.data())
-    def train_ack(self, data):
-        """``loader.ack()`` after a loop left by break."""
-        tr = _pick(data, [t for t in self.trainers.values() if t and t.pending])
-        tr.loader.ack()
-        self._ack_pending(tr)
 
     @precondition(lambda self: self.live() and any(t and t.open
                                                    for t in self.trainers.values()))

@@ -188,7 +188,7 @@ class StreamingDataLoader:
         ds = self.dataset
         ds.register()
         self._ack_saved()
-        self.ack()  # batches of an earlier iteration left by a break: they are done
+        self.ack()  # batches whose ack failed as an earlier loop was left by a break
         self._released = False
         ds.start_step = self._next_step
         ds.session = uuid.uuid4().hex
@@ -270,9 +270,26 @@ class StreamingDataLoader:
                     self._undecided = sorted({loader_step(b) for b in self._unacked})
                 elif not done:
                     self._give_back()
+                elif not self._exiting:
+                    self._ack_left()
             except TypeError:  # interpreter exit: module globals are gone already; the
                 pass  # batch stays leased and comes back once its lease expires
             self._cancel(ds.session)
+
+    def _ack_left(self) -> None:
+        """Ack the batch of a loop left by ``break``/``return`` right there: a process
+        that exits after the loop must not leave it leased, to be trained again by the
+        next reader once the lease expires. An ack that fails here (the generator is
+        closing: nothing can be raised at the ``break``) is logged; the batch stays
+        unacked, and ``ack()`` or the next iteration acks it."""
+        try:
+            self.ack()
+        except Exception as exc:  # noqa: BLE001 — logged; retried by ack()/iteration
+            if logger is not None:  # None while the interpreter shuts down
+                logger.warning("acking step(s) %s of task %r (rank %d) after the loop was "
+                               "left: %s; call loader.ack() (the next iteration also "
+                               "acks them)", sorted({loader_step(b) for b in self._unacked}),
+                               self.dataset.task, self.dataset.dp_rank, exc)
 
     def release(self) -> None:
         """Give back every batch yielded and not acked: it is not trained. Its rows go,
@@ -280,12 +297,12 @@ class StreamingDataLoader:
         right before leaving the loop (``break``); asking the same iteration for
         another batch afterwards is a StateError.
 
-        A loop left by ``break`` or ``return`` counts its last batch as trained (it is
-        acked when the loader is iterated again, or listed as yielded in
-        ``state_dict``); a loop left by an exception does not (its batch comes again
-        first), nor does ``close()`` of its iterator. Where the loader cannot tell (a
-        wrapper such as ``itertools.islice`` or ``zip`` that stops on its own, an
-        iterator dropped, or replaced by a new ``iter(loader)``), the next iteration
+        A loop left by ``break`` or ``return`` counts its last batch as trained: it is
+        acked as the loop is left (an ack that fails then is logged and retried by
+        ``ack()`` or the next iteration); a loop left by an exception does not (its
+        batch comes again first), nor does ``close()`` of its iterator. Where the
+        loader cannot tell (a wrapper such as ``itertools.islice`` or ``zip`` that stops
+        on its own, an iterator dropped, or replaced by a new ``iter(loader)``), the next iteration
         is a StateError until ``ack()`` (trained) or ``release()`` (not trained) says
         which. ``next(iter(loader))`` counts as trained (see
         ``tq_stream.datasets.loop_exit``)."""
