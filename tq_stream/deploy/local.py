@@ -70,8 +70,8 @@ class _Child:
 
     def _spawn(self, settings: dict[str, Any], read_end: int) -> None:
         self.proc: Any = subprocess.Popen(
-            [sys.executable, "-m", "tq_stream.deploy.server"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, pass_fds=(read_end,), close_fds=True)
+            [sys.executable, "-X", "faulthandler", "-m", "tq_stream.deploy.server"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(read_end,), close_fds=True)
         assert self.proc.stdin is not None
         self.proc.stdin.write((json.dumps(settings) + "\n").encode())
         self.proc.stdin.close()
