@@ -201,6 +201,7 @@ class StreamingDataLoader:
         deaths = worker_deaths.Deferral()
         if self.num_workers:
             worker_deaths.guard()  # torch's SIGCHLD handler is set now
+        jumped = False  # closed by a break/return in the loop body (GeneratorExit)
         done: bool | None = True  # left by a break/return or ran to the end; False:
         # by an exception; None: neither is known (see ``loop_exit.verdict``)
         try:
@@ -256,6 +257,7 @@ class StreamingDataLoader:
                             None if self._closing else loop_exit.verdict(resumed)
                     except Exception:  # noqa: BLE001 — at interpreter exit: not known
                         done = None
+                    jumped = done is True and not self._exiting
                     raise
                 finally:
                     deaths.out(False)
@@ -270,7 +272,7 @@ class StreamingDataLoader:
                     self._undecided = sorted({loader_step(b) for b in self._unacked})
                 elif not done:
                     self._give_back()
-                elif not self._exiting:
+                elif jumped:
                     self._ack_left()
             except TypeError:  # interpreter exit: module globals are gone already; the
                 pass  # batch stays leased and comes back once its lease expires
