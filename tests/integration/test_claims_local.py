@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import threading
-from typing import Any
 
 import pytest
-from tq_fixtures import killed_consumer, local_stream
+from tq_fixtures import killed_consumer, local_stream, run_workers
 from tq_workers import ahead_pool_worker, pool_worker, values
 
 import tq_stream as tq
@@ -33,30 +32,6 @@ def closed_pool(stream: tq.Stream, part: str, ks: list[str], batch_size: int) ->
     stream.close_partition(part)
     stream.client().register_task(part, "reward", ["x"], batch_size=batch_size)
     return ks
-
-
-def run_workers(target: Any, arg_lists: list[tuple]) -> list[Any]:
-    """Run ``target(*args, send)`` in a spawned process per ``args``; their reports."""
-    ctx = mp.get_context("spawn")
-    pipes, procs = [], []
-    for args in arg_lists:
-        recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=target, args=(*args, send))
-        p.start()
-        send.close()
-        pipes.append(recv)
-        procs.append(p)
-    try:
-        results = []
-        for recv in pipes:
-            assert recv.poll(90), "a worker never reported"
-            results.append(recv.recv())
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-    return results
 
 
 def test_tp_peers_without_replica_are_refused(local_stream):

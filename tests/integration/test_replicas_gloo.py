@@ -9,11 +9,10 @@ one of each pair, naming ``replica``, with no step trained by both."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 from pathlib import Path
 
 import pytest
-from tq_fixtures import local_stream
+from tq_fixtures import local_stream, run_workers
 from tq_workers import gloo_rank, values
 
 import tq_stream as tq
@@ -32,28 +31,9 @@ def _ranks(stream: tq.Stream, part: str, replica_of: str, tmp: Path) -> list[tup
     ks = [f"{part}_{i}" for i in range(ROWS)]
     stream.writer(part).put(ks, {"x": values(ks)})
     stream.close_partition(part)
-    ctx = mp.get_context("spawn")
-    init = tmp / f"{part}.init"
-    pipes, procs = [], []
-    for rank in range(WORLD):
-        recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=gloo_rank,
-                        args=(rank, WORLD, str(init), stream, part, replica_of, send))
-        p.start()
-        send.close()
-        pipes.append(recv)
-        procs.append(p)
-    try:
-        reports = []
-        for recv in pipes:
-            assert recv.poll(120), "a rank never reported"
-            reports.append(recv.recv())
-    finally:
-        for p in procs:
-            p.join(20)
-            if p.is_alive():
-                p.kill()
-    return reports
+    init = str(tmp / f"{part}.init")
+    return run_workers(gloo_rank, [(rank, WORLD, init, stream, part, replica_of)
+                                   for rank in range(WORLD)], report_s=120.0)
 
 
 def test_peers_with_their_replica_free_every_row(local_stream, tmp_path):

@@ -156,3 +156,29 @@ def killed_consumer(stream: tq.Stream, partition: str) -> list[str]:
             kill(child.pid)
             child.join(5)
     return held
+
+
+def run_workers(target: Callable[..., None], arg_lists: Sequence[tuple],
+                report_s: float = 90.0) -> list[Any]:
+    """Run ``target(*args, send)`` in a spawned process per ``args``; their reports (each
+    sends one), in order. A process still alive after its report is killed."""
+    ctx = mp.get_context("spawn")
+    pipes, procs = [], []
+    for args in arg_lists:
+        recv, send = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=target, args=(*args, send))
+        p.start()
+        send.close()
+        pipes.append(recv)
+        procs.append(p)
+    try:
+        results = []
+        for recv in pipes:
+            assert recv.poll(report_s), "a worker never reported"
+            results.append(recv.recv())
+    finally:
+        for p in procs:
+            p.join(20)
+            if p.is_alive():
+                p.kill()
+    return results
