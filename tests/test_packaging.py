@@ -56,9 +56,9 @@ def test_wheel_installs_no_top_level_benchmarks(tmp_path: Path) -> None:
 
 
 def test_both_controllers_provide_what_the_client_layers_call() -> None:
+    from tq_stream.connection.protocols import ControllerAPI
+    from tq_stream.connection.proxies import RemoteController
     from tq_stream.controller import Controller
-    from tq_stream.deploy.proxies import RemoteController
-    from tq_stream.protocols import ControllerAPI
 
     assert isinstance(Controller(), ControllerAPI)
     assert isinstance(RemoteController(rpc=None, timeout=1.0), ControllerAPI)

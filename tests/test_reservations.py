@@ -10,7 +10,7 @@ import pytest
 from conftest import dense_batch, keys_of, put_rows
 
 import tq_stream as tq
-from tq_stream import placement
+from tq_stream.connection import placement
 from tq_stream.controller import Controller
 from tq_stream.controller.reservations import RESTORED_LEASE
 from tq_stream.convert import schemas_of

@@ -12,6 +12,7 @@ import torch
 from tq_stream.backends.base import occupancy
 from tq_stream.backends.memory import MemoryUnit
 from tq_stream.columns import Ragged, schema_of
+from tq_stream.connection.spares import SparePool
 from tq_stream.controller import Controller
 from tq_stream.controller.checkpoint import load_controller
 from tq_stream.convert import schemas_of
@@ -26,7 +27,6 @@ from tq_stream.errors import (
 )
 from tq_stream.handling import WouldBlock, may_block
 from tq_stream.serialization import decode, encode
-from tq_stream.spares import SparePool
 from tq_stream.transport.dispatch import Dispatcher
 
 pytestmark = pytest.mark.timeout(60)

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from tensordict import TensorDict
 
-from tq_stream import fieldpath, placement
+from tq_stream import fieldpath
 from tq_stream.backends.base import occupancy
+from tq_stream.connection import placement
+from tq_stream.connection.protocols import ControllerAPI
 from tq_stream.convert import to_columns, to_tensordict
 from tq_stream.errors import ConfigError, check_name, check_timeout
 from tq_stream.leases import Hold
 from tq_stream.meta import BatchMeta
-from tq_stream.protocols import ControllerAPI
 from tq_stream.samplers.base import Sampler
 
 if TYPE_CHECKING:

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from tensordict import TensorDict
 
-from tq_stream import fieldpath, placement
+from tq_stream import fieldpath
 from tq_stream.backends.base import occupancy
 from tq_stream.checks import check_keys
+from tq_stream.connection import placement
 from tq_stream.convert import to_tensordict
 from tq_stream.errors import ConfigError, check_name
 from tq_stream.meta import BatchMeta

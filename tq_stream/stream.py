@@ -18,10 +18,10 @@ from typing import Any
 from tq_stream.backends.base import StorageUnit
 from tq_stream.client import Client
 from tq_stream.config import StreamConfig
+from tq_stream.connection.protocols import ControllerAPI
 from tq_stream.errors import ClosedError, StateError
 from tq_stream.kv import KV
 from tq_stream.leases import LeaseKeeper
-from tq_stream.protocols import ControllerAPI
 from tq_stream.stats import DeploymentStats, PartitionStats, ProcessInfo
 from tq_stream.writer import Writer
 
@@ -142,7 +142,7 @@ class Stream:
         """The servers of the deployment: the controller's process and RPC counts, and
         per storage unit whether it answered (within ``timeout`` seconds), the bytes it
         holds per partition and field, and its RPC counts. Read-only."""
-        from tq_stream.deploy.observe import deployment_stats
+        from tq_stream.connection.observe import deployment_stats
 
         return deployment_stats(self, timeout)
 
@@ -154,7 +154,7 @@ class Stream:
             >>> [(p.role, p.index) for p in stream.processes()]
             [('controller', 0), ('unit', 0), ('unit', 1)]
         """
-        from tq_stream.deploy.observe import processes
+        from tq_stream.connection.observe import processes
 
         return processes(self)
 

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tq_stream import placement
 from tq_stream.backends.base import occupancy
 from tq_stream.checks import check_keys, check_tags
 from tq_stream.columns import Column, FieldSchema, coerce, take
+from tq_stream.connection import placement
 from tq_stream.convert import schemas_of, single_row, to_columns
 from tq_stream.errors import (
     ClosedError,

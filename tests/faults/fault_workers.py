@@ -56,7 +56,7 @@ def put_and_hang(stream: tq.Stream, partition: str, out: Connection) -> None:
     """A producer stopped between ``reserve`` and ``commit``: its put of ``dead_0..7``
     reserves the rows, reports "reserved" and never stores the bytes (the test kills
     this process meanwhile)."""
-    from tq_stream import placement
+    from tq_stream.connection import placement
 
     def hang(*args: object, **kwargs: object) -> None:
         out.send("reserved")

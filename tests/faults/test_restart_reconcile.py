@@ -39,7 +39,7 @@ def test_a_partition_created_after_the_checkpoint_is_dropped_from_the_units():
 
 def _owner_units(stream):
     """The units, asked directly with the owner's token (``held`` is owner-only)."""
-    from tq_stream.deploy.proxies import OWNER_ARG
+    from tq_stream.connection.proxies import OWNER_ARG
 
     class Held:
         def __init__(self, unit):

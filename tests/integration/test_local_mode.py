@@ -33,9 +33,9 @@ from tq_fixtures import (
 from tq_workers import produce, values
 
 import tq_stream as tq
+from tq_stream.connection.proxies import RemoteUnit
+from tq_stream.connection.same_host import SameHostUnit
 from tq_stream.datasets.workers import SpawnStartWarning
-from tq_stream.deploy.local_read import SameHostUnit
-from tq_stream.deploy.proxies import RemoteUnit
 from tq_stream.errors import StateError
 
 __all__ = ["local_stream"]  # the module-scoped fixture, imported for pytest

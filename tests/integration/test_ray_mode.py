@@ -296,7 +296,7 @@ def test_a_producer_killed_between_reserve_and_commit_does_not_block_the_end_in_
     def reserve_and_hang(stream: tq.Stream) -> None:
         import time
 
-        from tq_stream import placement
+        from tq_stream.connection import placement
 
         placement.store = lambda *args, **kwargs: time.sleep(3600)
         stream.writer("dead").put(["d_0", "d_1"], {"x": torch.zeros(2, 1)})

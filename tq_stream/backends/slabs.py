@@ -71,7 +71,7 @@ class DenseSlab:
 
     Both come from allocators (``flag_alloc`` defaults to ``alloc``), so in a
     shared-memory unit a same-host writer can set a new row's flag itself
-    (``tq_stream.deploy.local_read``). They grow together, and a fresh flag array
+    (``tq_stream.connection.same_host``). They grow together, and a fresh flag array
     is all False, even in recycled memory.
     """
 

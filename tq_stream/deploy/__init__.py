@@ -92,7 +92,7 @@ def _start(mode: str, storage_units: int, restore: str | None, config: StreamCon
         backend = EmbeddedBackend(n, restore)
         return Stream(backend, config, mode, owner=backend)
     if mode in ("local", "ray"):
-        from tq_stream.deploy import remote
+        from tq_stream.connection import remote
 
         return remote.start(mode, n, restore, config, **options)
     raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
@@ -111,7 +111,7 @@ def connect(address: str | None = None, config: StreamConfig | None = None,
         lease_timeout: as in ``init``, for the consumers and producers of this handle.
     """
     config = with_lease_timeout(config, lease_timeout)
-    from tq_stream.deploy import remote
+    from tq_stream.connection import remote
 
     if address is None:
         address, curve_server_key = _by_name(name, namespace, curve_server_key)

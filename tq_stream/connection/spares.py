@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from tq_stream import placement
 from tq_stream.backends.base import occupancy
 from tq_stream.columns import Column, FieldSchema, coerce
+from tq_stream.connection import placement
 from tq_stream.convert import schemas_of
 from tq_stream.errors import StateError, TQError, WaitTimeout
 from tq_stream.forksafe import ForkSafeLock

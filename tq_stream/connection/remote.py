@@ -66,7 +66,7 @@ class RemoteBackend:
 
     def controller(self) -> Any:
         if self._ctrl is None:
-            from tq_stream.deploy.proxies import RemoteController
+            from tq_stream.connection.proxies import RemoteController
 
             with self._lock:
                 if self._ctrl is None:
@@ -101,8 +101,8 @@ class RemoteBackend:
         return self._units
 
     def _unit_client(self, i: int, info: dict[str, Any]) -> Any:
-        from tq_stream.deploy.local_read import SameHostUnit
-        from tq_stream.deploy.proxies import RemoteUnit
+        from tq_stream.connection.proxies import RemoteUnit
+        from tq_stream.connection.same_host import SameHostUnit
         from tq_stream.deploy.services import host_id, nearest
 
         address = info["address"] if self._curve is not None else nearest(info)
@@ -134,7 +134,7 @@ class RemoteBackend:
         """The SparePool of this process for puts to ``partition`` placed by ``unit``."""
         pool = self._spares.get((partition, unit))
         if pool is None or self._spares_pid != os.getpid():
-            from tq_stream.spares import SparePool
+            from tq_stream.connection.spares import SparePool
 
             with self._lock:
                 if self._spares_pid != os.getpid():  # forked: the parent's rows are not ours

@@ -62,8 +62,8 @@ def _unit_stats(i: int, unit: Any, timeout: float) -> UnitStats:
 
 
 def _remote(unit: Any) -> bool:
-    from tq_stream.deploy.local_read import SameHostUnit
-    from tq_stream.deploy.proxies import RemoteUnit
+    from tq_stream.connection.proxies import RemoteUnit
+    from tq_stream.connection.same_host import SameHostUnit
 
     return isinstance(unit, RemoteUnit | SameHostUnit)
 
