@@ -56,7 +56,7 @@ def main() -> None:
                      checkpoint_path=os.path.join(folder, "ctrl.tqmeta"),
                      config=tq.StreamConfig(timeout=30.0))
     try:
-        owner, ctrl = stream._owner, stream._backend.controller()
+        owner, ctrl = stream._owner, stream.connection.controller()
         stream.create_partition("p")
         _put(stream, "a", rows)
         old = owner.pids[1]

@@ -77,7 +77,7 @@ def observed(stream: tq.Stream) -> tuple[list[str], dict[str, Any]]:
             for lease in task.get("leases", []):
                 for clock in ("age", "heartbeat_age", "expires_in"):
                     lease.pop(clock, None)
-    return stream._controller().partitions(), stats
+    return stream.connection.controller().partitions(), stats
 
 
 def rejected_unchanged(stream: tq.Stream, call: Callable[[tq.Stream], Any], error: type,

@@ -126,7 +126,7 @@ def test_unknown_partition_for_reads(filled):
         filled.kv.list(partition="nope")
     with pytest.raises(KeyConflictError, match="'nope'"):
         filled.client().get_meta("nope", "t", step=0, timeout=0.05)
-    assert "nope" not in filled._controller().partitions()
+    assert "nope" not in filled.connection.controller().partitions()
 
 
 def test_put_of_new_rows_to_closed_partition(filled):
@@ -347,7 +347,7 @@ def test_a_first_put_that_fails_leaves_no_partition(stream, monkeypatch):
     monkeypatch.setattr(MemoryUnit, "put", broken)
     with pytest.raises(tq.errors.StateError, match="refuses"):
         stream.writer("new").put(["a"], {"x": torch.ones(1, 2)})
-    assert stream._controller().partitions() == []
+    assert stream.connection.controller().partitions() == []
     assert stream.stats() == {}
     monkeypatch.undo()
     stream.writer("new").put(["a"], {"x": torch.ones(1, 2)})

@@ -37,10 +37,10 @@ def test_a_cancelled_sessions_share_goes_back_after_many_more_cancels(stream):
 def test_a_restarted_worker_gets_its_cancelled_predecessors_share_back(stream):
     put_rows(stream, keys_of("k", 8))
     stream.client().register_task(P, "reward", ["x"], batch_size=2)
-    old = tq.Client(stream, consumer="reward")
+    old = tq.Client(stream.connection, consumer="reward")
     held = old.get_meta(P, "reward")
-    tq.Client(stream, consumer="critic").get_meta(P, "reward")  # another live share
+    tq.Client(stream.connection, consumer="critic").get_meta(P, "reward")  # another live share
     old.cancel()
     many_cancels(stream)
-    new = tq.Client(stream, consumer="reward")
+    new = tq.Client(stream.connection, consumer="reward")
     assert new.get_meta(P, "reward", timeout=1.0).step == held.step  # its name first

@@ -80,7 +80,7 @@ def test_restore_keeps_schemas_enforced(tmp_path):
 
 def test_save_needs_the_owning_stream_and_restore_a_checkpoint(tmp_path):
     with tq.init() as stream:
-        handle = tq.Stream(stream._backend, stream.config, "embedded")
+        handle = tq.Stream(stream.connection)
         with pytest.raises(StateError, match="tq.init"):
             handle.save(str(tmp_path / "x"))
     bogus = tmp_path / "bogus"

@@ -159,7 +159,7 @@ def test_controller_state_is_detached_from_later_calls():
     and acks must not change it (its arrays were once the live task arrays)."""
     with tq.init() as stream:
         fill(stream)
-        ctrl = stream._controller()
+        ctrl = stream.connection.controller()
         state = ctrl.state_dict()
         acks = state["tasks"][P]["actor"]["acks"].copy()
         task_state = state["tasks"][P]["actor"]["state"].copy()
@@ -201,7 +201,7 @@ def test_a_unit_reads_and_writes_only_files_named_for_the_save():
 def test_rows_a_unit_loaded_must_be_placed_there_by_the_metadata():
     with tq.init(storage_units=2) as stream:
         fill(stream)
-        state = stream._controller().state_dict()
+        state = stream.connection.controller().state_dict()
     spec = ckpt._unit_rows(state, 0)[P]
     ckpt._check_unit_rows(state, 0, {P: [spec["slots"], spec["tokens"]]}, "u0")  # all known
     wrong = spec["tokens"].copy()

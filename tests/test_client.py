@@ -101,7 +101,7 @@ def test_rows_spread_over_storage_units():
         keys = keys_of("k", 10)
         s.writer(P).put(keys, {"x": torch.arange(10.0), "r": [torch.ones(i) for i in range(10)],
                                "o": [f"v{i}" for i in range(10)]})
-        assert all(u.nbytes() > 0 for u in s._units())
+        assert all(u.nbytes() > 0 for u in s.connection.units())
         order = ["k7", "k0", "k5", "k9", "k1"]
         td = s.kv.get_batch(order, partition=P)
         assert td["x"].tolist() == [7.0, 0.0, 5.0, 9.0, 1.0]

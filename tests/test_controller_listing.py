@@ -14,21 +14,21 @@ def test_list_tags_is_columnar_oldest_first(stream):
     w.put(["a", "b"], {"x": torch.zeros(2, 1)}, tags=[{"n": 1, "s": "x"}, {"s": "y"}])
     w.put(["c"], {"x": torch.zeros(1, 1)}, tags=[{"n": 2.5}])
     stream.kv.clear(["b"], partition="p")
-    got = stream._controller().list_tags(partition="p")
+    got = stream.connection.controller().list_tags(partition="p")
     assert got["keys"] == ["a", "c"]
     cols = {name: (np.asarray(pos).tolist(), values) for name, (pos, values) in got["tags"].items()}
     assert cols == {"n": ([0, 1], [1, 2.5]), "s": ([0], ["x"])}
     assert type(cols["n"][1][0]) is int
     with pytest.raises(KeyConflictError, match="partition must exist"):
-        stream._controller().list_tags(partition="nope")
+        stream.connection.controller().list_tags(partition="nope")
 
 
 def test_keys_of_maps_indexes_of_live_rows(stream):
     stream.writer("p").put(["a", "b", "c"], {"x": torch.zeros(3, 1)})
     idx = stream.kv.meta(["c", "a"], partition="p").index
-    assert stream._controller().keys_of(partition="p", index=idx) == ["c", "a"]
+    assert stream.connection.controller().keys_of(partition="p", index=idx) == ["c", "a"]
     stream.kv.clear(["a"], partition="p")
     with pytest.raises(KeyConflictError, match="index must name live rows"):
-        stream._controller().keys_of(partition="p", index=idx)
+        stream.connection.controller().keys_of(partition="p", index=idx)
     with pytest.raises(KeyConflictError, match="index must name live rows"):
-        stream._controller().keys_of(partition="p", index=[10_000])
+        stream.connection.controller().keys_of(partition="p", index=[10_000])

@@ -79,7 +79,7 @@ def test_a_dead_consumers_rows_come_back(stream, clock):
     put_rows(stream, keys_of("k", 2))
     c = stream.client()
     c.register_task(P, "t", ["x"], batch_size=2, lease_timeout=5.0)
-    dead = tq.Client(stream)
+    dead = tq.Client(stream.connection)
     held = dead.get_meta(P, "t", None)
     for hold in dead._holds.values():
         hold.close()  # its process "died": the heartbeat stops renewing
@@ -121,7 +121,7 @@ def test_replicas_stay_identical_when_a_lease_expires_after_one_acked(stream, cl
     c.register_task(P, "t", ["x"], batch_size=2, replicas=2, lease_timeout=5.0)
     first = c.get_meta(P, "t", 0, replica=0)
     c.ack(first)
-    dead = tq.Client(stream)
+    dead = tq.Client(stream.connection)
     dead.get_meta(P, "t", 0, replica=1)  # replica 1 dies holding step 0
     for hold in dead._holds.values():
         hold.close()  # no heartbeat any more

@@ -80,7 +80,7 @@ def test_clear(stream):
         stream.kv.get("k1")
     assert stream.kv.clear() == 2
     assert stream.kv.list() == []
-    assert sum(u.nbytes() for u in stream._units()) == 0
+    assert sum(u.nbytes() for u in stream.connection.units()) == 0
     put_rows(stream, ["k1"], partition="default")  # a cleared key can be written again
     assert stream.kv.get("k1")["x"].shape == (4,)
 

@@ -115,8 +115,8 @@ def test_live_workers_sharing_a_consumer_name_get_different_rows(stream):
     stream.create_partition(P, consumers=["reward"])
     put_rows(stream, keys_of("k", 8))
     stream.client().register_task(P, "reward", ["x"], batch_size=2)
-    a = tq.Client(stream, consumer="reward")
-    b = tq.Client(stream, consumer="reward")
+    a = tq.Client(stream.connection, consumer="reward")
+    b = tq.Client(stream.connection, consumer="reward")
     ma, mb = a.get_meta(P, "reward"), b.get_meta(P, "reward")
     assert ma.step != mb.step and not set(ma.keys) & set(mb.keys)
     assert a.ack(ma) == 2
@@ -127,12 +127,12 @@ def test_live_workers_sharing_a_consumer_name_get_different_rows(stream):
 def test_a_restarted_worker_takes_back_what_its_dead_predecessor_held(stream, clock):
     put_rows(stream, keys_of("k", 8))
     stream.client().register_task(P, "reward", ["x"], batch_size=2, lease_timeout=5.0)
-    old = tq.Client(stream, consumer="reward")
+    old = tq.Client(stream.connection, consumer="reward")
     held = old.get_meta(P, "reward")
-    other = tq.Client(stream, consumer="critic")
+    other = tq.Client(stream.connection, consumer="critic")
     theirs = other.get_meta(P, "reward")
     die(old)
-    new = tq.Client(stream, consumer="reward")
+    new = tq.Client(stream.connection, consumer="reward")
     early = new.get_meta(P, "reward")  # old may still be alive: not its share
     assert early.step not in (held.step, theirs.step)
     clock.advance(6)
@@ -140,7 +140,7 @@ def test_a_restarted_worker_takes_back_what_its_dead_predecessor_held(stream, cl
     new.renew(early)
     again = new.get_meta(P, "reward")
     assert again.step == held.step and again.keys == held.keys
-    assert tq.Client(stream, consumer="reward").get_meta(P, "reward").step not in (
+    assert tq.Client(stream.connection, consumer="reward").get_meta(P, "reward").step not in (
         held.step, theirs.step, early.step)
 
 
@@ -187,10 +187,10 @@ def test_a_fresh_loader_after_a_gap_goes_on_with_new_steps(stream, clock):
 def test_expired_rows_come_back_to_the_next_pool_worker(stream, clock):
     put_rows(stream, keys_of("k", 4))
     stream.client().register_task(P, "t", ["x"], batch_size=2, lease_timeout=5.0)
-    dead = tq.Client(stream, consumer="w1")
+    dead = tq.Client(stream.connection, consumer="w1")
     held = dead.get_meta(P, "t")
     die(dead)
-    live = tq.Client(stream, consumer="w2")
+    live = tq.Client(stream.connection, consumer="w2")
     nxt = live.get_meta(P, "t")
     live.ack(nxt)
     clock.advance(6)
@@ -205,10 +205,10 @@ def test_a_pool_worker_at_the_end_waits_for_a_dead_workers_share(stream):
     put_rows(stream, keys_of("k", 4))
     stream.close_partition(P)
     stream.client().register_task(P, "t", ["x"], batch_size=2, lease_timeout=0.5)
-    dead = tq.Client(stream, consumer="w1")
+    dead = tq.Client(stream.connection, consumer="w1")
     held = dead.get_meta(P, "t")
     die(dead)
-    live = tq.Client(stream, consumer="w2")
+    live = tq.Client(stream.connection, consumer="w2")
     live.ack(live.get_meta(P, "t"))
     again = live.get_meta(P, "t", timeout=10.0)  # waits ~0.5 s, not the end
     assert not again.end and again.keys == held.keys

@@ -96,7 +96,7 @@ def test_a_writer_blocked_at_capacity_warns(caplog) -> None:
 
 
 def test_a_unit_going_down_warns_once(stream, caplog, monkeypatch) -> None:
-    unit = stream._units()[0]
+    unit = stream.connection.units()[0]
     with caplog.at_level(W, logger="tq_stream"):
         assert stream.deployment_stats()["units"][0]["up"]
         monkeypatch.setattr(unit, "stats", lambda: 1 / 0)

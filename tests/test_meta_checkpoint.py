@@ -43,8 +43,8 @@ def test_a_damaged_checkpoint_is_a_state_error_naming_the_file(tmp_path, damage)
 
 def test_reconcile_keeps_held_rows_drops_gone_ones_frees_orphans(stream):
     put_rows(stream, keys_of("k", 6))
-    ctrl = stream._backend.controller()
-    unit = stream._backend.units()[0]
+    ctrl = stream.connection.controller()
+    unit = stream.connection.units()[0]
     part = ctrl._parts["train"]
     held = unit.held()["train"]
     assert len(held["slots"]) == 6
@@ -61,7 +61,7 @@ def test_reconcile_keeps_held_rows_drops_gone_ones_frees_orphans(stream):
 def test_held_lists_written_slots_with_their_tokens(stream):
     put_rows(stream, keys_of("k", 3))
     meta = stream.kv.meta(keys_of("k", 3), partition="train")
-    held = stream._backend.units()[0].held()["train"]
+    held = stream.connection.units()[0].held()["train"]
     from tq_stream.backends.base import occupancy
 
     assert sorted(held["slots"].tolist()) == sorted(meta.slot.tolist())

@@ -29,7 +29,7 @@ def test_two_workers_each_holding_a_share_both_reach_the_end(stream):
     """The replay: each worker holds one batch and asks for the next before acking it;
     both waited for the other's share until their timeout (WaitTimeout)."""
     closed_pool(stream)
-    workers = [tq.Client(stream, consumer="reward") for _ in range(2)]
+    workers = [tq.Client(stream.connection, consumer="reward") for _ in range(2)]
     held = [w.get_meta(P, "reward") for w in workers]
     assert {m.step for m in held} == {0, 1}
     got: dict[int, object] = {}
@@ -54,9 +54,9 @@ def test_a_wait_for_a_live_holders_share_names_the_holder(stream):
     """A worker at the end waits while another live worker trains its batch; if that
     outlasts the timeout, the WaitTimeout says who holds what, and since when."""
     closed_pool(stream)
-    slow = tq.Client(stream, consumer="critic")
+    slow = tq.Client(stream.connection, consumer="critic")
     held = slow.get_meta(P, "reward")
-    fast = tq.Client(stream, consumer="reward")
+    fast = tq.Client(stream.connection, consumer="reward")
     fast.ack(fast.get_meta(P, "reward"))
     with pytest.raises(WaitTimeout) as err:
         fast.get_meta(P, "reward", timeout=0.3)

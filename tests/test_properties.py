@@ -300,7 +300,7 @@ class DeliveryMachine(RuleBasedStateMachine):
             assert discarded < t.batch_size * t.dp_size
             assert t.acked <= set(self.written)
         assert stats["rows"] == 0
-        assert sum(u.nbytes() for u in self.stream._units()) == 0
+        assert sum(u.nbytes() for u in self.stream.connection.units()) == 0
 
 
 DeliveryMachine.TestCase.settings = settings(

@@ -23,13 +23,13 @@ P = "train"
 def _reserve(stream: tq.Stream, keys: list[str], session: str = "dead", lease: float = 5.0,
              timeout: float = 10.0) -> dict:
     """A producer's reserve (what ``Writer.put`` does before storing the bytes)."""
-    ctrl = stream._backend.controller()
+    ctrl = stream.connection.controller()
     return ctrl.reserve(partition=P, keys=keys, schemas=schemas_of(dense_batch(keys)),
                         timeout=timeout, session=session, lease=lease)
 
 
 def _commit(stream: tq.Stream, place: dict, keys: list[str]) -> None:
-    stream._backend.controller().commit(partition=P, index=place["index"],
+    stream.connection.controller().commit(partition=P, index=place["index"],
                                         generation=place["generation"],
                                         schemas=schemas_of(dense_batch(keys)))
 
@@ -37,7 +37,7 @@ def _commit(stream: tq.Stream, place: dict, keys: list[str]) -> None:
 def _expiry_checked(stream: tq.Stream) -> None:
     """Make the controller check reservations for expiry, as any blocking reserve or
     get_meta wait does (here: a put to another partition)."""
-    ctrl = stream._backend.controller()
+    ctrl = stream.connection.controller()
     n = len(ctrl.list_rows("other")) if "other" in ctrl.partitions() else 0
     put_rows(stream, [f"o{n}"], "other")
 
@@ -64,12 +64,12 @@ def test_a_producer_whose_session_expired_does_not_block_the_end(stream, clock):
 def test_aborted_slots_are_freed_in_the_unit_and_placed_again(stream, clock):
     stream.create_partition(P)
     freed = []
-    unit = stream._units()[0]
+    unit = stream.connection.units()[0]
     real_free = unit.free
     unit.free = lambda partition, slots: (freed.append(list(slots)), real_free(partition, slots))
     place = _reserve(stream, ["dead_0", "dead_1"], lease=1.0)
     clock.advance(2)
-    ctrl = stream._backend.controller()
+    ctrl = stream.connection.controller()
     assert ctrl.renew(partition=P, task="", session="dead") == 0
     ctrl.stats()  # nothing expires on a read...
     assert freed == []
@@ -84,7 +84,7 @@ def test_aborted_slots_are_freed_in_the_unit_and_placed_again(stream, clock):
 def test_the_heartbeat_keeps_a_slow_put_alive(stream, clock):
     stream.create_partition(P)
     place = _reserve(stream, ["slow_0"], session="live", lease=5.0, timeout=60.0)
-    ctrl = stream._backend.controller()
+    ctrl = stream.connection.controller()
     for _ in range(4):  # 16 s in all, renewed every 4 s
         clock.advance(4)
         assert ctrl.renew(partition=P, task="", session="live") == 1
@@ -98,7 +98,7 @@ def test_a_live_but_stuck_producer_loses_its_reservation_after_timeout_plus_leas
                                                                                   clock):
     stream.create_partition(P, consumers=["t"])
     place = _reserve(stream, ["stuck_0"], session="stuck", lease=5.0, timeout=10.0)
-    ctrl = stream._backend.controller()
+    ctrl = stream.connection.controller()
     for _ in range(4):  # renewed every 4 s: past timeout + lease = 15 s
         clock.advance(4)
         ctrl.renew(partition=P, task="", session="stuck")
@@ -112,7 +112,7 @@ def test_cancel_aborts_the_sessions_reservations_at_once(stream):
     stream.create_partition(P)
     place = _reserve(stream, ["c_0", "c_1"], session="w-1")
     keep = _reserve(stream, ["k_0"], session="w-2")
-    stream._backend.controller().cancel(session="w-1")
+    stream.connection.controller().cancel(session="w-1")
     assert [r["key"] for r in stream.kv.list(partition=P)] == ["k_0"]  # still reserved
     with pytest.raises(StateError):
         _commit(stream, place, ["c_0", "c_1"])
@@ -129,7 +129,7 @@ def test_a_dead_producers_rows_free_capacity_for_a_waiting_writer(stream, clock)
 
 
 def test_a_writer_holds_its_rows_under_its_process_producer_session(stream, monkeypatch):
-    ctrl = stream._backend.controller()
+    ctrl = stream.connection.controller()
     seen = []
     real_store = placement.store
 
@@ -140,7 +140,7 @@ def test_a_writer_holds_its_rows_under_its_process_producer_session(stream, monk
 
     monkeypatch.setattr(placement, "store", store)
     put_rows(stream, keys_of("a", 3), P)
-    session = stream._keeper().producer_session(P, stream.config.lease_timeout)
+    session = stream.connection.keeper().producer_session(P, stream.config.lease_timeout)
     assert seen == [[(P, session, stream.config.lease_timeout, 3)]]
     assert len(ctrl._reservations) == 0  # committed
     assert ctrl.renew(partition=P, task="", session=session) == 0
@@ -151,14 +151,14 @@ def test_bad_session_or_lease_is_rejected_before_anything_changes(stream):
         _reserve(stream, ["x_0"], lease=-1.0)
     with pytest.raises(ConfigError, match="session"):
         _reserve(stream, ["x_0"], session="s" * 300)
-    assert stream._backend.controller().partitions() == []
+    assert stream.connection.controller().partitions() == []
 
 
 def test_rows_reserved_when_a_checkpoint_was_taken_are_held_after_a_restore(stream, clock):
     stream.create_partition(P)
     put_rows(stream, keys_of("a", 4), P)
     _reserve(stream, ["mid_0"])  # a put in flight when the state is taken
-    state = stream._backend.controller().state_dict()
+    state = stream.connection.controller().state_dict()
     ctrl = Controller()  # the restarted controller (metadata only)
     ctrl.load_state_dict(state)
     clock.advance(RESTORED_LEASE - 1)

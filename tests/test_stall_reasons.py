@@ -76,7 +76,7 @@ def test_status_and_metrics_show_what_rows_lack():
         out = console.export_text()
         assert "8 rows not ready: 8 lack field 'reward'" in out
         assert "worker-1" in out
-        families = {f.name: f for f in StreamCollector(stream).collect()}
+        families = {f.name: f for f in StreamCollector(stream.connection).collect()}
         lacking = {tuple(s.labels.values()): s.value
                    for s in families["tq_stream_rows_lacking"].samples}
         assert lacking[(P, "t", "field", "reward")] == 8

@@ -18,7 +18,7 @@ from tq_stream.samplers import Candidates, SequentialSampler
 
 def _busy_controller(stream: tq.Stream) -> Controller:
     """A controller with two partitions, typed tags, two tasks, leases, acks and frees."""
-    ctrl = stream._controller()
+    ctrl = stream.connection.controller()
     stream.create_partition("train", capacity=64, consumers=["old_logp", "actor"])
     keys = keys_of("k", 12)
     tags = [{"uid": f"g{i // 2}", "v": i, "score": i / 3, "ok": i % 2 == 0} for i in range(12)]

@@ -31,7 +31,7 @@ def _on(stream, keys, unit):
 
 
 def test_a_lost_units_rows_are_dropped_counted_and_nothing_new_goes_there(two_units):
-    ctrl = two_units._backend.controller()
+    ctrl = two_units.connection.controller()
     two_units.create_partition(P, consumers=["t"])
     c = two_units.client()
     c.register_task(P, "t", ["x"], batch_size=4)
@@ -58,7 +58,7 @@ def test_a_lost_units_rows_are_dropped_counted_and_nothing_new_goes_there(two_un
 
 
 def test_no_live_unit_is_an_error_naming_the_rule(two_units):
-    ctrl = two_units._backend.controller()
+    ctrl = two_units.connection.controller()
     ctrl.unit_lost(0)
     ctrl.unit_lost(1)
     with pytest.raises(StateError, match="must be alive"):
@@ -81,7 +81,7 @@ def _step0_on_unit_1(stream):
 
 def test_a_rank_whose_share_was_lost_gets_an_empty_batch_at_once(two_units):
     c, meta, on_0 = _step0_on_unit_1(two_units)
-    two_units._backend.controller().unit_lost(1)
+    two_units.connection.controller().unit_lost(1)
     empty = c.get_meta(P, "t", 0, timeout=1.0)
     assert len(empty) == 0 and not empty.end  # lost, said at once: no wait
     c.ack(meta)  # an ack of lost rows succeeds (they are gone)
@@ -92,7 +92,7 @@ def test_a_rank_whose_share_was_lost_gets_an_empty_batch_at_once(two_units):
 def test_a_loader_goes_on_with_the_next_step_when_its_share_was_lost(two_units):
     c, meta, on_0 = _step0_on_unit_1(two_units)
     c.release(meta)
-    two_units._backend.controller().unit_lost(1)
+    two_units.connection.controller().unit_lost(1)
     two_units.close_partition(P)
     ds = tq.StreamingDataset(two_units, P, "t", ["x"], batch_size=2, timeout=2.0)
     ds.plan = (0, frozenset())  # planned before the loss: step 0 is asked for
@@ -115,7 +115,7 @@ def _x_then_lost(stream, keys):
     put_rows(stream, keys)
     lost = _on(stream, keys, 1)
     assert 0 < len(lost) < len(keys)
-    ctrl = stream._backend.controller()
+    ctrl = stream.connection.controller()
     ctrl.unit_lost(1)
     ctrl.unit_back(1)  # a restarted unit: rows may be placed there again
     return lost
@@ -176,7 +176,7 @@ def test_put_data_through_a_meta_skips_rows_lost_meanwhile(two_units):
     put_rows(two_units, keys)
     lost = _on(two_units, keys, 1)
     meta = c.get_meta(P, "t", 0)
-    two_units._backend.controller().unit_lost(1)
+    two_units.connection.controller().unit_lost(1)
     assert sorted(c.put_data(meta, {"r": torch.ones(8)})) == sorted(lost)
     c.ack(meta)
     two_units.close_partition(P)

@@ -44,7 +44,7 @@ def _wait_in_thread(ctrl, out, srv=None, reply_to=None, req_id=0, **kw):
 def test_a_commit_gives_each_waiting_rank_its_rows(stream, rows):
     stream.create_partition(P, consumers=["t"])
     stream.client().register_task(P, "t", ["x"], batch_size=rows, dp_size=2)
-    ctrl, srv = stream._controller(), object()
+    ctrl, srv = stream.connection.controller(), object()
     got: list[list] = [[], []]
     threads = [_wait_in_thread(ctrl, got[r], srv, f"conn{r}", 10 + r, step=0, dp_rank=r,
                                timeout=10.0) for r in (0, 1)]
@@ -67,7 +67,7 @@ def test_a_commit_gives_each_waiting_rank_its_rows(stream, rows):
 def test_without_a_server_the_waiter_returns_the_step_the_commit_formed(stream):
     stream.create_partition(P, consumers=["t"])
     stream.client().register_task(P, "t", ["x"], batch_size=2)
-    ctrl, got = stream._controller(), []
+    ctrl, got = stream.connection.controller(), []
     th = _wait_in_thread(ctrl, got, step=0, timeout=10.0)  # embedded: no server
     with serving(object(), "producer", 1) as box:  # a server the waiter is not on
         put_rows(stream, keys_of("k", 2))
@@ -78,7 +78,7 @@ def test_without_a_server_the_waiter_returns_the_step_the_commit_formed(stream):
 def test_a_cancelled_or_late_waiter_is_not_answered(stream):
     stream.create_partition(P, consumers=["t"])
     stream.client().register_task(P, "t", ["x"], batch_size=1, dp_size=2)
-    ctrl = stream._controller()
+    ctrl = stream.connection.controller()
     _, state = ctrl._task(P, "t")
     ctrl.cancel("gone")
     cancelled = Waiter(state, (0, 0, 0, "gone", ""), 0.0, float("inf"), None)
@@ -101,7 +101,7 @@ class Failing(Sampler):
 def test_a_sampler_error_reaches_the_waiter_not_the_producer(stream):
     stream.create_partition(P, consumers=["t"])
     stream.client().register_task(P, "t", ["x"], batch_size=1, sampler=Failing())
-    ctrl, got = stream._controller(), []
+    ctrl, got = stream.connection.controller(), []
     srv = object()
     th = _wait_in_thread(ctrl, got, srv, "conn", 5, step=0, timeout=10.0)
     with serving(srv, "producer", 6) as box:
@@ -116,7 +116,7 @@ def test_a_sampler_error_reaches_the_waiter_not_the_producer(stream):
 def test_a_waiter_that_times_out_leaves_no_registration(stream):
     stream.create_partition(P, consumers=["t"])
     stream.client().register_task(P, "t", ["x"], batch_size=1)
-    ctrl = stream._controller()
+    ctrl = stream.connection.controller()
     with pytest.raises(WaitTimeout):
         ctrl.get_meta(P, "t", 0, timeout=0.05)
     assert len(ctrl._waiters) == 0
@@ -131,7 +131,7 @@ def test_a_get_meta_inside_another_handler_does_not_answer_that_handlers_caller(
     direct call."""
     stream.create_partition(P, consumers=["t"])
     stream.client().register_task(P, "t", ["x"], batch_size=1)
-    ctrl, srv, got = stream._controller(), object(), []
+    ctrl, srv, got = stream.connection.controller(), object(), []
 
     class Outer:  # a handler of another method, which calls get_meta
         RPC_METHODS = frozenset({"kv_batch_get"})
@@ -158,7 +158,7 @@ def test_a_commit_that_forms_no_step_does_not_wake_the_waiters_to_look_again(str
     under the lock (twice the work of each commit that does not fill a batch)."""
     stream.create_partition(P, consumers=["t"])
     stream.client().register_task(P, "t", ["x"], batch_size=4)
-    ctrl, got = stream._controller(), []
+    ctrl, got = stream.connection.controller(), []
     th = _wait_in_thread(ctrl, got, step=0, timeout=10.0)
     notify_all, wakes = ctrl._cond.notify_all, []
 

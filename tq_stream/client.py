@@ -13,26 +13,25 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tensordict import TensorDict
 
 from tq_stream import fieldpath
 from tq_stream.backends.base import occupancy
 from tq_stream.connection import placement
+from tq_stream.connection.connection import Connection
 from tq_stream.connection.protocols import ControllerAPI
 from tq_stream.convert import to_columns, to_tensordict
 from tq_stream.errors import ConfigError, check_name, check_timeout
 from tq_stream.leases import Hold
 from tq_stream.meta import BatchMeta
 from tq_stream.samplers.base import Sampler
-
-if TYPE_CHECKING:
-    from tq_stream.stream import Stream
+from tq_stream.writer import Writer
 
 
 class Client:
-    """Explicit calls on a Stream's controller and storage units (see module doc).
+    """Explicit calls on a deployment's controller and storage units (see module doc).
 
     A client is one consumer session: the leases it takes with ``get_meta`` are kept
     alive by the stream's heartbeat for as long as the client exists (keep a reference
@@ -40,7 +39,7 @@ class Client:
     process dies; the rows then go to the next reader of that step and rank.
 
     Args:
-        stream: the Stream to call.
+        connection: the deployment to call (``stream.connection``).
         consumer: a stable name for ``get_meta(step=None)`` in a pool of stage workers:
             a restarted worker of the same name first gets back what its dead
             predecessor held, once that lease expired. It does not share: a batch a
@@ -48,15 +47,16 @@ class Client:
         session: the session id (default: a new random one).
     """
 
-    def __init__(self, stream: Stream, consumer: str = "", session: str | None = None) -> None:
-        self._stream = stream
+    def __init__(self, connection: Connection, consumer: str = "",
+                 session: str | None = None) -> None:
+        self._conn = connection
         self.consumer = consumer
         self.session = uuid.uuid4().hex if session is None else session
         self._holds: dict[tuple[str, str], Hold] = {}
 
     @property
     def _controller(self) -> ControllerAPI:
-        return self._stream._controller()
+        return self._conn.controller()
 
     def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
                       dp_size: int = 1, replicas: int = 1, lease_timeout: float | None = None,
@@ -64,7 +64,7 @@ class Client:
         """Declare a consumer task (idempotent; every rank passes the same settings).
         ``lease_timeout`` defaults to the stream's (``tq.init(lease_timeout=...)``)."""
         if lease_timeout is None:
-            lease_timeout = self._stream.config.lease_timeout
+            lease_timeout = self._conn.config.lease_timeout
         self._controller.register_task(
             partition=partition, task=task, fields=list(fields), batch_size=batch_size,
             dp_size=dp_size, replicas=replicas, lease_timeout=lease_timeout,
@@ -94,7 +94,7 @@ class Client:
             the batch's BatchMeta (``meta.end`` once a closed partition is drained), or
             None if ``cancel()`` ended the wait.
         """
-        timeout = self._stream.config.timeout if timeout is None else timeout
+        timeout = self._conn.config.timeout if timeout is None else timeout
         check_timeout("timeout", timeout)
         hold = self._hold(partition, task)
         d = self._controller.get_meta(partition=partition, task=task, step=step,
@@ -102,7 +102,7 @@ class Client:
                                       session=self.session, consumer=self.consumer)
         if d is None:
             return None
-        hold.set_lease(float(d.get("lease_timeout", self._stream.config.lease_timeout)))
+        hold.set_lease(float(d.get("lease_timeout", self._conn.config.lease_timeout)))
         return BatchMeta.from_dict(d, self.session)
 
     def first_unfinished(self, partition: str, task: str, dp_rank: int = 0,
@@ -121,8 +121,8 @@ class Client:
     def _hold(self, partition: str, task: str) -> Hold:
         hold = self._holds.get((partition, task))
         if hold is None:
-            lease = self._stream.config.lease_timeout
-            hold = self._holds[(partition, task)] = self._stream._keeper().hold(
+            lease = self._conn.config.lease_timeout
+            hold = self._holds[(partition, task)] = self._conn.keeper().hold(
                 partition, task, self.session, lease)
         return hold
 
@@ -132,7 +132,7 @@ class Client:
         path (``"obs"``) reads every field of meta under it, as a nested TensorDict."""
         fields = list(meta.fields) if fields is None else \
             fieldpath.resolve(fields, meta.fields)
-        cols = placement.load(self._stream._units(), meta.partition, meta.unit, meta.slot, fields,
+        cols = placement.load(self._conn.units(), meta.partition, meta.unit, meta.slot, fields,
                               occupancy(meta.index, meta.generation), meta.schemas)
         return to_tensordict(cols, len(meta), ragged=ragged)
 
@@ -145,8 +145,8 @@ class Client:
                 task, or cleared); nothing is written then, no row is re-created.
         """
         cols = to_columns(data, len(meta))
-        return self._stream.writer(meta.partition)._write(list(meta.keys), cols, None, timeout,
-                                                          expect=meta.generation)
+        return Writer(self._conn, meta.partition)._write(list(meta.keys), cols, None, timeout,
+                                                         expect=meta.generation)
 
     def ack(self, meta: BatchMeta) -> int:
         """This replica of meta's rank is done with meta's rows (a second ack is a

@@ -42,6 +42,7 @@ import torch
 from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
+from tq_stream.client import Client
 from tq_stream.datasets import loop_exit, worker_deaths
 from tq_stream.datasets.batch import batch_meta, copy_meta, loader_step
 from tq_stream.datasets.minibatch import minibatches
@@ -113,7 +114,7 @@ class StreamingDataLoader:
         self.dataset = dataset
         dataset.auto_ack = False
         self.num_workers = check_positive("num_workers", num_workers, allow_zero=True)
-        if num_workers and getattr(dataset.stream, "mode", "") == "embedded":
+        if num_workers and dataset.connection.mode == "embedded":
             raise ConfigError(f"num_workers must be 0 with an embedded stream (its controller "
                               f"lives in this process), got {num_workers}; use "
                               f"tq.init(mode='local') for worker processes")
@@ -131,7 +132,7 @@ class StreamingDataLoader:
             raise ConfigError(f"timeout bounds the wait for DataLoader workers, so it needs "
                               f"num_workers >= 1 (with 0, the dataset's timeout bounds "
                               f"every wait), got timeout={timeout!r} with num_workers=0")
-        self._client = dataset.stream.client()
+        self._client = Client(dataset.connection)
         self._next_step = dataset.start_step
         self._unacked: list[TensorDict] = []
         self._holds: list[Any] = []  # heartbeats of sessions with batches not yet acked
@@ -194,8 +195,8 @@ class StreamingDataLoader:
         ds.session = uuid.uuid4().hex
         ds.plan = ds.resume_plan()
         for p in ds.partitions:  # what workers fetched ahead and this process yields
-            self._holds.append(ds.stream._keeper().hold(p, ds.task, ds.session,
-                                                        ds.lease_timeout))
+            self._holds.append(ds.connection.keeper().hold(p, ds.task, ds.session,
+                                                           ds.lease_timeout))
         batches = iter(DataLoader(ds, **self._kwargs))
         step, skip = ds.plan  # the step this iteration yields next
         deaths = worker_deaths.Deferral()
@@ -334,7 +335,7 @@ class StreamingDataLoader:
         """End the iteration's waits in every worker, so workers stop by themselves
         when the loop stops (torch's shutdown would wait for each, then kill it)."""
         try:
-            self._client._controller.cancel(session=session)
+            self.dataset.connection.controller().cancel(session=session)
         except Exception as exc:  # a closed stream: nothing waits any more
             if logger is not None:  # None while the interpreter shuts down
                 logger.debug("cancelling loader session %s: %s", session, exc)
@@ -434,7 +435,7 @@ class StreamingDataLoader:
         """This loader's task counters per partition (handed out, acked, discarded by
         reason...) and the rows this loader yielded from each partition."""
         ds = self.dataset
-        everything = self._client._controller.stats()
+        everything: dict[str, Any] = dict(self.dataset.connection.controller().stats())
         return {
             "rows": {p: self._rows[p] for p in ds.partitions},
             "tasks": {p: everything.get(p, {}).get("tasks", {}).get(ds.task, {})

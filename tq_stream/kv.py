@@ -12,7 +12,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tensordict import TensorDict
 
@@ -20,21 +20,24 @@ from tq_stream import fieldpath
 from tq_stream.backends.base import occupancy
 from tq_stream.checks import check_keys
 from tq_stream.connection import placement
+from tq_stream.connection.connection import Connection
 from tq_stream.convert import to_tensordict
 from tq_stream.errors import ConfigError, check_name
 from tq_stream.meta import BatchMeta
-
-if TYPE_CHECKING:
-    from tq_stream.stream import Stream
+from tq_stream.writer import Writer
 
 DEFAULT_PARTITION = "default"
 
 
 class KV:
-    """Key-value access to rows (see module docstring)."""
+    """Key-value access to rows (see module docstring).
 
-    def __init__(self, stream: Stream) -> None:
-        self._stream = stream
+    Args:
+        connection: the deployment (``stream.connection``); ``stream.kv`` is one.
+    """
+
+    def __init__(self, connection: Connection) -> None:
+        self._conn = connection
 
     def put(self, key: str, fields: Any, tag: dict[str, Any] | None = None,
             partition: str = DEFAULT_PARTITION, timeout: float | None = None) -> list[str]:
@@ -42,20 +45,20 @@ class KV:
         was lost with its storage unit and the put was skipped (``Writer.put``)."""
         if not isinstance(key, str):
             raise ConfigError(f"key must be a str (use put_batch for many), got {key!r}")
-        return self._stream.writer(partition).put(key, fields, tags=tag, timeout=timeout)
+        return Writer(self._conn, partition).put(key, fields, tags=tag, timeout=timeout)
 
     def put_batch(self, keys: Sequence[str], data: Any, tags: Any = None,
                   partition: str = DEFAULT_PARTITION, timeout: float | None = None) -> list[str]:
         """Set fields of many rows: ``data`` is a TensorDict ``[n]`` or dict of fields.
         Returns the keys skipped as rows lost with their storage unit (``Writer.put``)."""
-        return self._stream.writer(partition).put(list(keys), data, tags=tags,
+        return Writer(self._conn, partition).put(list(keys), data, tags=tags,
                                                   timeout=timeout)
 
     def meta(self, keys: Sequence[str], fields: Sequence[str] | None = None,
              partition: str = DEFAULT_PARTITION) -> BatchMeta:
         """Where ``keys`` live, checking ``fields`` are written (all written fields if None)."""
         keys = check_keys(keys)
-        d = self._stream._controller().lookup(
+        d = self._conn.controller().lookup(
             partition=check_name("partition", partition), keys=keys,
             fields=None if fields is None else list(fields))
         return BatchMeta.from_dict(d)
@@ -64,7 +67,7 @@ class KV:
                   partition: str = DEFAULT_PARTITION, ragged: str = "nested") -> TensorDict:
         """The fields of many rows as a TensorDict ``[n]`` (rows in ``keys`` order)."""
         meta = self.meta(keys, fields, partition)
-        cols = placement.load(self._stream._units(), partition, meta.unit, meta.slot,
+        cols = placement.load(self._conn.units(), partition, meta.unit, meta.slot,
                               meta.fields, occupancy(meta.index, meta.generation),
                               meta.schemas)
         return to_tensordict(cols, len(meta), ragged=ragged)
@@ -76,7 +79,7 @@ class KV:
         if not isinstance(key, str):
             raise ConfigError(f"key must be a str (use get_batch for many), got {key!r}")
         meta = self.meta([key], fields, partition)
-        cols = placement.load(self._stream._units(), partition, meta.unit, meta.slot,
+        cols = placement.load(self._conn.units(), partition, meta.unit, meta.slot,
                               meta.fields, occupancy(meta.index, meta.generation),
                               meta.schemas)
         out: dict[str, Any] = {}
@@ -90,13 +93,13 @@ class KV:
         with ``keys``, only theirs, in ``keys`` order (a key with no row left out)."""
         partition = check_name("partition", partition)
         only = None if keys is None else check_keys(keys)
-        return self._stream._controller().list_rows(partition=partition, keys=only)
+        return self._conn.controller().list_rows(partition=partition, keys=only)
 
     def clear(self, keys: str | Sequence[str] | None = None,
               partition: str = DEFAULT_PARTITION) -> int:
         """Delete rows (all rows of the partition if ``keys`` is None); returns the count."""
         keys_ = None if keys is None else check_keys([keys] if isinstance(keys, str) else keys)
-        return self._stream._controller().clear(partition=check_name("partition", partition),
+        return self._conn.controller().clear(partition=check_name("partition", partition),
                                                 keys=keys_)
 
 

@@ -50,7 +50,7 @@ class Hold:
         interval = min(MAX_INTERVAL, max(MIN_INTERVAL, lease_timeout / RENEWALS_PER_LEASE))
         if interval < self.interval:
             self.interval = interval
-            self.keeper._changed.set()  # the heartbeat adopts the shorter interval now
+            self.keeper.wake()  # the heartbeat adopts the shorter interval now
 
     def close(self) -> None:
         self.closed = True
@@ -95,6 +95,14 @@ class LeaseKeeper:
                                                 name="tq-lease-keeper")
                 self._thread.start()
         return h
+
+    def forked(self) -> bool:
+        """True in a process forked after this keeper was made (its thread is not here)."""
+        return self._pid != os.getpid()
+
+    def wake(self) -> None:
+        """Have the heartbeat thread look at its holds' intervals again now."""
+        self._changed.set()
 
     def renew_now(self) -> None:
         """Renew every held session at once (also what the thread does)."""

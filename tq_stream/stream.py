@@ -11,19 +11,20 @@ handle is not, since its controller lives only in this process.
 from __future__ import annotations
 
 import logging
-import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tq_stream.backends.base import StorageUnit
 from tq_stream.client import Client
 from tq_stream.config import StreamConfig
-from tq_stream.connection.protocols import ControllerAPI
-from tq_stream.errors import ClosedError, StateError
+from tq_stream.connection.connection import Connection
+from tq_stream.errors import StateError
 from tq_stream.kv import KV
-from tq_stream.leases import LeaseKeeper
 from tq_stream.stats import DeploymentStats, PartitionStats, ProcessInfo
 from tq_stream.writer import Writer
+
+if TYPE_CHECKING:
+    from tq_stream.connection.protocols import Owner
+    from tq_stream.metrics.server import MetricsServer
 
 logger = logging.getLogger(__name__)
 
@@ -31,57 +32,44 @@ logger = logging.getLogger(__name__)
 class Stream:
     """Access to one deployment (see module docstring).
 
+    Args:
+        connection: how this process reaches the deployment (``stream.connection``).
+        owner: what closing this handle stops (the deployment ``tq.init`` started, or
+            the sockets ``tq.connect`` opened); None for a handle reopened elsewhere.
+        metrics: the Prometheus endpoint this handle serves (``tq.init(metrics_port=)``).
+
     Example:
         >>> with tq.init() as stream:
         ...     stream.writer("train").put(["k"], {"x": torch.ones(1, 4)})
     """
 
-    def __init__(self, backend: Any, config: StreamConfig, mode: str,
-                 owner: Any = None) -> None:
-        self._backend = backend  # has .controller() and .units()
-        self.config = config
-        self.mode = mode
+    def __init__(self, connection: Connection, owner: Owner | None = None,
+                 metrics: MetricsServer | None = None) -> None:
+        self.connection = connection
         self._owner = owner
-        self._closed = False
-        self._lease_keeper: LeaseKeeper | None = None
-        self._metrics: Any = None  # the MetricsServer of tq.init(metrics_port=...)
-        self.kv = KV(self)
-
-    # -- wiring used by the client layers
-    def _controller(self) -> ControllerAPI:
-        if self._closed:
-            raise ClosedError("stream is closed")
-        ctrl: ControllerAPI = self._backend.controller()
-        return ctrl
-
-    def _units(self) -> list[StorageUnit]:
-        if self._closed:
-            raise ClosedError("stream is closed")
-        units: list[StorageUnit] = self._backend.units()
-        return units
-
-    def _keeper(self) -> LeaseKeeper:
-        """This process's heartbeat for the leases taken through this handle."""
-        keeper = self._lease_keeper
-        if keeper is None or keeper._pid != os.getpid():  # new, or inherited by a fork
-            keeper = self._lease_keeper = LeaseKeeper(self._controller)
-        return keeper
-
-    def _spares(self, partition: str, unit: int) -> Any:
-        """This process's SparePool for puts to ``partition`` (None: puts use reserve)."""
-        spares = getattr(self._backend, "spares", None)
-        return None if spares is None else spares(partition, unit)
+        self._metrics = metrics
+        self.kv = KV(connection)
 
     # -- public API
     @property
+    def config(self) -> StreamConfig:
+        """Timeouts and lease defaults of this handle's clients."""
+        return self.connection.config
+
+    @property
+    def mode(self) -> str:
+        """"embedded", "local", "ray", or "remote" (a joined or handed-on handle)."""
+        return self.connection.mode
+
+    @property
     def address(self) -> str | None:
         """Where ``tq.connect`` reaches this deployment (None when embedded)."""
-        return getattr(self._backend, "address", None)
+        return self.connection.address
 
     @property
     def curve_server_key(self) -> bytes | None:
         """The deployment's CURVE public key, which clients pass to ``tq.connect``."""
-        return getattr(self._backend, "_curve", None)
+        return self.connection.curve_server_key
 
     def writer(self, partition: str, unit: int = -1) -> Writer:
         """A producer handle on ``partition`` (created on first write).
@@ -89,15 +77,12 @@ class Stream:
         ``unit`` pins rows to one storage unit; by default a writer prefers the units
         on its own host (and spreads rows over all of them).
         """
-        if unit == -1:
-            prefer = getattr(self._backend, "preferred_unit", None)
-            unit = prefer() if prefer is not None else -1
-        return Writer(self, partition, unit)
+        return Writer(self.connection, partition, None if unit == -1 else unit)
 
     def client(self, consumer: str = "") -> Client:
         """The low-level client (get_meta / get_data / put_data / ack): one consumer
         session (see ``Client``); ``consumer`` names a stage worker of a pool."""
-        return Client(self, consumer)
+        return Client(self.connection, consumer)
 
     def create_partition(self, partition: str, capacity: int | None = None,
                          consumers: list[str] | None = None) -> None:
@@ -111,32 +96,32 @@ class Stream:
                 register. Without it, rows stay until cleared (``kv.clear``,
                 ``client.clear``): nothing is freed behind a consumer's back.
         """
-        self._controller().create_partition(partition=partition, capacity=capacity,
+        self.connection.controller().create_partition(partition=partition, capacity=capacity,
                                             consumers=consumers)
 
     def close_partition(self, partition: str) -> None:
         """Declare that no new rows will be written to ``partition``."""
-        self._controller().close_partition(partition=partition)
+        self.connection.controller().close_partition(partition=partition)
 
     def set_version(self, partition: str, task: str, version: int) -> None:
         """Set the consumer's current policy version for staleness-aware samplers."""
-        self._controller().set_version(partition=partition, task=task, version=version)
+        self.connection.controller().set_version(partition=partition, task=task, version=version)
 
     def set_tags(self, partition: str, keys: list[str], tags: list[dict[str, Any]]) -> None:
         """Merge ``tags[i]`` into the tags of existing row ``keys[i]`` (e.g. a reward or
         an advantage magnitude computed by a later stage, for samplers to read)."""
-        self._controller().set_tags(partition=partition, keys=list(keys), tags=tags)
+        self.connection.controller().set_tags(partition=partition, keys=list(keys), tags=tags)
 
     def set_admission(self, partition: str, task: str, steps_per_version: int) -> None:
         """How many steps ``task`` takes per policy version (for ``Writer.reserve``)."""
-        self._controller().set_admission(partition=partition, task=task,
+        self.connection.controller().set_admission(partition=partition, task=task,
                                          steps_per_version=steps_per_version)
 
     def stats(self) -> dict[str, PartitionStats]:
         """Per partition: rows, fields, writer waits, and per task its counters (handed
         out, acked, discarded by reason), rates, the oldest ready row's age and timing
         histograms. Every key is documented in ``tq_stream.stats``."""
-        return self._controller().stats()
+        return self.connection.controller().stats()
 
     def deployment_stats(self, timeout: float = 2.0) -> DeploymentStats:
         """The servers of the deployment: the controller's process and RPC counts, and
@@ -144,7 +129,7 @@ class Stream:
         holds per partition and field, and its RPC counts. Read-only."""
         from tq_stream.connection.observe import deployment_stats
 
-        return deployment_stats(self, timeout)
+        return deployment_stats(self.connection, timeout)
 
     def processes(self) -> list[ProcessInfo]:
         """The processes of the deployment (controller first, then the units in order):
@@ -156,7 +141,7 @@ class Stream:
         """
         from tq_stream.connection.observe import processes
 
-        return processes(self)
+        return processes(self.connection)
 
     @property
     def metrics_endpoint(self) -> str | None:
@@ -178,11 +163,9 @@ class Stream:
 
     def close(self) -> None:
         """Close this handle; the deployment's owner also stops what it started."""
-        if self._closed:
+        if self.connection.closed:
             return
-        self._closed = True
-        if self._lease_keeper is not None:
-            self._lease_keeper.stop()
+        self.connection.close()
         if self._metrics is not None:
             self._metrics.close()
         if self._owner is not None:
@@ -199,11 +182,6 @@ class Stream:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __reduce__(self) -> Any:
-        reducer = getattr(self._backend, "reduce_stream", None)
-        if reducer is None:
-            raise StateError(
-                "an embedded stream must not be pickled (its controller lives in this "
-                "process); use tq.init(mode='local') to share a stream across processes"
-            )
-        return reducer(self.config)
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the connection reopens in the other process (an embedded one raises StateError)
+        return Stream, (self.connection,)

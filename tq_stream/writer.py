@@ -40,7 +40,9 @@ from tq_stream.errors import (
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from tq_stream.stream import Stream
+    from tq_stream.connection.connection import Connection
+    from tq_stream.connection.protocols import ControllerAPI
+    from tq_stream.connection.spares import SparePool
 
 
 def _coerced(cols: dict[str, Column], fixed: dict[str, Any]) -> dict[str, Column]:
@@ -81,12 +83,19 @@ class PutAgain(Exception):
 
 
 class Writer:
-    """Upserts rows and fields into one partition (see module docstring)."""
+    """Upserts rows and fields into one partition (see module docstring).
 
-    def __init__(self, stream: Stream, partition: str, unit: int = -1) -> None:
-        self._stream = stream
+    Args:
+        connection: the deployment to write to (``stream.connection``).
+        partition: the partition (created on first write).
+        unit: the storage unit rows go to; -1 spreads them over all units; None (the
+            default) prefers the units on this host (``Connection.preferred_unit``).
+    """
+
+    def __init__(self, connection: Connection, partition: str, unit: int | None = None) -> None:
+        self._conn = connection
         self.partition = check_name("partition", partition)
-        self._unit = unit
+        self._unit = connection.preferred_unit() if unit is None else unit
 
     def put(self, keys: str | Sequence[str], data: Any, tags: Any = None,
             timeout: float | None = None) -> list[str]:
@@ -132,8 +141,8 @@ class Writer:
         Raises:
             WaitTimeout: the window stayed full for ``timeout`` seconds.
         """
-        timeout = self._stream.config.timeout if timeout is None else timeout
-        return self._stream._controller().admit(partition=self.partition, n=n,
+        timeout = self._conn.config.timeout if timeout is None else timeout
+        return self._conn.controller().admit(partition=self.partition, n=n,
                                                 timeout=timeout)
 
     async def areserve(self, n: int, timeout: float | None = None) -> int:
@@ -142,16 +151,16 @@ class Writer:
 
     def close_partition(self) -> None:
         """No more rows will come: drain-mode loaders end after the last batch."""
-        self._stream._controller().close_partition(partition=self.partition)
+        self._conn.controller().close_partition(partition=self.partition)
 
     def _write(self, keys: list[str], cols: dict[str, Column], tags: list[dict[str, Any]] | None,
                timeout: float | None, expect: Any = None) -> list[str]:
         """The put (see ``put``); returns the keys skipped as lost with their unit."""
-        ctrl = self._stream._controller()
-        spares = None if expect is not None else self._stream._spares(self.partition, self._unit)
-        if spares is not None and spares.put(ctrl, self._stream._units(), keys, cols, tags):
+        ctrl = self._conn.controller()
+        spares = None if expect is not None else self._conn.spares(self.partition, self._unit)
+        if spares is not None and spares.put(ctrl, self._conn.units(), keys, cols, tags):
             return []  # bytes to spare rows (no call on the same host), then commit_new
-        timeout = self._stream.config.timeout if timeout is None else timeout
+        timeout = self._conn.config.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         left = timeout  # the caller's own figure first: a timeout error names it
         while True:
@@ -170,8 +179,8 @@ class Writer:
                 time.sleep(RETRY_PAUSE)
                 left = max(0.001, deadline - time.monotonic())
 
-    def _write_placed(self, ctrl: Any, spares: Any, keys: list[str], cols: dict[str, Column],
-                      tags: list[dict[str, Any]] | None, timeout: float,
+    def _write_placed(self, ctrl: ControllerAPI, spares: SparePool | None, keys: list[str],
+                      cols: dict[str, Column], tags: list[dict[str, Any]] | None, timeout: float,
                       expect: Any = None) -> list[str]:
         """One put through ``reserve``: place, store the bytes, commit (or abort); returns
         the keys the controller skipped as lost with their unit.
@@ -185,8 +194,8 @@ class Writer:
         if spares is not None and spares.wanted():
             extra["spare"] = spares.wanted()
         if expect is None:  # rows may be created: hold them under this process's session
-            lease = self._stream.config.lease_timeout
-            extra["session"] = self._stream._keeper().producer_session(self.partition, lease)
+            lease = self._conn.config.lease_timeout
+            extra["session"] = self._conn.keeper().producer_session(self.partition, lease)
             extra["lease"] = lease
         place = ctrl.reserve(partition=self.partition, keys=keys, schemas=schemas,
                              unit=self._unit, timeout=timeout, **extra)
@@ -205,7 +214,7 @@ class Writer:
                 cols = _coerced(cols, differ)
                 schemas = schemas_of(cols)
             try:
-                placement.store(self._stream._units(), self.partition, place["unit"],
+                placement.store(self._conn.units(), self.partition, place["unit"],
                                 place["slot"], cols,
                                 occupancy(place["index"], place["generation"]))
             except ClosedError:

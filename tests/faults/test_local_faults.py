@@ -95,7 +95,7 @@ def test_a_killed_unit_is_lost_and_the_stream_goes_on(workers):
         for _ in range(3):
             next(batches)
         kill(old[1])
-        ctrl = stream._backend.controller()
+        ctrl = stream.connection.controller()
         assert wait_until(lambda: ctrl.dead_units() == [1], 10 * UNIT_TIMEOUT)
         after = _keys("b", 0, 16)
         _put_in_eights(ledger, after)
@@ -124,7 +124,7 @@ def test_a_restarted_unit_takes_rows_again():
         _put_in_eights(ledger, before)
         kill(old[1])
         assert wait_until(lambda: stream._owner.pids[1] != old[1], 20.0)
-        ctrl = stream._backend.controller()
+        ctrl = stream.connection.controller()
         assert wait_until(lambda: ctrl.dead_units() == [], 10 * UNIT_TIMEOUT)
         after = _keys("b", 0, 8)
         stream.writer(P, unit=1).put(after, {"x": values(after)})
@@ -398,7 +398,7 @@ def test_a_stopped_but_living_unit_keeps_its_rows():
         kill(old[1], signal.SIGSTOP)
         try:
             time.sleep(4 * UNIT_TIMEOUT)  # several missed heartbeats
-            assert stream._backend.controller().dead_units() == []
+            assert stream.connection.controller().dead_units() == []
         finally:
             kill(old[1], signal.SIGCONT)
         ds = tq.StreamingDataset(stream, P, "t", ["x"], batch_size=4)

@@ -71,7 +71,7 @@ def test_a_killed_unit_actor_is_lost_and_the_stream_goes_on(ray_cluster):
         for _ in range(2):
             next(batches)
         ray.kill(stream._owner._actors[1], no_restart=True)
-        ctrl = stream._backend.controller()
+        ctrl = stream.connection.controller()
         assert wait_until(lambda: ctrl.dead_units() == [1], 20 * UNIT_TIMEOUT)
         after = _put(ledger, "b", 16)
         assert {ledger.unit_of[k] for k in after} == {0}  # nothing placed on the dead unit
@@ -118,7 +118,7 @@ def test_a_killed_consumer_actor_s_share_goes_to_the_next_reader(ray_cluster):
 def _replaced(stream: tq.Stream, unit: int, old_pid: int) -> bool:
     """Unit ``unit`` serves from a new actor and the controller takes rows there again."""
     return stream._owner.pids[unit] != old_pid and \
-        stream._backend.controller().dead_units() == []
+        stream.connection.controller().dead_units() == []
 
 
 def test_a_killed_unit_actor_is_re_created_and_takes_rows_again(ray_cluster):

@@ -98,7 +98,7 @@ def test_a_removed_node_s_rows_are_lost_and_the_consumer_goes_on(three_nodes, wh
         timed = _timed(batches, BOUND)
         next(timed)  # the next batch: rows of the other units
         print(f"node removed -> next batch: {time.monotonic() - removed:.1f} s")
-        ctrl = stream._backend.controller()
+        ctrl = stream.connection.controller()
         assert wait_until(lambda: ctrl.dead_units() == [unit], BOUND), "not declared lost"
         after = _put(ledger, "b", 32)  # the writer places on the live units
         assert unit not in {ledger.unit_of[k] for k in after}

@@ -49,7 +49,7 @@ def _owner_units(stream):
             return self._unit._rpc.call("held", {OWNER_ARG: stream._owner.owner_token},
                                         timeout=10)
 
-    return [Held(u) for u in stream._units()]
+    return [Held(u) for u in stream.connection.units()]
 
 
 def test_calls_made_as_the_controller_dies_go_to_the_restarted_one():

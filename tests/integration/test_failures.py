@@ -76,7 +76,7 @@ def test_small_puts_after_a_unit_restart_reach_the_new_unit():
         before = [f"b_{i}" for i in range(40)]
         for k in before:  # one row per put: straight into both units' shared memory
             w.put([k], {"x": values([k])})
-        assert any(u._writes for u in stream._units())  # layouts cached for writes
+        assert any(u._writes for u in stream.connection.units())  # layouts cached for writes
         dead = stream.processes()[2].pid  # unit 1
         kill(dead)  # a crash: the unit cannot tell anyone its memory is gone
         assert wait_gone([dead], 20.0) == []
@@ -253,7 +253,7 @@ def test_servers_keep_serving_through_random_and_truncated_frames(transport):
     try:
         rng = random.Random(1234)
         ctrl = stream.address
-        unit = stream._backend.controller().units()[0]["address"]
+        unit = stream.connection.controller().units()[0]["address"]
         assert ctrl.startswith(f"{transport}://") and unit.startswith(f"{transport}://")
         targets = {ctrl: ["reserve", "commit", "get_meta", "ack", "lookup", "clear",
                           "register_task", "stats", "attach_units", "load_state_dict"],

@@ -169,7 +169,7 @@ def test_small_puts_take_one_call_and_gets_one(local_stream, calls):  # noqa: F8
     meta = local_stream.kv.meta([f"k{i}" for i in range(10)], partition="one-call")
     for u in np.unique(meta.unit).tolist():
         rows_u = meta.unit == u
-        got = local_stream._units()[u]._remote.get(
+        got = local_stream.connection.units()[u]._remote.get(
             "one-call", meta.slot[rows_u], ["x"], occupancy(meta.index, meta.generation)[rows_u])
         want = torch.tensor([float(k[1:]) for k in np.asarray(meta.keys)[rows_u]])
         assert torch.equal(got["x"][:, 0], want)
@@ -185,7 +185,7 @@ def test_a_shared_write_that_races_a_slab_move_is_written_again_by_the_unit(
     def move_then_fence():
         # The unit moves a slab / drops stores after this process stored the rows and
         # before its final check of the epochs (one-row and many-row writes alike).
-        for unit in local_stream._units():
+        for unit in local_stream.connection.units():
             for layout in unit._writes.values():
                 layout.epoch_view[1] += 1
                 moved.append(1)
@@ -238,8 +238,8 @@ def test_the_one_row_writer_refuses_what_it_cannot_copy_raw(local_stream):  # no
     w = local_stream.writer("refuse")
     for i in range(40):
         w.put([f"warm{i}"], {"x": torch.zeros(1, 4)})
-    layout = next(lay for unit in local_stream._units() for key, lay in unit._writes.items()
-                  if key[0] == "refuse")
+    layout = next(lay for unit in local_stream.connection.units()
+                  for key, lay in unit._writes.items() if key[0] == "refuse")
     tokens = bytes(layout.tokens.tobytes())
     row = {"x": torch.ones(1, 4)}
     assert not layout.rows.write(-1, row, 7)  # a slot before the segment
@@ -297,7 +297,7 @@ def test_puts_a_spare_row_cannot_take_fall_back_and_leave_nothing():
         assert stream.kv.get("k2", partition=p, fields=["z"])["z"].item() == 1.0
         stream.kv.clear(partition=p)
         # rejected puts freed what they stored in spare slots: the unit holds nothing
-        assert [u.nbytes() for u in stream._units()] == [0]
+        assert [u.nbytes() for u in stream.connection.units()] == [0]
     finally:
         stream.close()
 
@@ -337,7 +337,7 @@ def test_a_forked_writer_has_its_own_spare_rows(local_stream):  # noqa: F811
 
 
 def test_closing_returns_spare_rows(local_stream):  # noqa: F811
-    backend = local_stream._backend
+    backend = local_stream.connection.backend
     local_stream.writer("returned").put(["a"], {"x": torch.ones(1, 2)})
     pools = [pool for (part, _), pool in backend._spares.items() if part == "returned"]
     rows = spares._joined(list(pools[0]._rows))  # a copy of the pool's rows

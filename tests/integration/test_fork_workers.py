@@ -87,7 +87,7 @@ def test_a_worker_forked_while_a_thread_holds_the_streams_lock_reads_every_row()
     held, done = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with stream._backend._lock:  # where the producer thread was at the fork
+        with stream.connection.backend._lock:  # where the producer thread was at the fork
             held.set()
             done.wait(60)
 

@@ -97,7 +97,7 @@ def test_rows_spread_over_units_and_a_batch_assembles_from_both(local_stream):
 
 
 def test_writer_prefers_a_unit_on_its_own_host(local_stream):
-    backend = local_stream._backend
+    backend = local_stream.connection.backend
     infos = backend.controller().units()
     elsewhere = [{**infos[0], "host": "another-host"}, infos[1]]
     ctrl = backend.controller()
@@ -116,12 +116,12 @@ def test_writer_prefers_a_unit_on_its_own_host(local_stream):
 def test_same_host_reads_shared_memory_other_hosts_read_frames(local_stream, monkeypatch):
     keys = [f"f_{i}" for i in range(8)]
     put(local_stream, "frames", keys)
-    assert all(isinstance(u, SameHostUnit) for u in local_stream._units())
+    assert all(isinstance(u, SameHostUnit) for u in local_stream.connection.units())
     from tq_stream.deploy import services
 
     monkeypatch.setattr(services, "host_id", lambda: "another-host")
     with tq.connect(local_stream.address, config=CONFIG) as remote:
-        assert all(type(u) is RemoteUnit for u in remote._units())
+        assert all(type(u) is RemoteUnit for u in remote.connection.units())
         assert torch.equal(remote.kv.get_batch(keys, partition="frames")["x"], values(keys))
 
 
@@ -427,7 +427,7 @@ def test_ipc_transport_works_and_removes_its_socket_folder():
 @pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_large_dense_puts_write_straight_into_shared_memory(local_stream):
-    backend = local_stream._backend
+    backend = local_stream.connection.backend
     units = backend.units()
     assert all(isinstance(u, SameHostUnit) for u in units)
     calls: list[str] = []

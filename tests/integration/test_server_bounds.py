@@ -59,7 +59,7 @@ def deployment(request):
 def test_a_unit_refuses_slots_the_controller_did_not_place(deployment, slot):
     keys = ["g_0", "g_1"]
     deployment.writer("grants").put(keys, {"x": values(keys)})  # placed: slots 0, 1
-    unit_pid, unit = deployment._owner.pids[0], deployment._backend.controller().units()[0]
+    unit_pid, unit = deployment._owner.pids[0], deployment.connection.controller().units()[0]
     before = shm_bytes(unit_pid), status(unit_pid, "VmRSS")
     with rpc_client(unit["address"], timeout=10) as raw:
         with pytest.raises(StateError, match=f"slots must be ones the controller placed.*"
@@ -202,7 +202,7 @@ def test_random_input_stays_within_the_bounds(deployment):
     rng = random.Random(11)
     pids = deployment._owner.pids
     before = {p: (status(p, "VmRSS"), status(p, "Threads"), shm_bytes(p)) for p in pids}
-    infos = deployment._backend.controller().units()
+    infos = deployment.connection.controller().units()
     for address in [deployment.address, infos[0]["address"]]:
         if address.startswith("unix://"):
             _fuzz_unix(address[len("unix://"):], rng, 200)

@@ -76,7 +76,7 @@ def _producer(load: Load, name: str, rows: int, width: int) -> None:
 
 def _aborter(load: Load, name: str) -> None:
     """Reserves rows and aborts them, racing the other puts for the same slots."""
-    ctrl = load.stream._backend.controller()
+    ctrl = load.stream.connection.controller()
     schemas = schemas_of({"x": torch.zeros(1, 8)})
     i = 0
     while not load.stop.is_set():
@@ -148,7 +148,7 @@ def test_a_put_that_waits_for_an_open_direct_write_does_not_block_the_unit():
     the ``finish_write`` that ends it (before: both stalled until GROWTH_WAIT)."""
     stream = start_local(storage_units=1, transport="tcp")
     try:
-        ctrl = stream._backend.controller()
+        ctrl = stream.connection.controller()
         keys = [f"g_{i}" for i in range(100)]
         schemas = schemas_of({"x": torch.zeros(1, 3)})
         place = ctrl.reserve(partition="g", keys=keys, schemas=schemas)  # slots granted

@@ -49,7 +49,7 @@ def pool_worker(stream: tq.Stream, partition: str, task: str, consumer: str,
     """A stage worker of a pool: take the next batch (``step=None``) under the
     ``consumer`` name, read it, hold it a moment, ack it; until the end. Reports
     ``(keys, error)``: every key it processed, and the error that stopped it, if any."""
-    client = tq.Client(stream, consumer=consumer)
+    client = tq.Client(stream.connection, consumer=consumer)
     keys: list[str] = []
     try:
         while True:
@@ -69,7 +69,7 @@ def ahead_pool_worker(stream: tq.Stream, partition: str, task: str, consumer: st
     """A pool worker that fetches one batch ahead: take a batch, wait until every worker
     holds one (``ready``, a Barrier), ask for the next, then ack the first. Reports
     ``(keys of the first, the next one's end flag, error)``."""
-    client = tq.Client(stream, consumer=consumer)
+    client = tq.Client(stream.connection, consumer=consumer)
     keys: list[str] = []
     try:
         meta = client.get_meta(partition, task, timeout=30)

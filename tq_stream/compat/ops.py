@@ -103,7 +103,7 @@ def _visible(fields: list[str]) -> list[str]:
 
 def describe(rt: Runtime, keys: list[str], partition: str) -> tuple[list[dict], list[str]]:
     """Current (merged) tags of ``keys`` and the fields every one of them has."""
-    d = rt.get()._controller().lookup(partition=partition, keys=keys, fields=None)
+    d = rt.get().connection.controller().lookup(partition=partition, keys=keys, fields=None)
     return d["tags"], _visible(d["fields"])
 
 
@@ -211,7 +211,7 @@ def list_partition(rt: Runtime, partition: str) -> dict[str, dict]:
     The controller sends keys and tags as columns (``Controller.list_tags``); the
     per-key dicts verl expects are built here, a column at a time.
     """
-    d = rt.get()._controller().list_tags(partition=partition)
+    d = rt.get().connection.controller().list_tags(partition=partition)
     keys = d["keys"]
     out: dict[str, dict] = {k: {} for k in keys}
     rows = list(out.values())
@@ -229,7 +229,7 @@ def list_partition(rt: Runtime, partition: str) -> dict[str, dict]:
 def kv_list(rt: Runtime, partition: str | None) -> dict[str, dict[str, dict]]:
     """``kv_list``: ``{partition: {key: tags}}`` of one partition or all; a partition that
     does not exist is left out (``{}``), as in TransferQueue."""
-    ctrl = rt.get()._controller()
+    ctrl = rt.get().connection.controller()
     names = ctrl.partitions() if partition is None else [partition]
     out: dict[str, dict[str, dict]] = {}
     for name in names:
@@ -258,7 +258,7 @@ def retrieve_meta(rt: Runtime, keys: str | Sequence[str], partition: str,
     """A BatchMeta of ``keys`` (in key order); missing keys are created tag-only if
     ``create``, else dropped from the result (as TransferQueue does)."""
     keys = as_keys(keys)
-    ctrl = rt.get()._controller()
+    ctrl = rt.get().connection.controller()
     if create:
         missing = _missing(rt, keys, partition)
         if missing:
@@ -276,7 +276,7 @@ def retrieve_meta(rt: Runtime, keys: str | Sequence[str], partition: str,
 
 
 def _missing(rt: Runtime, keys: list[str], partition: str) -> list[str]:
-    ctrl = rt.get()._controller()
+    ctrl = rt.get().connection.controller()
     try:
         ctrl.lookup(partition=partition, keys=keys, fields=())
         return []
@@ -293,7 +293,7 @@ def retrieve_keys(rt: Runtime, global_indexes: int | Sequence[int], partition: s
     idx = [global_indexes] if isinstance(global_indexes, int) else list(global_indexes)
     if not idx:
         return []
-    return rt.get()._controller().keys_of(partition=partition, index=idx)
+    return rt.get().connection.controller().keys_of(partition=partition, index=idx)
 
 
 def meta_keys(rt: Runtime, meta: BatchMeta) -> dict[str, list[str]]:
@@ -335,7 +335,8 @@ def put_data(rt: Runtime, data: TensorDict, meta: BatchMeta | None,
     prepared, encoded = prepare(data, len(keys))
     names = write(rt, keys, pid, prepared, encoded, None)
     out = meta.copy()
-    d = rt.get()._controller().lookup(partition=pid, keys=keys, fields=list(names.values()))
+    d = rt.get().connection.controller().lookup(partition=pid, keys=keys,
+                                                fields=list(names.values()))
     for f, p in names.items():
         out.field_schema[f] = dict(d["schemas"].get(p, {}))
     out.keys = list(keys)

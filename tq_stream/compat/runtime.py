@@ -172,7 +172,7 @@ class Runtime:
         from tq_stream.metrics import serve
 
         try:
-            self.metrics = serve(self.stream, port)
+            self.metrics = serve(self.stream.connection, port)
         except BaseException:
             self.close()
             raise

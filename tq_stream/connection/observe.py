@@ -1,6 +1,6 @@
 """Read-only views of a deployment: its processes and what each server reports.
 
-Both work from any handle (the owner's or one from ``tq.connect``): they ask the
+Both work from any connection (the owner's or one from ``tq.connect``): they ask the
 controller, which knows every unit's address, and each unit. A unit that does not
 answer within ``timeout`` is reported down, never raised.
 """
@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from tq_stream.errors import StateError
 from tq_stream.stats import DeploymentStats, ProcessInfo, RpcStats, UnitStats
+
+if TYPE_CHECKING:
+    from tq_stream.backends.base import StorageUnit
+    from tq_stream.connection.connection import Connection
+    from tq_stream.connection.proxies import RemoteController
 
 logger = logging.getLogger(__name__)
 
@@ -30,42 +36,49 @@ def _folder(address: str | None) -> str | None:
     return None
 
 
-def processes(stream: Any) -> list[ProcessInfo]:
+def _served(conn: Connection) -> RemoteController:
+    """The client of the controller server of an out-of-process deployment."""
+    from tq_stream.connection.proxies import RemoteController
+
+    ctrl = conn.controller()
+    if not isinstance(ctrl, RemoteController):
+        raise StateError(f"a {conn.mode} connection must reach its controller over RPC, "
+                         f"got {type(ctrl).__name__}")
+    return ctrl
+
+
+def processes(conn: Connection) -> list[ProcessInfo]:
     """The controller (first), then every storage unit in index order."""
     from tq_stream.deploy.services import host_id
 
-    if stream.mode == "embedded":
+    if conn.mode == "embedded":
         here, pid = host_id(), os.getpid()
-        n = len(stream._units())
+        n = len(conn.units())
         return [ProcessInfo("controller", 0, pid, here, None, None)] + [
             ProcessInfo("unit", i, pid, here, None, None) for i in range(n)]
-    ctrl = stream._controller()
+    ctrl = _served(conn)
     ping = ctrl.ping()
     local = ping.get("local")
-    out = [ProcessInfo("controller", 0, int(ping["pid"]), str(ping["host"]), stream.address,
-                       _folder(local) or _folder(stream.address))]
+    out = [ProcessInfo("controller", 0, int(ping["pid"]), str(ping["host"]), conn.address,
+                       _folder(local) or _folder(conn.address))]
     for i, u in enumerate(ctrl.units()):
         out.append(ProcessInfo("unit", i, int(u["pid"]), str(u["host"]), u["address"],
                                _folder(u.get("local")) or _folder(u["address"])))
     return out
 
 
-def _unit_stats(i: int, unit: Any, timeout: float) -> UnitStats:
+def _unit_stats(i: int, unit: StorageUnit, timeout: float) -> UnitStats:
+    from tq_stream.connection.proxies import RemoteUnit
+    from tq_stream.connection.same_host import SameHostUnit
+
     try:
-        raw = unit.stats(timeout) if _remote(unit) else {**unit.stats(), "pid": os.getpid(),
-                                                          "rpc": _no_rpc()}
+        raw = unit.stats(timeout) if isinstance(unit, RemoteUnit | SameHostUnit) else \
+            {**unit.stats(), "pid": os.getpid(), "rpc": _no_rpc()}
     except Exception as exc:  # down or unreachable: reported, never raised
         return {"unit": i, "up": False, "error": f"{type(exc).__name__}: {exc}", "pid": 0,
                 "nbytes": 0, "partitions": {}, "rpc": _no_rpc()}
     return {"unit": i, "up": True, "error": "", "pid": int(raw["pid"]),
             "nbytes": int(raw["nbytes"]), "partitions": raw["partitions"], "rpc": raw["rpc"]}
-
-
-def _remote(unit: Any) -> bool:
-    from tq_stream.connection.proxies import RemoteUnit
-    from tq_stream.connection.same_host import SameHostUnit
-
-    return isinstance(unit, RemoteUnit | SameHostUnit)
 
 
 class _UnitHealth:
@@ -89,14 +102,14 @@ class _UnitHealth:
 _HEALTH = _UnitHealth()
 
 
-def deployment_stats(stream: Any, timeout: float = UNIT_TIMEOUT) -> DeploymentStats:
+def deployment_stats(conn: Connection, timeout: float = UNIT_TIMEOUT) -> DeploymentStats:
     """The controller process and every unit (``tq_stream.stats.DeploymentStats``)."""
-    ctrl = stream._controller()
-    if stream.mode == "embedded":
+    if conn.mode == "embedded":
+        conn.controller()  # a closed connection raises ClosedError
         server: dict[str, Any] = {"pid": os.getpid(), "rpc": _no_rpc()}
     else:
-        server = ctrl.server_stats(timeout)
-    units = [_unit_stats(i, u, timeout) for i, u in enumerate(stream._units())]
+        server = _served(conn).server_stats(timeout)
+    units = [_unit_stats(i, u, timeout) for i, u in enumerate(conn.units())]
     for u in units:
-        _HEALTH.note(stream.address or "embedded", u)
-    return {"mode": stream.mode, "controller": server, "units": units}  # type: ignore[typeddict-item]
+        _HEALTH.note(conn.address or "embedded", u)
+    return {"mode": conn.mode, "controller": server, "units": units}  # type: ignore[typeddict-item]

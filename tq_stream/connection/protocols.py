@@ -1,4 +1,6 @@
-"""ControllerAPI: what the client layers (Stream, Writer, Client, KV) call on a controller.
+"""The protocols of a connection: what the client layers (Stream, Writer, Client, KV) call
+on a controller (``ControllerAPI``), and what a ``Connection`` needs of the way it reaches
+a deployment (``Backend``: in process, or over sockets).
 
 Both the in-process ``Controller`` (embedded mode) and ``RemoteController`` (its
 RPC stand-in in local and Ray mode) provide these methods with these keyword
@@ -10,11 +12,15 @@ dicts (see ``BatchMeta.from_dict``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from tq_stream.backends.base import StorageUnit
 from tq_stream.stats import PartitionStats
+
+if TYPE_CHECKING:
+    from tq_stream.connection.spares import SparePool
 
 
 @runtime_checkable
@@ -69,6 +75,12 @@ class ControllerAPI(Protocol):
     def list_rows(self, partition: str,
                   keys: Sequence[str] | None = None) -> list[dict[str, Any]]: ...
 
+    def list_tags(self, partition: str) -> dict[str, Any]: ...
+
+    def keys_of(self, partition: str, index: Sequence[int]) -> list[str]: ...
+
+    def partitions(self) -> list[str]: ...
+
     def set_tags(self, partition: str, keys: Sequence[str],
                  tags: list[dict[str, Any]]) -> None: ...
 
@@ -80,3 +92,42 @@ class ControllerAPI(Protocol):
     def set_admission(self, partition: str, task: str, steps_per_version: int) -> None: ...
 
     def stats(self) -> dict[str, PartitionStats]: ...
+
+
+class Backend(Protocol):
+    """How a ``Connection`` reaches a deployment: ``EmbeddedBackend`` (the objects in this
+    process) or ``RemoteBackend`` (clients of the servers, made lazily). A backend that
+    can be reopened in another process pickles to what it needs for that (never an
+    owner's token); one that cannot refuses pickling with a StateError."""
+
+    @property
+    def address(self) -> str | None:
+        """Where ``tq.connect`` reaches the deployment (None in process)."""
+        ...
+
+    @property
+    def curve_server_key(self) -> bytes | None:
+        """The deployment's CURVE public key (None without CURVE)."""
+        ...
+
+    def controller(self) -> ControllerAPI: ...
+
+    def units(self) -> list[StorageUnit]: ...
+
+    def spares(self, partition: str, unit: int) -> SparePool | None:
+        """This process's spare rows for puts to ``partition`` (None: puts reserve)."""
+        ...
+
+    def preferred_unit(self) -> int:
+        """The unit writers of this process use by default (-1: spread over all)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Owner(Protocol):
+    """What a ``Stream`` that owns its deployment (or its sockets) calls at its end."""
+
+    def save(self, path: str) -> None: ...
+
+    def close(self) -> None: ...

@@ -11,7 +11,7 @@ ends a consumer's waiting ``get_meta`` early.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -106,8 +106,8 @@ class RemoteController:
     def partitions(self) -> list[str]:
         return self._call("partitions")
 
-    def reserve(self, partition: str, keys: Sequence[str], schemas: dict, unit: int = -1,
-                timeout: float = 60.0, expect: Any = None, spare: int = 0,
+    def reserve(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
+                unit: int = -1, timeout: float = 60.0, expect: Any = None, spare: int = 0,
                 session: str = "", lease: float | None = None) -> dict[str, Any]:
         extra: dict[str, Any] = {} if expect is None else {"expect": _array(expect)}
         if spare:
@@ -121,7 +121,7 @@ class RemoteController:
                                             **extra))
 
     def commit_new(self, partition: str, keys: Sequence[str], index: Any, generation: Any,
-                   schemas: dict, tags: list | None = None, unit: int = -1,
+                   schemas: Mapping[str, Any], tags: list | None = None, unit: int = -1,
                    spare: int = 0) -> dict[str, Any]:
         return self._placed(self._call("commit_new", partition=partition, keys=list(keys),
                                        index=index, generation=generation, schemas=schemas,
@@ -132,7 +132,7 @@ class RemoteController:
         return self._call("release_spares", timeout, partition=partition, index=index,
                           generation=generation)
 
-    def commit(self, partition: str, index: Any, generation: Any, schemas: dict,
+    def commit(self, partition: str, index: Any, generation: Any, schemas: Mapping[str, Any],
                tags: list | None = None) -> None:
         self._call("commit", partition=partition, index=index, generation=generation,
                    schemas=schemas, tags=tags)

@@ -1,25 +1,29 @@
-"""Out-of-process deployments: the client side (``connect``) and ``init`` for local/ray.
+"""Out-of-process deployments, the client side: ``RemoteBackend`` and ``open_backend``.
 
-A ``RemoteBackend`` is what a Stream holds in every process: the controller's
-address plus lazily made RPC clients (so it pickles to the address alone and
-rebuilds sockets after a fork). Storage-unit clients read same-host dense
-fields straight from shared memory (``RemoteUnit`` + ``ShmReader``).
+A ``RemoteBackend`` is what a ``Connection`` to a local or Ray deployment holds in
+every process: the controller's address plus lazily made RPC clients (so it pickles
+to the address alone and rebuilds sockets after a fork). Storage-unit clients read
+same-host dense fields straight from shared memory (``SameHostUnit``).
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tq_stream.config import StreamConfig
 from tq_stream.deploy.lost_units import LostUnits
 from tq_stream.deploy.owner_watch import OwnerWatch, check_folder
 from tq_stream.errors import ConfigError
 from tq_stream.forksafe import ForkSafeLock
-from tq_stream.stream import Stream
+
+if TYPE_CHECKING:
+    from tq_stream.backends.base import StorageUnit
+    from tq_stream.connection.proxies import RemoteController
+    from tq_stream.connection.spares import SparePool
+    from tq_stream.transport.base import Transport
 
 SPARE_RELEASE_TIMEOUT = 2.0  # seconds closing a stream waits to return its spare rows
 # Seconds a call keeps trying a storage unit that does not accept connections (a local
@@ -30,7 +34,11 @@ HANDSHAKE_WINDOW = 5.0  # seconds connect waits to learn whether its CURVE key i
 
 
 class RemoteBackend:
-    """Connections of one process to a running deployment."""
+    """Connections of one process to a running deployment (a ``Backend``).
+
+    Pickles to the address, config, CURVE key and owner record: never the owner's
+    token, so a handle reopened elsewhere is a data-plane client.
+    """
 
     def __init__(self, address: str, config: StreamConfig,
                  curve_server_key: bytes | None = None, owner_token: str | None = None,
@@ -48,23 +56,27 @@ class RemoteBackend:
         self._lost = LostUnits(lambda timeout: self.controller().ping(timeout),
                                lambda: self.controller().units(), self.owner_watch.check)
         self._lock = ForkSafeLock()  # a producer thread may hold it when a worker forks
-        self._ctrl: Any = None
-        self._units: list[Any] | None = None
+        self._ctrl: RemoteController | None = None
+        self._units: list[StorageUnit] | None = None
         self._unit_infos: list[dict[str, Any]] = []  # the addresses _units were made for
-        self._retired: list[Any] = []  # clients of units that moved, closed with this
+        self._retired: list[StorageUnit] = []  # clients of units that moved, closed with this
         self._unit_hosts: list[bool] | None = None  # per unit: on this host?
-        self._spares: dict[tuple[str, int], Any] = {}  # this process's SparePools
+        self._spares: dict[tuple[str, int], SparePool] = {}  # this process's SparePools
         self._spares_pid = os.getpid()
 
+    @property
+    def curve_server_key(self) -> bytes | None:
+        return self._curve
+
     def _rpc(self, address: str, connect_window: float | None = None,
-             check_alive: Callable[[], None] | None = None) -> Any:
+             check_alive: Callable[[], None] | None = None) -> Transport:
         from tq_stream.transport.rpc import rpc_client
 
         return rpc_client(address, timeout=self._config.timeout, curve_server_key=self._curve,
                           connect_window=connect_window,
                           check_alive=check_alive or self.owner_watch.check)
 
-    def controller(self) -> Any:
+    def controller(self) -> RemoteController:
         if self._ctrl is None:
             from tq_stream.connection.proxies import RemoteController
 
@@ -75,7 +87,7 @@ class RemoteBackend:
                                                   on_units_moved=self._units_moved)
         return self._ctrl
 
-    def _nearest_controller(self) -> Any:
+    def _nearest_controller(self) -> Transport:
         """A client of the controller: at its unix address when it runs on this host and
         has one (Ray mode; local mode's address is one already), else at ``address``."""
         rpc = self._rpc(self.address)
@@ -91,7 +103,7 @@ class RemoteBackend:
         rpc.close()
         return self._rpc(local)
 
-    def units(self) -> list[Any]:
+    def units(self) -> list[StorageUnit]:
         if self._units is None:
             infos = self.controller().units()
             with self._lock:
@@ -100,7 +112,7 @@ class RemoteBackend:
                     self._unit_infos = list(infos)
         return self._units
 
-    def _unit_client(self, i: int, info: dict[str, Any]) -> Any:
+    def _unit_client(self, i: int, info: dict[str, Any]) -> StorageUnit:
         from tq_stream.connection.proxies import RemoteUnit
         from tq_stream.connection.same_host import SameHostUnit
         from tq_stream.deploy.services import host_id, nearest
@@ -130,7 +142,7 @@ class RemoteBackend:
                     units[i] = self._unit_client(i, info)
             self._units, self._unit_infos, self._unit_hosts = units, list(infos), None
 
-    def spares(self, partition: str, unit: int) -> Any:
+    def spares(self, partition: str, unit: int) -> SparePool:
         """The SparePool of this process for puts to ``partition`` placed by ``unit``."""
         pool = self._spares.get((partition, unit))
         if pool is None or self._spares_pid != os.getpid():
@@ -170,8 +182,9 @@ class RemoteBackend:
             return -1
         return random.choice(same)
 
-    def reduce_stream(self, config: StreamConfig) -> tuple[Any, tuple]:
-        return _rebuild, (self.address, config, self._curve, self.owner_watch.owner)
+    def __reduce__(self) -> tuple[Any, ...]:
+        return RemoteBackend, (self.address, self._config, self._curve, None,
+                               self.owner_watch.owner)
 
     def close(self) -> None:
         self.release_spares()
@@ -181,13 +194,10 @@ class RemoteBackend:
             self._ctrl.close()
 
 
-def _rebuild(address: str, config: StreamConfig, curve: bytes | None,
-             owner: dict[str, Any] | None = None) -> Stream:
-    return Stream(RemoteBackend(address, config, curve, owner=owner), config, "remote")
-
-
-def connect(address: str, config: StreamConfig, curve_server_key: bytes | None = None) -> Stream:
-    """A Stream on the deployment whose controller serves at ``address``.
+def open_backend(address: str, config: StreamConfig,
+                 curve_server_key: bytes | None = None) -> RemoteBackend:
+    """A backend on the deployment whose controller serves at ``address``, checked to
+    answer (``tq.connect``).
 
     Raises:
         DeploymentGone: ``address`` is a unix socket whose folder is gone.
@@ -201,47 +211,4 @@ def connect(address: str, config: StreamConfig, curve_server_key: bytes | None =
 
         check_handshake(address, curve_server_key, min(config.timeout, HANDSHAKE_WINDOW))
     backend.owner_watch.learn(backend.controller().ping().get("owner"))
-    return Stream(backend, config, "remote", owner=_ConnectionOwner(backend))
-
-
-class _ConnectionOwner:
-    """Closing a connected handle closes its sockets only, never the deployment."""
-
-    def __init__(self, backend: RemoteBackend) -> None:
-        self._backend = backend
-
-    def save(self, path: str) -> None:
-        from tq_stream.deploy import snapshot
-
-        snapshot.save(path, self._backend.controller(), self._backend.units())
-
-    def close(self) -> None:
-        self._backend.close()
-
-
-def start(mode: str, n_units: int, restore: str | None, config: StreamConfig,
-          **options: Any) -> Stream:
-    """Start a local or Ray deployment; the returned Stream owns it."""
-    if mode == "local":
-        from tq_stream.deploy.local import LocalDeployment as cls
-    else:
-        from tq_stream.deploy.ray_deploy import RayDeployment as cls  # type: ignore[assignment]
-    known = set(inspect.signature(cls).parameters) - {"n_units"}
-    unknown = sorted(set(options) - known)
-    if unknown:  # before anything starts, naming what the mode takes
-        raise ConfigError(f"options of mode {mode!r} must be among {sorted(known)}, got "
-                          f"{unknown} (storage_units, restore, config and metrics_port "
-                          f"are tq.init's own)")
-    owner: Any = cls(n_units, **options)
-    try:
-        backend = RemoteBackend(owner.address, config, owner.curve_server_key,
-                                owner.owner_token, owner.owner)
-        owner.attach(backend)
-        if restore is not None:
-            from tq_stream.deploy import snapshot
-
-            snapshot.restore(restore, backend.controller(), backend.units())
-    except BaseException:
-        owner.close()
-        raise
-    return Stream(backend, config, mode, owner=owner)
+    return backend

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tq_stream.client import Client
 from tq_stream.errors import LengthUnknownError
 
 
@@ -49,7 +50,7 @@ def known_steps(dataset: Any) -> int:
     size = epoch_steps(dataset)
     if size is not None:
         return size
-    client = dataset.stream.client()
+    client = Client(dataset.connection)
     total = 0
     for partition in dataset.partitions:
         info = client.task_rows(partition, dataset.task)

@@ -31,6 +31,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from tq_stream.client import Client
 from tq_stream.config import DEFAULT_PREFETCH
+from tq_stream.connection.connection import Connection
 from tq_stream.datasets import exit_stop, worker_imports
 from tq_stream.datasets.batch import attach_meta, batch_meta, loader_step
 from tq_stream.datasets.length import epoch_end, known_steps
@@ -52,6 +53,7 @@ from tq_stream.samplers.partition import PartitionSampler
 
 if TYPE_CHECKING:
     from tq_stream.client import Client
+    from tq_stream.stream import Stream
 
 _END = object()
 # Batches a DataLoader worker keeps unacked: the default prefetch_factor (2) + 1, so a
@@ -77,7 +79,8 @@ class StreamingDataset(IterableDataset[TensorDict]):
     """Per-rank batches of ready rows (see module docstring).
 
     Args:
-        stream: a Stream handle.
+        stream: a Stream handle (or its ``connection``): the dataset keeps its
+            ``connection``, which DataLoader workers reopen.
         partition: where to read.
         task: the consumer task's name.
         fields: the fields every batch carries.
@@ -114,7 +117,7 @@ class StreamingDataset(IterableDataset[TensorDict]):
 
     STOP_CHECK = 0.2  # seconds: how soon a stopped prefetch thread notices
 
-    def __init__(self, stream: Any, partition: str | list[str] | None, task: str,
+    def __init__(self, stream: Stream | Connection, partition: str | list[str] | None, task: str,
                  fields: Sequence[str], batch_size: int,
                  sampler: Sampler | PartitionSampler | None = None, dp_rank: int = 0,
                  dp_size: int = 1, replicas: int = 1, replica: int | None = None,
@@ -124,7 +127,7 @@ class StreamingDataset(IterableDataset[TensorDict]):
                  rows_per_epoch: int | None = None) -> None:
         super().__init__()
         worker_imports.preload()  # before any DataLoader worker of it is forked
-        self.stream = stream
+        self.connection = stream if isinstance(stream, Connection) else stream.connection
         self._router = sampler if isinstance(sampler, PartitionSampler) else None
         if self._router is not None:
             if partition is not None and partition != self._router.partitions:
@@ -154,9 +157,9 @@ class StreamingDataset(IterableDataset[TensorDict]):
                                   f"{sampler!r}")
             sampler.check_batch(self.batch_size)
         self.sampler = sampler
-        self.timeout = stream.config.timeout if timeout is None else \
+        self.timeout = self.connection.config.timeout if timeout is None else \
             check_timeout("timeout", timeout)
-        self.lease_timeout = stream.config.lease_timeout if lease_timeout is None \
+        self.lease_timeout = self.connection.config.lease_timeout if lease_timeout is None \
             else check_timeout("lease_timeout", lease_timeout)
         self.drop_last = bool(drop_last)
         if ragged not in ("nested", "padded"):
@@ -189,9 +192,9 @@ class StreamingDataset(IterableDataset[TensorDict]):
         """Declare the task on the controller (done on first iteration)."""
         if not self._registered:
             for p in self.partitions:
-                sampler = self.sampler if self._router is None else \
-                    self._router.sampler_for(p)
-                self.stream.client().register_task(
+                sampler = self._router.sampler_for(p) if self._router is not None \
+                    else self.sampler if isinstance(self.sampler, Sampler) else None
+                Client(self.connection).register_task(
                     p, self.task, self.fields, self.batch_size, dp_size=self.dp_size,
                     replicas=self.replicas, lease_timeout=self.lease_timeout,
                     drop_last=self.drop_last, sampler=sampler)
@@ -201,13 +204,13 @@ class StreamingDataset(IterableDataset[TensorDict]):
         """(first step, later steps to skip) for this rank, from the controller."""
         if self._router is not None:  # loader steps of its own numbering: from state
             return self.start_step, frozenset()
-        where = self.stream.client().first_unfinished(self.partitions[0], self.task,
+        where = Client(self.connection).first_unfinished(self.partitions[0], self.task,
                                                       self.dp_rank, self.replica)
         return int(where["step"]), frozenset(int(s) for s in where["skip"])
 
     def _steps(self, plan: tuple[int, frozenset[int]]) -> Iterator[int]:
         info = get_worker_info()
-        if info is not None and self.stream.mode == "embedded":
+        if info is not None and self.connection.mode == "embedded":
             raise StateError("an embedded stream must not be read from DataLoader worker "
                              "processes (num_workers > 0); use tq.init(mode='local')")
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
@@ -408,7 +411,7 @@ class StreamingDataset(IterableDataset[TensorDict]):
         out: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch + 1)
         stop = threading.Event()
         room = threading.Semaphore(self.prefetch)
-        client = Client(self.stream, session=self.session)  # one session per iteration
+        client = Client(self.connection, session=self.session)  # one session per iteration
         self._ack_saved(client)  # before the plan: those steps are done
         plan = self.plan if self.plan is not None else self.resume_plan()
         thread = threading.Thread(target=self._producer, args=(out, stop, room, client, plan),

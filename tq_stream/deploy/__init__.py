@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from dataclasses import replace
@@ -11,6 +12,10 @@ from tq_stream.config import DEFAULT_LEASE_TIMEOUT, StreamConfig, check_units
 from tq_stream.errors import ConfigError, check_timeout
 
 if TYPE_CHECKING:  # imported when used: a server process never needs it (nor tensordict)
+    from tq_stream.connection.connection import Connection
+    from tq_stream.connection.protocols import Owner
+    from tq_stream.connection.remote import RemoteBackend
+    from tq_stream.metrics.server import MetricsServer
     from tq_stream.stream import Stream
 
 MODES = ("embedded", "local", "ray")
@@ -50,19 +55,22 @@ def init(mode: str = "embedded", storage_units: int = 1, restore: str | None = N
         require_prometheus()  # fail before starting anything
         check_port(metrics_port)
     started = time.monotonic()
-    stream = _start(mode, storage_units, restore, config, options)
+    conn, owner = _start(mode, storage_units, restore, config, options)
     logger.info("started a deployment (%s mode, %d storage units%s) in %.2f s", mode,
-                storage_units, f" at {stream.address}" if stream.address else "",
+                storage_units, f" at {conn.address}" if conn.address else "",
                 time.monotonic() - started)
+    from tq_stream.stream import Stream
+
+    metrics: MetricsServer | None = None
     if metrics_port is not None:
         from tq_stream.metrics import serve
 
         try:
-            stream._metrics = serve(stream, metrics_port, metrics_host)
+            metrics = serve(conn, metrics_port, metrics_host)
         except BaseException:
-            stream.close()
+            Stream(conn, owner).close()
             raise
-    return stream
+    return Stream(conn, owner, metrics)
 
 
 def with_lease_timeout(config: StreamConfig | None,
@@ -81,21 +89,51 @@ def with_lease_timeout(config: StreamConfig | None,
 
 
 def _start(mode: str, storage_units: int, restore: str | None, config: StreamConfig,
-           options: dict[str, Any]) -> Stream:
+           options: dict[str, Any]) -> tuple[Connection, Owner]:
     n = check_units(storage_units)
+    from tq_stream.connection.connection import Connection
+
     if mode == "embedded":
         from tq_stream.deploy.embedded import EmbeddedBackend
-        from tq_stream.stream import Stream
 
         if options:
             raise ConfigError(f"embedded mode takes no options, got {sorted(options)}")
         backend = EmbeddedBackend(n, restore)
-        return Stream(backend, config, mode, owner=backend)
+        return Connection(backend, config, mode), backend
     if mode in ("local", "ray"):
-        from tq_stream.connection import remote
-
-        return remote.start(mode, n, restore, config, **options)
+        return _start_servers(mode, n, restore, config, options)
     raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
+
+
+def _start_servers(mode: str, n_units: int, restore: str | None, config: StreamConfig,
+                   options: dict[str, Any]) -> tuple[Connection, Owner]:
+    """Start a local or Ray deployment: its connection, and the deployment as its owner."""
+    from tq_stream.connection.connection import Connection
+    from tq_stream.connection.remote import RemoteBackend
+
+    if mode == "local":
+        from tq_stream.deploy.local import LocalDeployment as cls
+    else:
+        from tq_stream.deploy.ray_deploy import RayDeployment as cls  # type: ignore[assignment]
+    known = set(inspect.signature(cls).parameters) - {"n_units"}
+    unknown = sorted(set(options) - known)
+    if unknown:  # before anything starts, naming what the mode takes
+        raise ConfigError(f"options of mode {mode!r} must be among {sorted(known)}, got "
+                          f"{unknown} (storage_units, restore, config and metrics_port "
+                          f"are tq.init's own)")
+    owner = cls(n_units, **options)
+    try:
+        backend = RemoteBackend(owner.address, config, owner.curve_server_key,
+                                owner.owner_token, owner.owner)
+        owner.attach(backend)
+        if restore is not None:
+            from tq_stream.deploy import snapshot
+
+            snapshot.restore(restore, backend.controller(), backend.units())
+    except BaseException:
+        owner.close()
+        raise
+    return Connection(backend, config, mode), owner
 
 
 def connect(address: str | None = None, config: StreamConfig | None = None,
@@ -111,11 +149,29 @@ def connect(address: str | None = None, config: StreamConfig | None = None,
         lease_timeout: as in ``init``, for the consumers and producers of this handle.
     """
     config = with_lease_timeout(config, lease_timeout)
-    from tq_stream.connection import remote
+    from tq_stream.connection.connection import Connection
+    from tq_stream.connection.remote import open_backend
+    from tq_stream.stream import Stream
 
     if address is None:
         address, curve_server_key = _by_name(name, namespace, curve_server_key)
-    return remote.connect(address, config, curve_server_key)
+    backend = open_backend(address, config, curve_server_key)
+    return Stream(Connection(backend, config, "remote"), _SocketsOwner(backend))
+
+
+class _SocketsOwner:
+    """Closing a connected handle closes its sockets only, never the deployment."""
+
+    def __init__(self, backend: RemoteBackend) -> None:
+        self._backend = backend
+
+    def save(self, path: str) -> None:
+        from tq_stream.deploy import snapshot
+
+        snapshot.save(path, self._backend.controller(), self._backend.units())
+
+    def close(self) -> None:
+        self._backend.close()
 
 
 def _by_name(name: str, namespace: str, key: bytes | None) -> tuple[str, bytes | None]:

@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 
 from tq_stream.backends.memory import MemoryUnit
 from tq_stream.controller import Controller
 from tq_stream.deploy import snapshot
+from tq_stream.errors import StateError
+
+if TYPE_CHECKING:
+    from tq_stream.backends.base import StorageUnit
+    from tq_stream.connection.spares import SparePool
 
 
 class EmbeddedBackend:
-    """Owns an in-process Controller and ``n_units`` MemoryUnits."""
+    """Owns an in-process Controller and ``n_units`` MemoryUnits (a ``Backend`` of a
+    ``Connection``, and the ``Owner`` of its Stream)."""
+
+    address: str | None = None  # nothing to connect to from elsewhere
+    curve_server_key: bytes | None = None
 
     def __init__(self, n_units: int = 1, restore: str | None = None) -> None:
-        self._units = [MemoryUnit() for _ in range(n_units)]
+        self._units: list[StorageUnit] = [MemoryUnit() for _ in range(n_units)]
         self._ctrl = Controller(n_units, free=self._free)
         if restore is not None:
             snapshot.restore(restore, self._ctrl, self._units)
@@ -26,8 +35,14 @@ class EmbeddedBackend:
     def controller(self) -> Controller:
         return self._ctrl
 
-    def units(self) -> list[Any]:
+    def units(self) -> list[StorageUnit]:
         return self._units
+
+    def spares(self, partition: str, unit: int) -> SparePool | None:
+        return None  # in process a put is as cheap without them
+
+    def preferred_unit(self) -> int:
+        return -1  # every unit is here
 
     def save(self, path: str) -> None:
         snapshot.save(path, self._ctrl, self._units)
@@ -36,3 +51,9 @@ class EmbeddedBackend:
         self._ctrl.close()
         for u in self._units:
             u.close()
+
+    def __reduce__(self) -> NoReturn:
+        raise StateError(
+            "an embedded stream must not be pickled (its controller lives in this "
+            "process); use tq.init(mode='local') to share a stream across processes"
+        )

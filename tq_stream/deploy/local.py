@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tq_stream.deploy.owner_watch import owner_of_this_process
 from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT
@@ -36,6 +36,9 @@ from tq_stream.errors import (
     check_timeout,
     format_seconds,
 )
+
+if TYPE_CHECKING:
+    from tq_stream.connection.remote import RemoteBackend
 
 logger = logging.getLogger(__name__)
 
@@ -284,7 +287,7 @@ class LocalDeployment:
     def pids(self) -> list[int]:
         return [c.pid for c in self._children]
 
-    def attach(self, backend: Any) -> None:
+    def attach(self, backend: RemoteBackend) -> None:
         self._backend = backend
         backend.controller().attach_units([c.info for c in self._children[:-1]])
         if self._restart_units or self._restart_controller:

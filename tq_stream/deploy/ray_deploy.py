@@ -31,11 +31,14 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tq_stream.deploy import ray_owner, ray_recovery
 from tq_stream.deploy.owner_watch import owner_of_this_process
 from tq_stream.errors import ConfigError, StateError, WaitTimeout, check_positive, check_timeout
+
+if TYPE_CHECKING:
+    from tq_stream.connection.remote import RemoteBackend
 
 logger = logging.getLogger(__name__)
 
@@ -295,7 +298,7 @@ class RayDeployment:
             kwargs["local_dir"] = tempfile.mkdtemp(prefix=f"{_FOLDER}{os.getpid()}_")
         return kwargs, pinned, folder
 
-    def attach(self, backend: Any) -> None:
+    def attach(self, backend: RemoteBackend) -> None:
         self._backend = backend
         backend.controller().attach_units(self.unit_infos)
         if any(self._restart):

@@ -11,18 +11,22 @@ Nothing here imports ``prometheus_client`` until metrics are asked for.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tq_stream.metrics.extra import EXTRA_HINT, check_port, require_prometheus
 
+if TYPE_CHECKING:
+    from tq_stream.connection.connection import Connection
+    from tq_stream.metrics.server import MetricsServer
 
-def serve(stream: Any, port: int = 0, host: str = "127.0.0.1") -> Any:
-    """Serve ``stream``'s metrics on ``http://host:port/metrics``; returns the
-    ``MetricsServer`` (``.endpoint``, ``.close()``)."""
+
+def serve(connection: Connection, port: int = 0, host: str = "127.0.0.1") -> MetricsServer:
+    """Serve the metrics of ``connection``'s deployment on ``http://host:port/metrics``;
+    returns the ``MetricsServer`` (``.endpoint``, ``.close()``)."""
     require_prometheus()
     from tq_stream.metrics.server import MetricsServer
 
-    return MetricsServer(stream, port, host)
+    return MetricsServer(connection, port, host)
 
 
 __all__ = ["EXTRA_HINT", "check_port", "require_prometheus", "serve"]

@@ -47,6 +47,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from tq_stream._version import __version__
+from tq_stream.connection.connection import Connection
+from tq_stream.connection.observe import deployment_stats
 from tq_stream.stats import HistogramStats, PartitionStats, RpcStats
 
 logger = logging.getLogger(__name__)
@@ -65,21 +67,21 @@ def _hist_buckets(h: HistogramStats) -> list[tuple[str, float]]:
 
 
 class StreamCollector(Collector):
-    """A custom collector over one stream (see module docstring)."""
+    """A custom collector over one deployment's connection (see module docstring)."""
 
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
+    def __init__(self, connection: Connection) -> None:
+        self._conn = connection
 
     def collect(self) -> Iterator[Metric]:
         try:
-            stats: dict[str, PartitionStats] = self._stream.stats()
-            servers = self._stream.deployment_stats()
+            stats: dict[str, PartitionStats] = self._conn.controller().stats()
+            servers = deployment_stats(self._conn)
         except Exception as exc:  # the controller is gone: a scrape shows only info
             logger.warning("metrics scrape could not read the deployment: %s", exc)
             stats, servers = {}, None
         info = GaugeMetricFamily(P + "info", "tq_stream version and deployment mode",
                                  labels=["version", "mode"])
-        info.add_metric([__version__, self._stream.mode], 1)
+        info.add_metric([__version__, self._conn.mode], 1)
         yield info
         yield from _partition_metrics(stats)
         yield from _task_metrics(stats)

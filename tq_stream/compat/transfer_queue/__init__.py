@@ -187,11 +187,11 @@ def load_checkpoint(checkpoint_dir: str | Path) -> None:
         if not need.exists():
             raise FileNotFoundError(f"checkpoint_dir must hold a tq_stream checkpoint, "
                                     f"missing {need}")
-    ctrl = stream._controller()
+    ctrl = stream.connection.controller()
     if ctrl.partitions():
         raise StateError(f"load_checkpoint must run on a fresh deployment (before any put), "
                          f"but it has partitions {ctrl.partitions()}")
-    snapshot.restore(str(target / STATE_FILE), ctrl, stream._units())
+    snapshot.restore(str(target / STATE_FILE), ctrl, stream.connection.units())
     RUNTIME.partitions.clear()
     RUNTIME.schemas.clear()
 
