@@ -357,12 +357,8 @@ def test_kept_segments_serve_a_partition_that_empties_and_fills_again():
     unit = ShmUnit(keep_bytes=1 << 20)
 
     class Local:  # SameHostUnit over an in-process unit, as a reader in another process
-        def __init__(self) -> None:
-            self._rpc = self
-
-        def call(self, method, args, timeout=None):
-            assert method == "layout"
-            return unit.layout(**args)
+        def layout(self, partition, fields, writable=False):
+            return unit.layout(partition, fields, writable)
 
         def get(self, partition, slots, fields, generations=None):
             return unit.get(partition, slots, fields, generations)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tq_stream.backends.shared import GathersInto
 from tq_stream.buffers import POOL
 from tq_stream.columns import Column, Ragged, concat, dtype_from_name, span, take
 
@@ -89,7 +90,7 @@ def _destinations(units: Sequence[Any], groups: list, n: int, fields: Sequence[s
     into = []
     for u, pos in groups:
         run = len(pos) and int(pos[-1]) - int(pos[0]) == len(pos) - 1
-        ok = outs and run and getattr(units[u], "gets_into", False)
+        ok = outs and run and isinstance(units[u], GathersInto)
         into.append({f: t[int(pos[0]) : int(pos[-1]) + 1] for f, t in outs.items()}
                     if ok else None)
     return outs, into
@@ -116,7 +117,10 @@ def load(units: Sequence[Any], partition: str, unit: np.ndarray, slot: np.ndarra
     def fetch(i: int) -> dict[str, Column]:
         u, pos = groups[i]
         args = (partition, slot[pos], list(fields), _part(generations, pos))
-        return units[u].get(*args, into=into[i]) if into[i] else units[u].get(*args)
+        unit = units[u]
+        if into[i] and isinstance(unit, GathersInto):
+            return unit.get_into(*args, into[i])
+        return unit.get(*args)
 
     parts = _map(fetch, list(range(len(groups))))
     order = np.argsort(np.concatenate([pos for _, pos in groups]), kind="stable")

@@ -303,6 +303,24 @@ class RemoteUnit(StorageUnit):
     def drop(self, partition: str) -> None:
         self._admin("drop", {"partition": partition}, self._timeout)
 
+    # --- same-host abilities (``backends.shared.SharedSlabs``): a unit without shared
+    # memory answers layout with {} and prepare_write with a ConfigError
+    def layout(self, partition: str, fields: Sequence[str],
+               writable: bool = False) -> dict[str, Any]:
+        args: dict[str, Any] = {"partition": partition, "fields": list(fields)}
+        if writable:
+            args["writable"] = True
+        return self._rpc.call("layout", args)
+
+    def prepare_write(self, partition: str, slots: np.ndarray, generations: np.ndarray | None,
+                      fields: Mapping[str, Any]) -> dict[str, Any]:
+        return self._rpc.call("prepare_write", {"partition": partition, "slots": slots,
+                                                "generations": generations,
+                                                "fields": dict(fields)})
+
+    def finish_write(self, partition: str, ticket: int, ok: bool = True) -> None:
+        self._rpc.call("finish_write", {"partition": partition, "ticket": ticket, "ok": ok})
+
     def nbytes(self) -> int:
         return self._rpc.call("nbytes", {}, timeout=self._timeout)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -17,6 +17,9 @@ from tq_stream.backends.slabs import UNSET, fence
 from tq_stream.buffers import gather_rows, scatter_rows
 from tq_stream.columns import Column, dtype_from_name, dtype_name
 from tq_stream.errors import ConfigError, StateError, WaitTimeout
+
+if TYPE_CHECKING:
+    from tq_stream.connection.proxies import RemoteUnit
 
 _READER = ShmReader()
 MAX_LAYOUTS = 256  # cached layouts per unit (a cache this full is cleared)
@@ -212,7 +215,7 @@ class SameHostUnit(StorageUnit):
     - Everything else goes over the socket to the unit process.
     """
 
-    def __init__(self, remote: Any) -> None:
+    def __init__(self, remote: RemoteUnit) -> None:
         self._remote = remote
         self._layouts: dict[tuple[str, tuple[str, ...]], _Layout] = {}
         self._writes: dict[tuple[str, tuple[str, ...]], _Layout] = {}  # writable layouts
@@ -257,10 +260,8 @@ class SameHostUnit(StorageUnit):
         """Copy rows straight into the unit's shared memory between ``prepare_write`` and
         ``finish_write`` (see ``tq_stream.backends.direct``); False if a segment was gone
         before it could be mapped (the write is abandoned: put through the unit)."""
-        rpc = self._remote._rpc
         fields = {f: [dtype_name(c.dtype), list(c.shape[1:])] for f, c in columns.items()}
-        plan = rpc.call("prepare_write", {"partition": partition, "slots": slots,
-                                          "generations": generations, "fields": fields})
+        plan = self._remote.prepare_write(partition, slots, generations, fields)
         ok = False
         try:
             try:
@@ -273,11 +274,8 @@ class SameHostUnit(StorageUnit):
                 scatter_rows(view, slots, columns[f])
             ok = True
         finally:
-            rpc.call("finish_write", {"partition": partition, "ticket": plan["ticket"],
-                                      "ok": ok})
+            self._remote.finish_write(partition, plan["ticket"], ok)
         return True
-
-    gets_into = True  # placement may pass ``into``: destinations for dense fields
 
     def get(self, partition: str, slots: np.ndarray, fields: Sequence[str],
             generations: np.ndarray | None = None,
@@ -297,6 +295,12 @@ class SameHostUnit(StorageUnit):
         if rest:
             out.update(self._remote.get(partition, slots, rest, generations))
         return {f: out[f] for f in fields}
+
+    def get_into(self, partition: str, slots: np.ndarray, fields: Sequence[str],
+                 generations: np.ndarray | None,
+                 into: dict[str, torch.Tensor] | None) -> dict[str, Column]:
+        """``get`` into destinations for dense fields (``backends.shared.GathersInto``)."""
+        return self.get(partition, slots, fields, generations, into)
 
     def _layout(self, partition: str, fields: Sequence[str], fresh: bool) -> _Layout:
         """The cached layout of ``fields``, or a new one when it is stale or ``fresh``."""
@@ -326,10 +330,7 @@ class SameHostUnit(StorageUnit):
     def _ask_layout(self, partition: str, fields: Sequence[str],
                     writable: bool) -> _Layout | None:
         """The unit's current layout of ``fields`` (None: it keeps no shared memory)."""
-        args: dict[str, Any] = {"partition": partition, "fields": list(fields)}
-        if writable:
-            args["writable"] = True
-        raw = self._remote._rpc.call("layout", args)
+        raw = self._remote.layout(partition, fields, writable)
         if not raw:
             self._shm = False  # the unit keeps its slabs on its heap
             return None

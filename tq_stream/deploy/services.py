@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from tq_stream.backends.base import StorageUnit
+from tq_stream.backends.shared import SharedSlabs
 from tq_stream.backends.slots import check_slots
 from tq_stream.columns import Ragged
 from tq_stream.controller import Controller
@@ -98,6 +99,8 @@ class UnitService:
 
     def __init__(self, unit: StorageUnit) -> None:
         self.unit = unit
+        # its same-host abilities (a MemoryUnit has none: clients then use put and get)
+        self.shared = unit if isinstance(unit, SharedSlabs) else None
         self.limits = SlotLimits()
 
     def grant(self, partition: str, slots: int) -> None:
@@ -136,8 +139,9 @@ class UnitService:
     def layout(self, partition: str, fields: Sequence[str],
                writable: bool = False) -> dict[str, Any]:
         """Shared-memory layout of fields (empty when the unit has none)."""
-        fn = getattr(self.unit, "layout", None)
-        return {} if fn is None else fn(partition, list(fields), bool(writable))
+        if self.shared is None:
+            return {}
+        return self.shared.layout(partition, list(fields), bool(writable))
 
     def ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": host_id(), "nbytes": self.unit.nbytes()}
@@ -161,18 +165,18 @@ class UnitService:
     def prepare_write(self, partition: str, slots: Any, generations: Any,
                       fields: dict[str, Any]) -> dict[str, Any]:
         """Start a same-host direct write (see ``tq_stream.backends.direct``)."""
-        fn = getattr(self.unit, "prepare_write", None)
-        if fn is None:
-            raise ConfigError("this storage unit keeps no shared memory: write through put")
+        shared = self._shared_slabs()
         slots = _slots(slots)
         self.limits.check(partition, slots)
-        return fn(partition, slots, _tokens(generations, slots), fields)
+        return shared.prepare_write(partition, slots, _tokens(generations, slots), fields)
 
     def finish_write(self, partition: str, ticket: int, ok: bool = True) -> None:
-        fn = getattr(self.unit, "finish_write", None)
-        if fn is None:
+        self._shared_slabs().finish_write(partition, ticket, ok)
+
+    def _shared_slabs(self) -> SharedSlabs:
+        if self.shared is None:
             raise ConfigError("this storage unit keeps no shared memory: write through put")
-        fn(partition, ticket, ok)
+        return self.shared
 
 
 def _count(value: Any) -> int:
