@@ -27,7 +27,7 @@ from tq_stream.errors import ConfigError, check_name, check_timeout
 from tq_stream.leases import Hold
 from tq_stream.meta import BatchMeta
 from tq_stream.samplers.base import Sampler
-from tq_stream.writer import Writer
+from tq_stream.writer import RowWriter
 
 
 class Client:
@@ -145,8 +145,8 @@ class Client:
                 task, or cleared); nothing is written then, no row is re-created.
         """
         cols = to_columns(data, len(meta))
-        return Writer(self._conn, meta.partition)._write(list(meta.keys), cols, None, timeout,
-                                                         expect=meta.generation)
+        rows = RowWriter(self._conn, meta.partition, self._conn.preferred_unit())
+        return rows.write(list(meta.keys), cols, None, timeout, expect=meta.generation)
 
     def ack(self, meta: BatchMeta) -> int:
         """This replica of meta's rank is done with meta's rows (a second ack is a

@@ -95,7 +95,8 @@ class Writer:
     def __init__(self, connection: Connection, partition: str, unit: int | None = None) -> None:
         self._conn = connection
         self.partition = check_name("partition", partition)
-        self._unit = connection.preferred_unit() if unit is None else unit
+        self._rows = RowWriter(connection, self.partition,
+                               connection.preferred_unit() if unit is None else unit)
 
     def put(self, keys: str | Sequence[str], data: Any, tags: Any = None,
             timeout: float | None = None) -> list[str]:
@@ -123,7 +124,7 @@ class Writer:
         else:
             keys_ = check_keys(keys)
             cols = to_columns(data, len(keys_))
-        return self._write(keys_, cols, check_tags(tags, len(keys_)), timeout)
+        return self._rows.write(keys_, cols, check_tags(tags, len(keys_)), timeout)
 
     async def aput(self, keys: str | Sequence[str], data: Any, tags: Any = None,
                    timeout: float | None = None) -> list[str]:
@@ -142,8 +143,7 @@ class Writer:
             WaitTimeout: the window stayed full for ``timeout`` seconds.
         """
         timeout = self._conn.config.timeout if timeout is None else timeout
-        return self._conn.controller().admit(partition=self.partition, n=n,
-                                                timeout=timeout)
+        return self._conn.controller().admit(partition=self.partition, n=n, timeout=timeout)
 
     async def areserve(self, n: int, timeout: float | None = None) -> int:
         """``reserve`` for asyncio code."""
@@ -153,9 +153,27 @@ class Writer:
         """No more rows will come: drain-mode loaders end after the last batch."""
         self._conn.controller().close_partition(partition=self.partition)
 
-    def _write(self, keys: list[str], cols: dict[str, Column], tags: list[dict[str, Any]] | None,
-               timeout: float | None, expect: Any = None) -> list[str]:
-        """The put (see ``put``); returns the keys skipped as lost with their unit."""
+
+class RowWriter:
+    """How a put reaches the storage units and the controller (``Writer.put``,
+    ``Client.put_data``): on spare rows when it can, else ``reserve`` → the bytes to the
+    units → ``commit``, made again while it had no visible effect (``PutAgain``).
+
+    Args:
+        connection: the deployment to write to.
+        partition: the partition (a checked name).
+        unit: the storage unit rows go to, or -1 (spread over all units).
+    """
+
+    def __init__(self, connection: Connection, partition: str, unit: int) -> None:
+        self._conn = connection
+        self.partition = partition
+        self._unit = unit
+
+    def write(self, keys: list[str], cols: dict[str, Column], tags: list[dict[str, Any]] | None,
+              timeout: float | None, expect: Any = None) -> list[str]:
+        """The put (see ``Writer.put``; ``expect``: the rows' generations, for fields of
+        existing rows only); returns the keys skipped as lost with their unit."""
         ctrl = self._conn.controller()
         spares = None if expect is not None else self._conn.spares(self.partition, self._unit)
         if spares is not None and spares.put(ctrl, self._conn.units(), keys, cols, tags):
