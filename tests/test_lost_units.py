@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tq_stream.deploy.lost_units import LostUnits
+from tq_stream.connection.lost_units import LostUnits
 from tq_stream.errors import ConnectionLost, DeploymentGone, WaitTimeout
 
 UNITS = [{"address": "tcp://a:1", "local": None}, {"address": "tcp://b:2", "local": "unix://b"}]

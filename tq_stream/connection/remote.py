@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tq_stream.config import StreamConfig
-from tq_stream.deploy.lost_units import LostUnits
-from tq_stream.deploy.owner_watch import OwnerWatch, check_folder
+from tq_stream.connection.lost_units import LostUnits
+from tq_stream.connection.owner_watch import OwnerWatch, check_folder
 from tq_stream.errors import ConfigError
 from tq_stream.forksafe import ForkSafeLock
 

@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tq_stream.deploy.owner_watch import owner_of_this_process
+from tq_stream.connection.owner_watch import owner_of_this_process
 from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT
 from tq_stream.errors import (
     ConfigError,

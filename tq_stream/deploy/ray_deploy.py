@@ -14,7 +14,7 @@ the driver's ``annotations`` (text, e.g. tq_stream.compat's shared settings) to 
 process that finds the deployment by name, on any node. Dead actors are re-created by this
 driver (``restart_units``, ``restart_controller``: ``deploy.ray_recovery``); a
 client connected to Ray stops waiting with DeploymentGone once nothing will
-(``deploy.ray_owner``).
+(``connection.ray_owner``).
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tq_stream.deploy import ray_owner, ray_recovery
-from tq_stream.deploy.owner_watch import owner_of_this_process
+from tq_stream.connection import ray_owner
+from tq_stream.connection.owner_watch import owner_of_this_process
+from tq_stream.deploy import ray_recovery
 from tq_stream.errors import ConfigError, StateError, WaitTimeout, check_positive, check_timeout
 
 if TYPE_CHECKING:
@@ -196,7 +197,7 @@ class RayDeployment:
             ray.init(namespace=namespace)  # the servers' WARNINGs reach the driver
         self.owner_token = secrets.token_hex(16)
         # The process that owns the actors (Ray kills them when it dies) and how clients
-        # tell that the deployment is gone for good (``deploy.ray_owner``).
+        # tell that the deployment is gone for good (``connection.ray_owner``).
         self.owner: dict[str, Any] = {**owner_of_this_process(),
                                       "ray": ray_owner.record(name, namespace,
                                                               restart_controller)}

@@ -21,7 +21,7 @@ def rpc_client(address: str, *, timeout: float, curve_server_key: bytes | None =
     """A client for the server at ``address``; ``connect_window`` bounds how long a call
     retries a unix server that does not accept (zmq reconnects in the background);
     ``check_alive`` raises when nothing will serve at ``address`` again (a waiting call
-    then stops, see ``tq_stream.deploy.owner_watch``)."""
+    then stops, see ``tq_stream.connection.owner_watch``)."""
     if isinstance(address, str) and address.startswith(UNIX):
         from tq_stream.transport.unix_client import UnixRpcClient
 

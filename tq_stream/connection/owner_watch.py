@@ -12,7 +12,7 @@ client on another host cannot see it (nor can it reach a local deployment), so
 there the watch never says gone. A Ray deployment's owner record also names its
 actors (``ray``): a client connected to Ray asks Ray, at most every
 ``RAY_INTERVAL`` seconds, whether its controller actor or the owner's node is gone
-for good (``deploy.ray_owner``). A watch without an owner never says gone.
+for good (``connection.ray_owner``). A watch without an owner never says gone.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import os
 import time
 from typing import Any
 
-from tq_stream.deploy import ray_owner
+from tq_stream.connection import ray_owner
 from tq_stream.errors import DeploymentGone
 
 CHECK_INTERVAL = 0.5  # seconds a transport waits between two looks at the owner
