@@ -11,8 +11,8 @@ ends a consumer's waiting ``get_meta`` early.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from tq_stream.columns import Column
 from tq_stream.errors import AuthError, ConnectionLost, Unreachable, check_timeout
 from tq_stream.samplers.spec import to_spec
 from tq_stream.transport.dispatch import OWNER_ARG
+
+if TYPE_CHECKING:
+    from tq_stream.transport.base import Transport
 
 UNIT_FILE_TIMEOUT = 600.0  # seconds a unit may take to write or read its checkpoint file
 RETRY_PAUSE = 0.05  # seconds between calls to a controller that went away
@@ -33,14 +36,14 @@ class RemoteController:
 
     ``owner_token``: the deployment owner's token, sent with admin calls only (a
     handle without it gets AuthError from them; see ``ControllerService.RPC_ADMIN``).
-    ``on_units_moved(epoch)`` is called when a reply that places or hands out rows
+    ``on_units_moved()`` is called when a reply that places or hands out rows
     carries another ``units_epoch`` than the last one (a unit serves at a new address:
     a Ray actor re-created; and on the first such reply); the backend then checks the
     units' addresses again.
     """
 
-    def __init__(self, rpc: Any, timeout: float, owner_token: str | None = None,
-                 on_units_moved: Any = None) -> None:
+    def __init__(self, rpc: Transport, timeout: float, owner_token: str | None = None,
+                 on_units_moved: Callable[[], None] | None = None) -> None:
         self._rpc = rpc
         self._timeout = timeout
         self._owner_token = owner_token
@@ -271,7 +274,7 @@ class RemoteUnit(StorageUnit):
     ``load_rows``); a handle without it gets AuthError from them.
     """
 
-    def __init__(self, rpc: Any, timeout: float, owner_token: str | None = None) -> None:
+    def __init__(self, rpc: Transport, timeout: float, owner_token: str | None = None) -> None:
         self._rpc = rpc
         self._timeout = timeout
         self._owner_token = owner_token
