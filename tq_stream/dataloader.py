@@ -49,6 +49,7 @@ from tq_stream.datasets.streaming import RELAY, StreamingDataset
 from tq_stream.datasets.workers import check_start_method, stall_timeout, stalled
 from tq_stream.errors import (
     ConfigError,
+    LeaseTakenOver,
     StateError,
     TQError,
     WorkerStalled,
@@ -347,10 +348,20 @@ class StreamingDataLoader:
         return True
 
     def ack(self, batch: TensorDict | None = None) -> None:
-        """Ack ``batch`` (default: every batch yielded and not yet acked)."""
+        """Ack ``batch`` (default: every batch yielded and not yet acked).
+
+        Raises:
+            LeaseTakenOver: a batch's lease lapsed (this process stopped renewing it for
+                longer than ``lease_timeout``: paused, frozen) and another reader took
+                its rows: they are that reader's, this batch is dropped from the
+                loader's unacked ones (raised once)."""
         todo = self._unacked if batch is None else [batch]
+        taken: LeaseTakenOver | None = None
         for b in todo:
-            self._client.ack(batch_meta(b))
+            try:
+                self._client.ack(batch_meta(b))
+            except LeaseTakenOver as exc:  # not this loader's to ack any more
+                taken = taken or exc
         self._unacked = [] if batch is None else [
             b for b in self._unacked if all(b is not t for t in todo)]
         if not self._unacked:
@@ -359,6 +370,8 @@ class StreamingDataLoader:
             for h in self._holds[: -len(self.dataset.partitions)]:  # earlier iterations'
                 h.close()
             del self._holds[: -len(self.dataset.partitions)]
+        if taken is not None:
+            raise taken
 
     def _reading(self, step: int) -> None:
         """Tell the controller the training loop waits for ``step`` now, under the

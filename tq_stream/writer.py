@@ -31,6 +31,7 @@ from tq_stream.convert import schemas_of, single_row, to_columns
 from tq_stream.errors import (
     ClosedError,
     ConnectionLost,
+    LeaseError,
     SchemaError,
     StateError,
     Unreachable,
@@ -145,8 +146,10 @@ class Writer:
         self._stream._controller().close_partition(partition=self.partition)
 
     def _write(self, keys: list[str], cols: dict[str, Column], tags: list[dict[str, Any]] | None,
-               timeout: float | None, expect: Any = None) -> list[str]:
-        """The put (see ``put``); returns the keys skipped as lost with their unit."""
+               timeout: float | None, expect: Any = None,
+               holder: dict[str, Any] | None = None) -> list[str]:
+        """The put (see ``put``); returns the keys skipped as lost with their unit.
+        ``holder``: the reader of a write through a BatchMeta (``Client.put_data``)."""
         ctrl = self._stream._controller()
         spares = None if expect is not None else self._stream._spares(self.partition, self._unit)
         if spares is not None and spares.put(ctrl, self._stream._units(), keys, cols, tags):
@@ -156,7 +159,8 @@ class Writer:
         left = timeout  # the caller's own figure first: a timeout error names it
         while True:
             try:
-                return self._write_placed(ctrl, spares, keys, cols, tags, left, expect)
+                return self._write_placed(ctrl, spares, keys, cols, tags, left, expect,
+                                          holder)
             except PutAgain as exc:
                 # Placed on a unit that died (its calls were never sent) or that was
                 # replaced (it refuses the slots), or committed to a controller restarted
@@ -172,7 +176,7 @@ class Writer:
 
     def _write_placed(self, ctrl: Any, spares: Any, keys: list[str], cols: dict[str, Column],
                       tags: list[dict[str, Any]] | None, timeout: float,
-                      expect: Any = None) -> list[str]:
+                      expect: Any = None, holder: dict[str, Any] | None = None) -> list[str]:
         """One put through ``reserve``: place, store the bytes, commit (or abort); returns
         the keys the controller skipped as lost with their unit.
 
@@ -182,12 +186,15 @@ class Writer:
         """
         schemas = schemas_of(cols)
         extra: dict[str, Any] = {} if expect is None else {"expect": expect}
+        if holder is not None:
+            extra["holder"] = holder
         if spares is not None and spares.wanted():
             extra["spare"] = spares.wanted()
         if expect is None:  # rows may be created: hold them under this process's session
             lease = self._stream.config.lease_timeout
             extra["session"] = self._stream._keeper().producer_session(self.partition, lease)
             extra["lease"] = lease
+        asked = time.monotonic()
         place = ctrl.reserve(partition=self.partition, keys=keys, schemas=schemas,
                              unit=self._unit, timeout=timeout, **extra)
         if spares is not None:
@@ -204,6 +211,11 @@ class Writer:
             if differ:  # most puts match their fields' fixed schemas: nothing to convert
                 cols = _coerced(cols, differ)
                 schemas = schemas_of(cols)
+            if "holder_left" in place and time.monotonic() - asked >= place["holder_left"]:
+                # paused past the reader's lease since the reserve: another reader may own
+                # the rows now, so no byte is stored; the next reserve tells
+                raise PutAgain(LeaseError(f"put_data to partition {self.partition!r} "
+                                          f"outlived its lease before storing"))
             try:
                 placement.store(self._stream._units(), self.partition, place["unit"],
                                 place["slot"], cols,
@@ -217,8 +229,9 @@ class Writer:
                 raise PutAgain(exc) from exc
             try:
                 ctrl.commit(partition=self.partition, index=place["index"],
-                            generation=place["generation"], schemas=schemas, tags=tags)
-            except ClosedError:
+                            generation=place["generation"], schemas=schemas, tags=tags,
+                            **({} if holder is None else {"holder": holder}))
+            except (ClosedError, LeaseError):
                 raise
             except StateError as exc:  # "rows ... were cleared meanwhile": the controller
                 raise PutAgain(exc) from exc  # restarted from a checkpoint without them

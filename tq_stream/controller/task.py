@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from tq_stream.controller.fifo import ReadyQueue
+from tq_stream.controller.takeovers import Takeovers
 from tq_stream.errors import ConfigError, check_positive
 from tq_stream.samplers.base import Sampler
 
@@ -125,6 +126,7 @@ class TaskState:
         self.expired = 0
         self.cancelled = 0
         self.redelivered = 0
+        self.takeovers = Takeovers()  # sessions whose lapsed share another reader took
         # (sampler class name, sampler state) of a task restored from a checkpoint and
         # not yet registered again by its consumer; None once registered.
         self.restored: tuple[str, Any] | None = None
@@ -179,6 +181,7 @@ class TaskState:
                 self.handed_out += len(rec.shares[rank])
         rec.claims[key] = Claim(session, consumer, now + self.config.lease_timeout, now, now)
         rec.left.pop(key, None)
+        self.takeovers.claimed((step, rank, replica), session)
 
     def discard(self, reason: str, rows: np.ndarray) -> np.ndarray:
         rows = rows[(self.state[rows] == NEW)]
@@ -192,11 +195,12 @@ class TaskState:
         the next reader, and its consumer name in ``left`` (a restarted worker of that
         name gets it first). Returns the rows of the dropped claims."""
         n = 0
-        for rec in self.steps.values():
+        for step, rec in self.steps.items():
             for key in [k for k, c in rec.claims.items() if ended(c)]:
-                name = rec.claims.pop(key).consumer
-                if name:
-                    rec.left[key] = name
+                claim = rec.claims.pop(key)
+                if claim.consumer:
+                    rec.left[key] = claim.consumer
+                self.takeovers.lapsed((step, *key), claim.session)
                 n += len(rec.shares[key[0]])
         return n
 
@@ -213,6 +217,17 @@ class TaskState:
         n = self._drop_claims(lambda c: c.session == session)
         self.cancelled += n
         return n
+
+    def check_writer(self, key: tuple[int, int, int], session: str, now: float) -> float | None:
+        """A write by ``session`` through its meta of (step, rank, replica) ``key``:
+        LeaseTakenOver if another reader took the share over (``takeovers.py``); else the
+        seconds its claim holds without a renewal, or None if it holds none now."""
+        self.takeovers.check(key, session, self.name, "writes to")
+        rec = self.steps.get(key[0])
+        claim = None if rec is None else rec.claims.get((key[1], key[2]))
+        if claim is None or claim.session != session or claim.expiry <= now:
+            return None  # none, or lapsed (not dropped yet): no deadline to tell
+        return claim.expiry - now
 
     def renew(self, session: str, now: float) -> int:
         """Extend every claim of ``session``; returns how many it holds."""

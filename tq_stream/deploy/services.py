@@ -339,14 +339,15 @@ class ControllerService(Controller, Recovery):
     def reserve(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
                 unit: int = -1, timeout: float = 60.0,
                 expect: Sequence[int] | None = None, spare: int = 0, session: str = "",
-                lease: float = DEFAULT_WRITE_LEASE) -> dict[str, Any]:
+                lease: float = DEFAULT_WRITE_LEASE,
+                holder: Mapping[str, Any] | None = None) -> dict[str, Any]:
         # On the IO thread, a reserve that could need a grant (a call to a unit) goes to
         # a worker; the lock keeps a worker's placements from racing the check.
         with self._cond:
             if not may_block() and not self._grants_cover(partition, _count(keys) + _count(spare)):
                 raise WouldBlock
             out = super().reserve(partition, keys, schemas, unit, timeout, expect, spare,
-                                  session, lease)
+                                  session, lease, holder)
         self._grant_placed(partition, out, out.get("spare"))
         return {**out, "units_epoch": self._units_epoch}
 
