@@ -137,10 +137,6 @@ class Writer:
         return self._stream._controller().admit(partition=self.partition, n=n,
                                                 timeout=timeout)
 
-    async def areserve(self, n: int, timeout: float | None = None) -> int:
-        """``reserve`` for asyncio code."""
-        return await asyncio.to_thread(self.reserve, n, timeout)
-
     def close_partition(self) -> None:
         """No more rows will come: drain-mode loaders end after the last batch."""
         self._stream._controller().close_partition(partition=self.partition)
