@@ -213,7 +213,7 @@ class StepLogic:
                 f"step must not be already acked by every rank, got step={step} of task "
                 f"{state.name!r}; rank {dp_rank} resumes at step "
                 f"{state.first_unfinished(dp_rank)['step']} (get_meta(step=None) or a "
-                f"fresh loader finds it by itself)"
+                f"fresh loader finds it by itself){_peers_hint(state)}"
             )
         if rec.end:
             if asked_next and self._held_elsewhere(part, state, dp_rank, replica, session):
@@ -233,7 +233,7 @@ class StepLogic:
             raise LeaseError(
                 f"step {step} of task {state.name!r} was already acked by every replica of "
                 f"rank {dp_rank}; it must not be read again (rank {dp_rank} resumes at step "
-                f"{state.first_unfinished(dp_rank)['step']})")
+                f"{state.first_unfinished(dp_rank)['step']}){_peers_hint(state)}")
         if rec.share_done(dp_rank, 1 << replica, state.acks):
             raise LeaseError(
                 f"replica {replica} of rank {dp_rank} acked its share of step {step} of task "
@@ -363,6 +363,16 @@ class StepLogic:
                 return []  # a declared consumer has not even registered yet
             rows = task.finished_rows(rows)
         return self._release_rows(part, rows)  # type: ignore[attr-defined]
+
+
+def _peers_hint(state: TaskState) -> str:
+    """What a reader of an acked step is told when the task has one replica: two TP/PP
+    peers that both read a rank without ``replicas=`` race for its steps."""
+    if state.config.replicas > 1:
+        return ""
+    return (". If TP/PP peers read this rank together, register the task with replicas= "
+            "(how many peers) and give each peer its replica=; with replicas=1 one of them "
+            "trains every step and the other is refused")
 
 
 __all__ = ["ACKED", "StepLogic"]

@@ -108,14 +108,18 @@ def connect(address: str | None = None, config: StreamConfig | None = None,
             Ray deployment ``name`` in ``namespace`` (inside a Ray job).
         curve_server_key: the deployment's public key when it requires CURVE (by name:
             the deployment tells it; one given must be the same).
-        lease_timeout: as in ``init``, for the consumers and producers of this handle.
+        lease_timeout: as in ``init``, for the consumers and producers of this handle;
+            by default the deployment's own (the ``lease_timeout`` its owner started
+            it with), so every joining worker's leases expire alike.
     """
+    own_lease = lease_timeout is not None or (
+        config is not None and config.lease_timeout != DEFAULT_LEASE_TIMEOUT)
     config = with_lease_timeout(config, lease_timeout)
     from tq_stream.deploy import remote
 
     if address is None:
         address, curve_server_key = _by_name(name, namespace, curve_server_key)
-    return remote.connect(address, config, curve_server_key)
+    return remote.connect(address, config, curve_server_key, own_lease)
 
 
 def _by_name(name: str, namespace: str, key: bytes | None) -> tuple[str, bytes | None]:

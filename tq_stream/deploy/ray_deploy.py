@@ -33,6 +33,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tq_stream.config import DEFAULT_LEASE_TIMEOUT
 from tq_stream.deploy import ray_owner, ray_recovery
 from tq_stream.deploy.owner_watch import owner_of_this_process
 from tq_stream.errors import ConfigError, StateError, WaitTimeout, check_positive, check_timeout
@@ -165,7 +166,8 @@ class RayDeployment:
                  checkpoint_interval: float | None = None,
                  checkpoint_path: str | None = None,
                  restart_controller: bool = False,
-                 annotations: Mapping[str, str] | None = None) -> None:
+                 annotations: Mapping[str, str] | None = None,
+                 lease_timeout: float = DEFAULT_LEASE_TIMEOUT) -> None:
         try:
             import ray
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -196,7 +198,8 @@ class RayDeployment:
         # tell that the deployment is gone for good (``deploy.ray_owner``).
         self.owner: dict[str, Any] = {**owner_of_this_process(),
                                       "ray": ray_owner.record(name, namespace,
-                                                              restart_controller)}
+                                                              restart_controller),
+                                      "lease_timeout": lease_timeout}
         self.curve_server_key: bytes | None = None
         secret = ""
         if curve:

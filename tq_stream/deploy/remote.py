@@ -12,6 +12,7 @@ import inspect
 import os
 import random
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from tq_stream.config import StreamConfig
@@ -186,8 +187,11 @@ def _rebuild(address: str, config: StreamConfig, curve: bytes | None,
     return Stream(RemoteBackend(address, config, curve, owner=owner), config, "remote")
 
 
-def connect(address: str, config: StreamConfig, curve_server_key: bytes | None = None) -> Stream:
-    """A Stream on the deployment whose controller serves at ``address``.
+def connect(address: str, config: StreamConfig, curve_server_key: bytes | None = None,
+            own_lease: bool = False) -> Stream:
+    """A Stream on the deployment whose controller serves at ``address``: its
+    ``lease_timeout`` is the deployment owner's (``tq.init(lease_timeout=)``) unless
+    ``own_lease`` (the caller chose one).
 
     Raises:
         DeploymentGone: ``address`` is a unix socket whose folder is gone.
@@ -200,7 +204,11 @@ def connect(address: str, config: StreamConfig, curve_server_key: bytes | None =
         from tq_stream.transport.zmq_handshake import check_handshake
 
         check_handshake(address, curve_server_key, min(config.timeout, HANDSHAKE_WINDOW))
-    backend.owner_watch.learn(backend.controller().ping().get("owner"))
+    owner = backend.controller().ping().get("owner")
+    backend.owner_watch.learn(owner)
+    lease = (owner or {}).get("lease_timeout")
+    if not own_lease and isinstance(lease, int | float) and lease > 0:
+        config = replace(config, lease_timeout=float(lease))
     return Stream(backend, config, "remote", owner=_ConnectionOwner(backend))
 
 
@@ -226,13 +234,13 @@ def start(mode: str, n_units: int, restore: str | None, config: StreamConfig,
         from tq_stream.deploy.local import LocalDeployment as cls
     else:
         from tq_stream.deploy.ray_deploy import RayDeployment as cls  # type: ignore[assignment]
-    known = set(inspect.signature(cls).parameters) - {"n_units"}
+    known = set(inspect.signature(cls).parameters) - {"n_units", "lease_timeout"}
     unknown = sorted(set(options) - known)
     if unknown:  # before anything starts, naming what the mode takes
         raise ConfigError(f"options of mode {mode!r} must be among {sorted(known)}, got "
                           f"{unknown} (storage_units, restore, config and metrics_port "
                           f"are tq.init's own)")
-    owner: Any = cls(n_units, **options)
+    owner: Any = cls(n_units, lease_timeout=config.lease_timeout, **options)
     try:
         backend = RemoteBackend(owner.address, config, owner.curve_server_key,
                                 owner.owner_token, owner.owner)
