@@ -239,9 +239,9 @@ class ControllerService(Controller, Recovery):
                  owner: dict[str, Any] | None = None) -> None:
         super().__init__(n_units, free=self._free_remote)
         self._owner = owner  # the process that restarts the servers (``ping`` tells)
+        # Per unit: its address record, whose "pid" is the process last seen serving it.
         self._unit_addresses: list[dict[str, Any]] = []
         self._units_epoch = 0  # changes with the units' addresses (see ``units_epoch``)
-        self._unit_pids: dict[int, int] = {}  # the process serving each unit, last seen
         self._unit_timeout = unit_timeout
         self._watch: UnitWatch | None = None
         self._unit_clients: list[Any] = []
@@ -287,8 +287,6 @@ class ControllerService(Controller, Recovery):
         self._unit_clients = [self._make_client(nearest(u)) for u in units]
         self._units_epoch = units_epoch(units)
         self._grants.forget_all()
-        with self._cond:
-            self._unit_pids = {i: int(u.get("pid", -1)) for i, u in enumerate(units)}
         self._reconcile(self._unit_clients)  # after a restart from a checkpoint
         self._attached.set()
         if self._watch is None and self._unit_timeout is not None:
@@ -299,7 +297,7 @@ class ControllerService(Controller, Recovery):
         """False if ``unit``'s process runs on this host and is alive (only slow)."""
         with self._cond:
             info = self._unit_addresses[unit] if unit < len(self._unit_addresses) else {}
-            pid = self._unit_pids.get(unit, -1)
+        pid = int(info.get("pid", -1))
         if info.get("host") != host_id() or pid <= 0:
             return True  # another host: the missed heartbeats decide
         return not process_alive(pid)
@@ -309,13 +307,26 @@ class ControllerService(Controller, Recovery):
         (its rows died with the old process), so drop them if that has not happened
         yet and take the unit back."""
         with self._cond:
-            known = self._unit_pids.get(unit)
+            known = self._pid(unit)
             if known == pid and unit not in self._dead:
                 return
-            self._unit_pids[unit] = pid
+            self._set_pid(unit, pid)
         if known != pid:
             self.unit_lost(unit)
         self.unit_back(unit)
+
+    def _pid(self, unit: int) -> int | None:
+        """The process last seen serving ``unit`` (lock held; None: none recorded)."""
+        if unit >= len(self._unit_addresses):
+            return None
+        pid = self._unit_addresses[unit].get("pid")
+        return None if pid is None else int(pid)
+
+    def _set_pid(self, unit: int, pid: int) -> None:
+        """``unit`` is served by process ``pid`` now (lock held): ``units()`` and so
+        ``Stream.processes()`` name it (the record is replaced, never changed)."""
+        if unit < len(self._unit_addresses):
+            self._unit_addresses[unit] = {**self._unit_addresses[unit], "pid": int(pid)}
 
     def close(self) -> None:
         if self._watch is not None:
@@ -413,14 +424,11 @@ class ControllerService(Controller, Recovery):
             raise ConfigError(f"info must name the new unit's 'address', got {info!r}")
         with self._cond:
             pid = None if info is None else info.get("pid")
-            if pid is not None and self._unit_pids.get(unit) == pid \
-                    and unit not in self._dead:
+            if pid is not None and self._pid(unit) == pid and unit not in self._dead:
                 return {}  # the watch already took this very process back
             self._grants.forget_unit(unit)  # the new unit starts empty, with no grants
             if info is not None and self._unit_addresses:
                 self._readdress(unit, dict(info))
-            if pid is not None:
-                self._unit_pids[unit] = int(pid)
             dropped = self._drop_rows_of(unit)
             self._dead.discard(unit)
             self._cond.notify_all()
@@ -457,7 +465,7 @@ class ControllerService(Controller, Recovery):
         if not self._attached.wait(timeout=ATTACH_WAIT):
             raise StateError(f"storage units must attach within {ATTACH_WAIT:g} s of the "
                              f"controller start")
-        return self._unit_addresses
+        return list(self._unit_addresses)
 
     def ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": host_id(), "units": len(self._unit_addresses),
