@@ -154,6 +154,13 @@ def _unit_pid(stream: tq.Stream, unit: int) -> int:
     return [p.pid for p in stream.processes() if p.role == "unit"][unit]
 
 
+def _writer(stream: tq.Stream) -> tq.Writer:
+    """Partition P, read by task "t" (one rank), and a writer of it."""
+    stream.create_partition(P, consumers=["t"])
+    _register(stream, 1)
+    return stream.writer(P)
+
+
 def test_a_put_made_again_counts_the_lost_rows_it_names_once():
     """A put of ``r`` names rows lost before (unit 1, restarted) and rows of unit 0,
     killed just before it: its first try skips the lost rows and fails on unit 0; the
@@ -161,9 +168,7 @@ def test_a_put_made_again_counts_the_lost_rows_it_names_once():
     stream = faulty_local()
     pids = [p.pid for p in stream.processes()]
     try:
-        stream.create_partition(P, consumers=["t"])
-        _register(stream, 1)
-        w = stream.writer(P)
+        w = _writer(stream)
         keys = _keys("a", 16)
         for i in (0, 8):
             w.put(keys[i : i + 8], {"x": values(keys[i : i + 8])})
@@ -188,9 +193,7 @@ def test_rows_placed_on_a_unit_that_dies_before_their_bytes_come_are_not_lost():
     stream = faulty_local(shm=False)
     pids = [p.pid for p in stream.processes()]
     try:
-        stream.create_partition(P, consumers=["t"])
-        _register(stream, 1)
-        w = stream.writer(P)
+        w = _writer(stream)
         first = _keys("a", 8)
         w.put(first, {"x": values(first)})
         lost = {k for k, u in zip(first, stream.kv.meta(first, partition=P).unit.tolist(),
