@@ -74,11 +74,13 @@ RETRY_PAUSE = 0.2  # seconds between puts placed on a unit that was down or repl
 
 class PutAgain(Exception):
     """A put had no visible effect and may be made again (internal): a storage unit did
-    not take its bytes, or a restarted controller no longer knew its rows."""
+    not take its bytes, or a restarted controller no longer knew its rows. ``skipped``:
+    the keys it was told are lost with their unit (not named again)."""
 
-    def __init__(self, cause: Exception) -> None:
+    def __init__(self, cause: Exception, skipped: Sequence[str] = ()) -> None:
         super().__init__(str(cause))
         self.cause = cause
+        self.skipped = list(skipped)
 
 
 class Writer:
@@ -153,11 +155,20 @@ class Writer:
         timeout = self._stream.config.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         left = timeout  # the caller's own figure first: a timeout error names it
+        skipped: list[str] = []
         while True:
             try:
-                return self._write_placed(ctrl, spares, keys, cols, tags, left, expect,
-                                          holder)
+                return skipped + self._write_placed(ctrl, spares, keys, cols, tags, left,
+                                                    expect, holder)
             except PutAgain as exc:
+                if exc.skipped:  # told once: the put again names only the other rows
+                    skipped += exc.skipped
+                    gone = set(exc.skipped)
+                    keep = [k not in gone for k in keys]
+                    keys, cols, tags = _without([i for i, k in enumerate(keep) if not k],
+                                                keys, cols, tags)
+                    if expect is not None:
+                        expect = [g for g, k in zip(expect, keep, strict=True) if k]
                 # Placed on a unit that died (its calls were never sent) or that was
                 # replaced (it refuses the slots), or committed to a controller restarted
                 # without the rows: nothing of the put is visible. The controller notices
@@ -211,7 +222,7 @@ class Writer:
                 # paused past the reader's lease since the reserve: another reader may own
                 # the rows now, so no byte is stored; the next reserve tells
                 raise PutAgain(LeaseError(f"put_data to partition {self.partition!r} "
-                                          f"outlived its lease before storing"))
+                                          f"outlived its lease before storing"), skipped)
             try:
                 placement.store(self._stream._units(), self.partition, place["unit"],
                                 place["slot"], cols,
@@ -222,7 +233,7 @@ class Writer:
                 # be ones the controller placed" (a new process), or the unit died while
                 # it took the bytes: none is visible before the commit. Rows this put
                 # made are aborted; their slots are reused only once that unit freed them.
-                raise PutAgain(exc) from exc
+                raise PutAgain(exc, skipped) from exc
             try:
                 ctrl.commit(partition=self.partition, index=place["index"],
                             generation=place["generation"], schemas=schemas, tags=tags,
@@ -230,7 +241,8 @@ class Writer:
             except (ClosedError, LeaseError):
                 raise
             except StateError as exc:  # "rows ... were cleared meanwhile": the controller
-                raise PutAgain(exc) from exc  # restarted from a checkpoint without them
+                # restarted from a checkpoint without them
+                raise PutAgain(exc, skipped) from exc
             if spares is not None:
                 spares.learn(schemas)  # fixed now: later small puts may skip reserve
             return skipped

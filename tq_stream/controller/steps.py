@@ -347,7 +347,10 @@ class StepLogic:
         rec = state.steps[step]
         if rec.share_done(dp_rank, 1 << replica, state.acks):
             rec.claims.pop((dp_rank, replica), None)
-        if all(rec.share_done(r, state.full_acks, state.acks) for r in range(len(rec.shares))):
+        # A share a lost unit emptied is not done: the step is kept (its shares are
+        # empty arrays), so that rank's reader is told its rows were lost.
+        if all(rec.share_done(r, state.full_acks, state.acks) for r in range(len(rec.shares))) \
+                and all(len(rec.shares[r]) for r in rec.lost):
             del state.steps[step]
         return done
 
