@@ -69,3 +69,43 @@ def test_steps_formed_ahead_respect_the_bound_at_their_turn(stream):
     assert lags and max(lags) <= 1, sorted(set(lags))
     st = stream.stats()[P]["tasks"]["actor"]
     assert st["discarded"].get("stale", 0) == 32 - len(lags)  # the rest: counted stale
+
+
+def test_a_step_formed_by_a_reader_ahead_is_reformed_for_the_version_at_yield(stream):
+    """Replay: a reader of step 2 by number formed steps 0-2 at version 0; the
+    trainer set version 1 after step 0, and step 1 came with version-0 rows
+    (max_staleness=0). Now step 1's share is re-formed at its turn: its rows stale
+    against version 1 (a version the trainer set) are discarded, and it is completed
+    from ready rows within the bound."""
+    from staleness_cases import formed_by_a_reader_ahead
+
+    batches, st = formed_by_a_reader_ahead(stream, P)
+    assert batches == [[0, 0], [1, 1], [1, 1]], batches
+    assert st["discarded"] == {"stale": 2}, st["discarded"]
+
+
+def test_a_trainer_jumping_versions_gets_no_stale_prefetched_batch(stream):
+    """Replay: a trainer that bumps its version by 2 every step (one version per
+    minibatch) got prefetched steps formed for a predicted version 1 higher: rows 2
+    versions old at yield. Now each such batch is checked at yield and re-formed."""
+    from staleness_cases import jumping_versions
+
+    lags, versions, st = jumping_versions(stream, P, jump=2)
+    assert lags and max(lags) <= 1, sorted(set(lags))
+    stale = st["discarded"].get("stale", 0)
+    assert len(lags) + stale == len(versions)  # nothing lost, nothing twice
+    assert stale <= sum(v < st["final_version"] - 1 for v in versions)
+
+
+def test_a_dp_rank_behind_its_peer_gets_its_shares_at_its_own_steps_versions(stream):
+    """A DP rank 3 steps behind its peer: the versions the peer set for later steps
+    do not apply to the steps the lagging rank reads (nor does its setting them
+    again roll the task's version back)."""
+    from staleness_cases import dp_rank_ahead
+
+    lags, st = dp_rank_ahead(stream, P)
+    assert len(lags[0]) == len(lags[1]) == 3, lags
+    assert max(lags[0] + lags[1]) <= 1, lags
+    assert st["version"] == 3, st["version"]
+    # only the 2 version-1 rows left over are stale against version 3
+    assert st["discarded"].get("stale", 0) <= 2, st["discarded"]
