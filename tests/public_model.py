@@ -93,8 +93,6 @@ class Model:
         self.holder: dict[tuple[int, int, int], Session | None] = {}  # (step, r, k)
         self.version: int | None = None
         self.versions_set: list[int] = []
-        self.version_at_yield: dict[int, int | None] = {}
-        self.exempt: set[int] = set()  # steps redelivered under a newer version (a crash)
         # stage
         self.stage_shares: dict[int, tuple[str, ...]] = {}
         self.stage_holder: dict[int, Session | None] = {}
@@ -189,10 +187,10 @@ class Model:
         return all(self.stale(r) and r.train_step is None for r in undone)
 
     def deliver_train(self, slot: Slot, step: int, rank: int, replica: int,
-                      keys: tuple[str, ...], to: Session | None,
-                      yielded: bool = True) -> None:
-        """A train batch reached a consumer of ``slot``: check the delivery rules (and,
-        ``yielded`` by a loader, the staleness bound at its current version)."""
+                      keys: tuple[str, ...], to: Session | None) -> None:
+        """A train batch reached a consumer of ``slot`` (a loader's yield, or a read by
+        number): check the delivery rules and the staleness bound at the version the
+        trainer set last."""
         assert (rank, replica) == slot, f"slot {slot} got a batch of {(rank, replica)}"
         assert keys, f"slot {slot} got an empty batch at step {step}"
         unknown = [k for k in keys if k not in self.rows]
@@ -215,8 +213,7 @@ class Model:
         assert other is None, (f"step {step} of train slot {slot} is held by a live "
                                f"session and was handed to another")
         self.holder[(step, *slot)] = to
-        if yielded:
-            self._check_bound(step, keys)
+        self._check_bound(step, keys)
 
     def _check_formed(self, step: int, rank: int, keys: tuple[str, ...]) -> None:
         not_ready = [k for k in keys if self.rows[k].ready is None]
@@ -233,7 +230,7 @@ class Model:
 
     def _check_bound(self, step: int, keys: tuple[str, ...]) -> None:
         s, v = self.spec.max_staleness, self.version
-        if s is None or v is None or step in self.exempt:
+        if s is None or v is None:
             return
         old = [(k, self.rows[k].version) for k in keys if self.rows[k].version < v - s]
         assert not old, (f"staleness bound broken at yield: version {v}, max_staleness "

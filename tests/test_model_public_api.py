@@ -525,9 +525,6 @@ class PublicAPIMachine(RuleBasedStateMachine):
             step += 1
             while step in m.acked_steps[slot]:
                 step += 1
-        if ahead and self.spec.max_staleness is not None and not any(
-                s >= step for s, _ in m.shares):
-            return  # ahead of the trainer's turn: formed for a predicted version
         if not m.available(slot, step):
             return
         r, k = slot
@@ -537,8 +534,7 @@ class PublicAPIMachine(RuleBasedStateMachine):
         replica = k if self.spec.replicas > 1 or step % 2 else None
         meta = box.client.get_meta(P, "train", step, r, timeout=WAIT, replica=replica)
         session = Session()
-        m.deliver_train(slot, meta.step, meta.dp_rank, meta.replica, meta.keys, session,
-                        yielded=False)  # not a loader's yield: no version of its own
+        m.deliver_train(slot, meta.step, meta.dp_rank, meta.replica, meta.keys, session)
         assert meta.step == step
         if then == "ack":
             got = box.client.ack(meta)

@@ -37,20 +37,23 @@ Called with the controller's lock held; ``self`` is the Controller.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from tq_stream.controller import events
+from tq_stream.controller import events, turns
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task import ACKED, LEASED, Claim, StepRecord, TaskState
 from tq_stream.controller.waiters import Waiters
 from tq_stream.errors import LeaseError, StateError
-from tq_stream.samplers.base import Candidates, Selection
+from tq_stream.samplers.base import Candidates, Selection, merge_discards
 from tq_stream.samplers.sequential import SequentialSampler
 
+logger = logging.getLogger(__name__)
 PREFIX_MIN = 16384  # candidates a prefix-ok sampler sees at least
 
 
@@ -72,8 +75,11 @@ class StepLogic:
     _waiters: Waiters  # the get_meta calls waiting (waiters.py)
 
     def _candidates(self, part: PartitionMeta, state: TaskState, dp_size: int,
-                    step: int, limit: int | None = None) -> Candidates:
-        index = state.queue.ordered(limit)
+                    step: int, limit: int | None = None,
+                    index: np.ndarray | None = None) -> Candidates:
+        """The ready rows (``index``: those rows instead) as a sampler sees them."""
+        if index is None:
+            index = state.queue.ordered(limit)
         tags = part.tags
         return Candidates(
             index=index, ready_time=part.write_time[index], dp_size=dp_size,
@@ -126,7 +132,9 @@ class StepLogic:
         if self._journal is not None:
             self._journal.formed(part.name, state.name, state.next_step, shares,
                                  [part.generation[s] for s in shares])
-        state.lease(state.next_step, shares)
+        rec = state.lease(state.next_step, shares)
+        if state.sampler.version_bound:  # the version its shares are in the bound for
+            rec.turns = [state.version_at(state.next_step)] * len(shares)
         state.next_step += 1
         rows = shares[0] if len(shares) == 1 else np.concatenate(shares)
         written = part.write_time[int(rows[0])] if len(rows) == 1 else part.write_time[rows]
@@ -223,6 +231,8 @@ class StepLogic:
             # step learns where the stream ended (multi-partition loaders route by it).
             return {**meta, "task": state.name, "step": state.next_step - 1,
                     "dp_rank": dp_rank, "replica": replica, "end": True}
+        if rec.turns is not None and not self._at_turn(part, state, rec, step, dp_rank):
+            return None  # its stale rows wait for rows within the bound to replace them
         if not len(rec.shares[dp_rank]) and dp_rank in rec.lost:
             # Every row of this share died with its storage unit: an empty batch says
             # so at once (a loader goes on with its next step) instead of a wait.
@@ -248,7 +258,50 @@ class StepLogic:
         meta = self._placement(part, share, state.config.fields)  # type: ignore[attr-defined]
         return {**meta, "task": state.name, "step": step, "dp_rank": dp_rank,
                 "replica": replica, "end": False,
-                "lease_timeout": state.config.lease_timeout}
+                "lease_timeout": state.config.lease_timeout,
+                "turn": None if rec.turns is None else rec.turns[dp_rank]}
+
+    def _at_turn(self, part: PartitionMeta, state: TaskState, rec: StepRecord, step: int,
+                 rank: int) -> bool:
+        """Check rank's share of a formed ``step`` against the version the consumer set
+        for it, and re-form it if rows went out of the bound (``turns.py``). False: a
+        replacement is not ready yet, the reader waits."""
+        version = state.version_for(step)
+        if not turns.behind(rec, rank, version) or turns.acked(state, rec, rank):
+            return True
+        assert rec.turns is not None and version is not None
+        share = replace(self._candidates(part, state, 1, step, index=rec.shares[rank]),
+                        version=version)
+        plan = turns.reform(
+            state.sampler, share,
+            lambda kept: self._candidates(part, state, 1, step,
+                                          index=np.concatenate([kept, state.queue.ordered()])),
+            state.config.batch_size, part.closed and not self._pending(part, state))
+        if plan is None:
+            return False
+        if len(plan.stale):
+            logger.info("task %r step %d rank %d: %d rows of its share, formed for version "
+                        "%s, are stale at version %d (set for this step): discarded, and "
+                        "the share formed again (%d rows)", state.name, step, rank,
+                        len(plan.stale), rec.turns[rank], version, len(plan.share))
+            self._set_share(part, state, step, rank, turns.EMPTY)
+            self._apply_discards(part, state, Selection.wait(
+                merge_discards({"stale": plan.stale}, plan.discard)))
+            self._set_share(part, state, step, rank, plan.share)
+            if not len(plan.share):
+                rec.lost.add(rank)  # nothing left for it: its readers skip the step
+            # its new rows were chosen for the version predicted for its turn
+            predicted = state.version_at(step)
+            version = version if predicted is None else max(version, predicted)
+        rec.turns[rank] = version
+        return True
+
+    def _set_share(self, part: PartitionMeta, state: TaskState, step: int, rank: int,
+                   rows: np.ndarray) -> None:
+        if self._journal is not None:
+            self._journal.share_set(part.name, state.name, step, rank, rows,
+                                    part.generation[rows])
+        state.set_share(step, rank, rows)
 
     def _next_for(self, part: PartitionMeta, state: TaskState, rank: int, replica: int,
                   session: str, consumer: str) -> int | None:
