@@ -152,12 +152,30 @@ class Model:
             full, left = divmod(n, per_step)
             return (self.closed and self.all_ready() and not spec.drop_last
                     and step == full and left >= spec.dp_size)
-        # D = K = 1: every earlier step was seen (acked by the only slot)
+        # D = K = 1. Rows not in a share the model saw and not stale ("fresh") form
+        # every step it has not seen up to ``step`` (steps formed ahead by a prefetch
+        # hold such rows, or are formed again from them at their turn); a share it saw
+        # whose rows went stale is formed again from its rows still in bound and fresh
+        # ones (controller/turns.py).
         seen = self._observed_rows()
-        fresh = [k for k in self.ready_order if k not in seen and not self.stale(self.rows[k])]
-        if len(fresh) >= spec.batch_size:
-            return True
-        return self.closed and self.all_ready() and not spec.drop_last and len(fresh) >= 1
+        fresh = len([k for k in self.ready_order
+                     if k not in seen and not self.stale(self.rows[k])])
+        slot = (0, 0)
+        unseen = [s for s in range(self.next_step(slot), step + 1)
+                  if s not in self.acked_steps[slot] and (s, 0) not in self.shares]
+        known = self.shares.get((step, 0))
+        if known is not None and self.reformed(known):
+            fresh += sum(not self.stale(self.rows[k]) for k in known)
+            unseen.append(step)
+        drained = self.closed and self.all_ready() and not spec.drop_last
+        need = len(unseen) * spec.batch_size
+        return fresh >= need or (drained and fresh > need - spec.batch_size)
+
+    def reformed(self, keys: tuple[str, ...]) -> bool:
+        """A share the model saw is formed again at its next hand-out: no replica acked
+        a row of it, and some row is stale against the version set last."""
+        rows = [self.rows[k] for k in keys]
+        return not any(r.train_acks for r in rows) and any(self.stale(r) for r in rows)
 
     def live_holder(self, step: int, slot: Slot, me: Session | None) -> Session | None:
         h = self.holder.get((step, *slot))
@@ -199,6 +217,13 @@ class Model:
         assert not again, (f"exactly once: rows acked by train rank {rank} replica "
                            f"{replica} delivered to it again at step {step}: {again}")
         known = self.shares.get((step, rank))
+        if known is not None and keys != known:
+            assert self.reformed(known), (f"the share of step {step} rank {rank} changed: "
+                                          f"{known} -> {keys}")
+            for k in known:  # formed again: its stale rows discarded, the rest back
+                self.rows[k].train_step = None
+            del self.shares[(step, rank)]
+            known = None
         if known is not None:
             assert keys == known, (f"the share of step {step} rank {rank} changed: "
                                    f"{known} -> {keys}")
