@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 import tq_stream as tq
@@ -109,3 +110,61 @@ def test_a_dp_rank_behind_its_peer_gets_its_shares_at_its_own_steps_versions(str
     assert st["version"] == 3, st["version"]
     # only the 2 version-1 rows left over are stale against version 3
     assert st["discarded"].get("stale", 0) <= 2, st["discarded"]
+
+
+def _formed_ahead_at_version_0(stream, replicas: int = 1, timeout: float = 10):
+    """6 rows at version 0, steps 0-2 formed by a reader of step 2 (acked by every
+    replica); loaders of each replica at version 0 (max_staleness=0, batch_size 2)."""
+    stream.create_partition(P, consumers=["actor"])
+    stream.writer(P).put([f"a{i}" for i in range(6)], {"x": torch.zeros(6, 2)},
+                         tags=[{"version": 0}] * 6)
+    loaders = []
+    for k in range(replicas):
+        ds = tq.StreamingDataset(stream, P, "actor", ["x"], batch_size=2, timeout=timeout,
+                                 replicas=replicas, replica=k if replicas > 1 else None,
+                                 sampler=tq.samplers.StalenessSampler(max_staleness=0))
+        loaders.append(tq.StreamingDataLoader(ds))
+        loaders[-1].set_version(0)
+    reader = stream.client()
+    reader.reading(P, "actor", 2)
+    for k in range(replicas):
+        reader.ack(reader.get_meta(P, "actor", 2, timeout=10, replica=k))
+    return loaders
+
+
+def test_tp_peers_get_the_same_reformed_share(stream):
+    """Replicas 0 and 1 of one rank hold step 1 formed at version 0 (prefetched);
+    both set version 1: the first to yield it has it formed again, the other gets
+    that same share: identical rows, all within the bound."""
+    loaders = _formed_ahead_at_version_0(stream, replicas=2)
+    its = [iter(dl) for dl in loaders]
+    first = [tq.batch_meta(next(it)) for it in its]
+    assert first[0].keys == first[1].keys and first[0].step == 0
+    stream.writer(P).put([f"b{i}" for i in range(4)], {"x": torch.zeros(4, 2)},
+                         tags=[{"version": 1}] * 4)
+    stream.close_partition(P)
+    for dl in loaders:
+        dl.set_version(1)
+    for want_step in (1, 3):
+        got = [tq.batch_meta(next(it)) for it in its]
+        assert got[0].step == got[1].step == want_step, [m.step for m in got]
+        assert got[0].keys == got[1].keys, [m.keys for m in got]
+        assert [t["version"] for t in got[0].tags] == [1, 1], got[0].tags
+    for it in its:
+        assert next(it, None) is None
+    st = stream.stats()[P]["tasks"]["actor"]
+    assert st["discarded"] == {"stale": 2} and st["acked"] == 8, st
+
+
+def test_a_share_waiting_for_replacement_rows_says_which_versions(stream):
+    """Step 1's rows went stale at version 1 and no row within the bound is ready:
+    the loader waits, and its WaitTimeout names both versions."""
+    (dl,) = _formed_ahead_at_version_0(stream, timeout=1.0)
+    it = iter(dl)
+    assert tq.batch_meta(next(it)).step == 0
+    dl.set_version(1)
+    with pytest.raises(WaitTimeout) as err:
+        next(it)
+    text = str(err.value)
+    assert "step 1's share for rank 0 was formed for version 0" in text, text
+    assert "2 of its 2 rows are stale at version 1" in text, text

@@ -296,6 +296,23 @@ class StepLogic:
         rec.turns[rank] = version
         return True
 
+    def _reform_hint(self, part: PartitionMeta, state: TaskState, step: int | None,
+                     rank: int) -> str:
+        """Why a reader of a formed step waits: its share went stale (for a WaitTimeout)."""
+        rec = None if step is None else state.steps.get(step)
+        if rec is None or rec.turns is None or step is None:
+            return ""
+        version = state.version_for(step)
+        if not turns.behind(rec, rank, version):
+            return ""
+        share = replace(self._candidates(part, state, 1, step, index=rec.shares[rank]),
+                        version=version)
+        n = int(np.count_nonzero(state.sampler.out_of_bound(share)))
+        return (f"; step {step}'s share for rank {rank} was formed for version "
+                f"{rec.turns[rank]} and {n} of its {share.count} rows are stale at version "
+                f"{version}, set for that step: it waits for ready rows within the bound to "
+                f"form it again")
+
     def _set_share(self, part: PartitionMeta, state: TaskState, step: int, rank: int,
                    rows: np.ndarray) -> None:
         if self._journal is not None:

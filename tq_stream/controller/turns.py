@@ -88,7 +88,8 @@ def reform(sampler: Sampler, share: Candidates, pool: Callable[[np.ndarray], Can
         if not drained:
             return None
         sel = sampler.tail(cands, batch_size)
-        dropped = merge_discards(dropped, sel.discard)
+        # tail sees the same candidates: its discards repeat those of sample
+        dropped = {r: np.unique(v) for r, v in merge_discards(dropped, sel.discard).items()}
     new = EMPTY
     if sel.ready:
         if len(sel.shares) != 1:
