@@ -93,6 +93,7 @@ class Model:
         self.holder: dict[tuple[int, int, int], Session | None] = {}  # (step, r, k)
         self.version: int | None = None
         self.versions_set: list[int] = []
+        self.reforms = 0  # shares seen formed again at their turn (stale rows replaced)
         # stage
         self.stage_shares: dict[int, tuple[str, ...]] = {}
         self.stage_holder: dict[int, Session | None] = {}
@@ -223,6 +224,7 @@ class Model:
             for k in known:  # formed again: its stale rows discarded, the rest back
                 self.rows[k].train_step = None
             del self.shares[(step, rank)]
+            self.reforms += 1
             known = None
         if known is not None:
             assert keys == known, (f"the share of step {step} rank {rank} changed: "

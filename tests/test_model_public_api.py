@@ -181,6 +181,8 @@ class PublicAPIMachine(RuleBasedStateMachine):
             self.trainers.clear()
             self.workers.clear()
             self.stream.close()
+            if self.model.reforms:
+                self.seen.add("train: a share formed again at its turn")
             for what in sorted(self.seen):
                 event(what)
             event("trained before the drain" if self.trained_early else

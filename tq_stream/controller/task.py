@@ -282,17 +282,19 @@ class TaskState:
         (every rank sets it, or a trainer that repeats it) is no change: ``at_step``
         then only says where the consumer reads (see ``reading``). A version for a step
         before ``version_step`` (a DP rank or peer behind the one that set a later
-        step's) is kept for that step (``version_for``) and changes nothing else."""
+        step's, setting the version it had for that step again) changes nothing but the
+        position; a different version for an earlier step (a trainer restarted from an
+        older checkpoint) takes effect from that step on, as any change does."""
         if at_step is not None and self.version_step is not None:
-            if at_step < self.version_step:
-                if self.version_for(at_step) != version:
-                    self.history[at_step] = version
+            if at_step < self.version_step and self.version_for(at_step) in (version, None):
                 self.reading(at_step)
                 return
-            if version == self.version:
+            if at_step < self.version_step:  # a restart: what was set from there is over
+                self.history = {s: v for s, v in self.history.items() if s < at_step}
+            elif version == self.version:
                 self.reading(at_step)
                 return
-            if self.version is not None:
+            elif self.version is not None:
                 self.history[self.version_step] = self.version
                 self._prune_history()
         else:
