@@ -203,7 +203,31 @@ class Model:
         if self.spec.max_staleness is None:
             return len(undone) == self.tail_rows() and all(r.train_step is None
                                                             for r in undone)
-        return all(self.stale(r) and r.train_step is None for r in undone)
+        return all(self.stale(r) and (r.train_step is None or self.in_reformable(r))
+                   for r in undone)
+
+    def in_reformable(self, row: Row) -> bool:
+        """``row`` is in a share the model saw that is formed again at its next
+        hand-out (its stale rows are then discarded)."""
+        keys = None if row.train_step is None else self.shares.get((row.train_step, 0))
+        return keys is not None and self.reformed(keys)
+
+    def skip_emptied(self, slot: Slot, upto: int) -> None:
+        """The loader went on to step ``upto``: the steps before it that ``slot`` has
+        not acked were formed again with no row left (every row stale, none to replace
+        them on a drained partition), and are skipped."""
+        assert self.spec.max_staleness is not None and self.closed and self.all_ready(), \
+            f"slot {slot} skipped to step {upto} from {self.next_step(slot)}"
+        for s in range(self.next_step(slot), upto):
+            if s in self.acked_steps[slot]:
+                continue
+            keys = self.shares.pop((s, slot[0]), ())
+            rows = [self.rows[k] for k in keys]
+            assert all(self.stale(r) and not r.train_acks for r in rows), \
+                f"slot {slot} skipped step {s}, whose share {keys} has rows in the bound"
+            for r in rows:
+                r.train_step = None
+            self.acked_steps[slot].add(s)
 
     def deliver_train(self, slot: Slot, step: int, rank: int, replica: int,
                       keys: tuple[str, ...], to: Session | None) -> None:
@@ -376,7 +400,8 @@ class Model:
             return False, False
         if self.train_done(row):
             return True, True
-        maybe_discarded = row.train_step is None and (self.stale(row) or self.closed)
+        maybe_discarded = (row.train_step is None or self.in_reformable(row)) and \
+            (self.stale(row) or self.closed)
         return False, maybe_discarded
 
     def check_stored(self, listed: dict[str, list[str]]) -> None:

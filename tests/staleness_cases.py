@@ -57,14 +57,16 @@ def train_at_version_5(stream: tq.Stream, part: str, blocks: Any, timeout: float
 
 
 def every_n_steps(stream: tq.Stream, part: str, n: int, num_workers: int = 0,
-                  admission: int | None = None,
+                  admission: int | None = None, jump: int = 1, blocks: Any = None,
                   **loader: Any) -> tuple[list[int], list[int], dict[str, Any]]:
-    """All 96 rows written at versions 0..5 (16 each) before training, the partition
-    closed; the trainer starts at version 0 and bumps it by one every ``n`` steps
-    (``n=0``: never). Returns the lags of the rows trained (version at yield - row
-    version), the versions of all rows, and the task's stats."""
+    """All 96 rows written at versions 0..5 (16 each; or ``blocks``) before training,
+    the partition closed; the trainer starts at version 0 and bumps it by ``jump``
+    every ``n`` steps (``n=0``: never; ``jump=2`` every step: faster than the one
+    change per step a prefetch predicts, e.g. one version per minibatch). Returns the
+    lags of the rows trained (version at yield - row version), the versions of all
+    rows, and the task's stats."""
     stream.create_partition(part, consumers=["actor"])
-    blocks = [(v, 16) for v in range(6)]
+    blocks = [(v, 16) for v in range(6)] if blocks is None else blocks
     put_versions(stream, part, blocks)
     stream.close_partition(part)
     ds = tq.StreamingDataset(stream, part, "actor", ["x"], batch_size=4, prefetch=3,
@@ -80,7 +82,7 @@ def every_n_steps(stream: tq.Stream, part: str, n: int, num_workers: int = 0,
     for step, batch in enumerate(dl):
         lags += [version - t["version"] for t in tq.batch_meta(batch).tags]
         if n and (step + 1) % n == 0:
-            version += 1
+            version += jump
             dl.set_version(version)
     return lags, [v for v, k in blocks for _ in range(k)], \
         stream.stats()[part]["tasks"]["actor"] | {"final_version": version}
@@ -168,31 +170,6 @@ def formed_by_a_reader_ahead(stream: tq.Stream, part: str, num_workers: int = 0,
             put_versions(stream, part, [(1, 4)])
             stream.close_partition(part)
     return batches, stream.stats()[part]["tasks"]["actor"]
-
-
-def jumping_versions(stream: tq.Stream, part: str, jump: int = 2, num_workers: int = 0,
-                     **loader: Any) -> tuple[list[int], list[int], dict[str, Any]]:
-    """All 96 rows written at versions 0..11 (8 each), the partition closed; the
-    trainer bumps its version by ``jump`` every step (more than the one change per
-    step a prefetch predicts, e.g. one version per minibatch). Returns the lags at
-    yield, the versions of all rows and the task's stats."""
-    stream.create_partition(part, consumers=["actor"])
-    blocks = [(v, 8) for v in range(12)]
-    put_versions(stream, part, blocks)
-    stream.close_partition(part)
-    ds = tq.StreamingDataset(stream, part, "actor", ["x"], batch_size=4, prefetch=3,
-                             timeout=20,
-                             sampler=tq.samplers.StalenessSampler(max_staleness=1))
-    dl = tq.StreamingDataLoader(ds, num_workers=num_workers, **loader)
-    version = 0
-    dl.set_version(version)
-    lags: list[int] = []
-    for batch in dl:
-        lags += [version - t["version"] for t in tq.batch_meta(batch).tags]
-        version += jump
-        dl.set_version(version)
-    return lags, [v for v, k in blocks for _ in range(k)], \
-        stream.stats()[part]["tasks"]["actor"] | {"final_version": version}
 
 
 def dp_rank_ahead(stream: tq.Stream, part: str) -> tuple[dict[int, list[int]], dict]:

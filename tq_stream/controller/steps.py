@@ -288,6 +288,7 @@ class StepLogic:
             self._apply_discards(part, state, Selection.wait(
                 merge_discards({"stale": plan.stale}, plan.discard)))
             self._set_share(part, state, step, rank, plan.share)
+            rec.served -= {k for k in rec.served if k[0] == rank}  # new rows: handed out
             if not len(plan.share):
                 rec.lost.add(rank)  # nothing left for it: its readers skip the step
             # its new rows were chosen for the version predicted for its turn
