@@ -37,7 +37,6 @@ Called with the controller's lock held; ``self`` is the Controller.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -50,10 +49,9 @@ from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task import ACKED, LEASED, Claim, StepRecord, TaskState
 from tq_stream.controller.waiters import Waiters
 from tq_stream.errors import LeaseError, StateError
-from tq_stream.samplers.base import Candidates, Selection, merge_discards
+from tq_stream.samplers.base import Candidates, Selection
 from tq_stream.samplers.sequential import SequentialSampler
 
-logger = logging.getLogger(__name__)
 PREFIX_MIN = 16384  # candidates a prefix-ok sampler sees at least
 
 
@@ -95,7 +93,9 @@ class StepLogic:
         return int(np.count_nonzero(part.used[:n] & (state.state[:n] == 0)
                                     & ~state.queue.avail[:n]))
 
-    def _apply_discards(self, part: PartitionMeta, state: TaskState, sel: Selection) -> int:
+    def _apply_discards(self, part: PartitionMeta, state: TaskState, sel: Selection,
+                        detail: str = "") -> int:
+        """Discard the selection's rows (``detail``: for the WARNING line)."""
         if not sel.discard:  # the usual case: nothing to record, free or wake
             return 0
         n = 0
@@ -106,7 +106,7 @@ class StepLogic:
                 self._journal.discarded(part.name, state.name, str(reason), rows,
                                         part.generation[rows])
             done = state.discard(str(reason), rows)
-            events.discarded(part.name, state.name, str(reason), len(done))
+            events.discarded(part.name, state.name, str(reason), len(done), detail)
             n += len(done)
             freed += self._finish_rows(part, done)
         self._free_slots(part.name, freed)  # type: ignore[attr-defined]
@@ -280,13 +280,12 @@ class StepLogic:
         if plan is None:
             return False
         if len(plan.stale):
-            logger.info("task %r step %d rank %d: %d rows of its share, formed for version "
-                        "%s, are stale at version %d (set for this step): discarded, and "
-                        "the share formed again (%d rows)", state.name, step, rank,
-                        len(plan.stale), rec.turns[rank], version, len(plan.share))
             self._set_share(part, state, step, rank, turns.EMPTY)
-            self._apply_discards(part, state, Selection.wait(
-                merge_discards({"stale": plan.stale}, plan.discard)))
+            self._apply_discards(part, state, Selection.wait(plan.discard))
+            self._apply_discards(part, state, Selection.wait({"stale": plan.stale}), (
+                f"; at their turn: the last, step {step} rank {rank}, was formed for "
+                f"version {rec.turns[rank]} and is stale at version {version}, set for that "
+                f"step; its share was formed again ({len(plan.share)} rows)"))
             self._set_share(part, state, step, rank, plan.share)
             rec.served -= {k for k in rec.served if k[0] == rank}  # new rows: handed out
             if not len(plan.share):

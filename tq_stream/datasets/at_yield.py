@@ -19,6 +19,7 @@ from tensordict import TensorDict
 from tq_stream.client import Client
 from tq_stream.datasets.batch import attach_meta, batch_meta, loader_step
 from tq_stream.datasets.streaming import StreamingDataset
+from tq_stream.errors import TurnNotReached
 
 
 def behind(batch: TensorDict, version: int | None) -> bool:
@@ -36,8 +37,13 @@ def recheck(dataset: StreamingDataset, batch: TensorDict,
         return batch
     meta = batch_meta(batch)
     client = Client(dataset.stream, session=dataset.session)
-    again = client.get_meta(meta.partition, dataset.task, meta.step, dataset.dp_rank,
-                            dataset.timeout, replica=dataset.replica)
+    while True:
+        try:
+            again = client.get_meta(meta.partition, dataset.task, meta.step,
+                                    dataset.dp_rank, dataset.timeout, replica=dataset.replica)
+            break
+        except TurnNotReached:  # the trainer lives and moves on: ask again (bounded)
+            continue
     if again is None or again.end or not len(again):
         return None
     if np.array_equal(again.index, meta.index):
