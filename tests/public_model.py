@@ -141,12 +141,13 @@ class Model:
         return {k for keys in self.shares.values() for k in keys}
 
     def formable(self, step: int) -> bool:
-        """Step ``step`` of train exists or can be formed now (for every rank)."""
-        if any(s >= step for s, _ in self.shares):
-            return True
+        """Step ``step`` of train exists or can be formed now (for every rank), with
+        rows (a step formed again at its turn with no row left is skipped)."""
         spec = self.spec
         per_step = spec.batch_size * spec.dp_size
         if spec.max_staleness is None:
+            if any(s >= step for s, _ in self.shares):
+                return True
             n = len(self.ready_order)
             if n >= (step + 1) * per_step:
                 return True
@@ -158,9 +159,7 @@ class Model:
         # hold such rows, or are formed again from them at their turn); a share it saw
         # whose rows went stale is formed again from its rows still in bound and fresh
         # ones (controller/turns.py).
-        seen = self._observed_rows()
-        fresh = len([k for k in self.ready_order
-                     if k not in seen and not self.stale(self.rows[k])])
+        fresh = self._fresh()
         slot = (0, 0)
         unseen = [s for s in range(self.next_step(slot), step + 1)
                   if s not in self.acked_steps[slot] and (s, 0) not in self.shares]
@@ -185,8 +184,24 @@ class Model:
     def available(self, slot: Slot, step: int | None = None) -> bool:
         """A batch for ``slot`` comes within a wait (a dying holder's lease runs out
         within it)."""
+        asked = step is not None
         step = self.next_step(slot) if step is None else step
-        return self.formable(step) and self.live_holder(step, slot, None) is None
+        if self.formable(step):
+            return self.live_holder(step, slot, None) is None
+        if asked or self.spec.max_staleness is None or self._fresh() or not (
+                self.closed and self.all_ready()):
+            return False
+        # drained, every unseen row stale: the steps before the next share the model saw
+        # with rows in the bound are formed again with no row left, and skipped
+        later = sorted(s for s, r in self.shares if s > step and r == slot[0]
+                       and s not in self.acked_steps[slot]
+                       and not all(self.stale(self.rows[k]) for k in self.shares[(s, r)]))
+        return bool(later) and self.live_holder(later[0], slot, None) is None
+
+    def _fresh(self) -> int:
+        """Ready rows in no share the model saw, within the bound."""
+        seen = self._observed_rows()
+        return sum(k not in seen and not self.stale(self.rows[k]) for k in self.ready_order)
 
     def tail_rows(self) -> int:
         """Rows of a closed, complete partition the sequential sampler discards."""

@@ -231,14 +231,8 @@ class StepLogic:
             # step learns where the stream ended (multi-partition loaders route by it).
             return {**meta, "task": state.name, "step": state.next_step - 1,
                     "dp_rank": dp_rank, "replica": replica, "end": True}
-        if rec.turns is not None and not self._at_turn(part, state, rec, step, dp_rank):
-            return None  # its stale rows wait for rows within the bound to replace them
         if not len(rec.shares[dp_rank]) and dp_rank in rec.lost:
-            # Every row of this share died with its storage unit: an empty batch says
-            # so at once (a loader goes on with its next step) instead of a wait.
-            meta = self._placement(part, np.zeros(0, np.int64), state.config.fields)  # type: ignore[attr-defined]
-            return {**meta, "task": state.name, "step": step, "dp_rank": dp_rank,
-                    "replica": replica, "end": False, "lost": True}
+            return self._lost_meta(part, state, step, dp_rank, replica)
         if rec.share_done(dp_rank, state.full_acks, state.acks):
             raise LeaseError(
                 f"step {step} of task {state.name!r} was already acked by every replica of "
@@ -253,6 +247,10 @@ class StepLogic:
                 f"{state.config.replicas})")
         if self._held_by_other(rec, (dp_rank, replica), session) is not None:
             return None  # wait: until that session's lease expires, it is cancelled or acks
+        if rec.turns is not None and not self._at_turn(part, state, rec, step, dp_rank):
+            return None  # its stale rows wait for rows within the bound to replace them
+        if not len(rec.shares[dp_rank]):  # formed again at its turn, with no row left
+            return self._lost_meta(part, state, step, dp_rank, replica)
         state.claim(step, dp_rank, replica, session, consumer, now)
         share = rec.shares[dp_rank]
         meta = self._placement(part, share, state.config.fields)  # type: ignore[attr-defined]
@@ -260,6 +258,15 @@ class StepLogic:
                 "replica": replica, "end": False,
                 "lease_timeout": state.config.lease_timeout,
                 "turn": None if rec.turns is None else rec.turns[dp_rank]}
+
+    def _lost_meta(self, part: PartitionMeta, state: TaskState, step: int, dp_rank: int,
+                   replica: int) -> dict[str, Any]:
+        """Every row of this share died with its storage unit, or went stale with none
+        to replace it: an empty batch says so at once (a loader goes on with its next
+        step) instead of a wait."""
+        meta = self._placement(part, np.zeros(0, np.int64), state.config.fields)  # type: ignore[attr-defined]
+        return {**meta, "task": state.name, "step": step, "dp_rank": dp_rank,
+                "replica": replica, "end": False, "lost": True}
 
     def _at_turn(self, part: PartitionMeta, state: TaskState, rec: StepRecord, step: int,
                  rank: int) -> bool:
