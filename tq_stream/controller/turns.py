@@ -14,7 +14,8 @@ batch, and asks for the step again when its version is newer (``datasets/at_yiel
 
 The rule for TP/PP peers (replicas of one dp_rank, which must train identical rows):
 
-- a share is never changed once any replica acked a row of it;
+- a share is never changed once any replica acked a row of it, nor for a reader that
+  may not take it (another live session claims that (step, rank, replica));
 - otherwise a share is re-formed at most once per version set for its step, by the
   first reader that finds the version newer than the share's ``turn``; every later
   reader of that (step, rank) gets the re-formed share. Peers set the same version for
