@@ -42,7 +42,7 @@ import torch
 from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
-from tq_stream.datasets import loop_exit, worker_deaths
+from tq_stream.datasets import at_yield, loop_exit, worker_deaths
 from tq_stream.datasets.batch import batch_meta, copy_meta, loader_step
 from tq_stream.datasets.minibatch import minibatches
 from tq_stream.datasets.streaming import RELAY, StreamingDataset
@@ -238,6 +238,13 @@ class StreamingDataLoader:
                         f"failed ({type(exc).__name__}: {exc}); iterate the loader again "
                         f"to resume at the first unfinished step (acked batches are not "
                         f"read again)") from exc
+                checked = at_yield.recheck(ds, batch, self._version)
+                if checked is None:  # re-formed for this version with no row left
+                    step = loader_step(batch) + 1
+                    while step in skip:
+                        step += 1
+                    continue
+                batch = checked
                 if self._pin:
                     batch = copy_meta(batch, batch.pin_memory())
                 self._unacked.append(batch)

@@ -219,6 +219,7 @@ class ConsumingLogic:
         which = "the next step" if step is None else f"step {step}"
         missing = [t for t in state.tags if t not in part.tags.present]
         hint = f"; no row has tag(s) {missing} the sampler needs yet" if missing else ""
+        hint += self._reform_hint(part, state, step, dp_rank)
         turn = state.version_at(state.next_step)
         if turn != state.version:
             still = format_seconds(max(0.0, time.time() - state.last_move))

@@ -77,6 +77,10 @@ class StepRecord:
     # cancelled: a restarted worker
     # of that name gets the share back first (steps.py ``_next_for``)
     left: dict[tuple[int, int], str] = field(default_factory=dict)
+    # per rank, the consumer version its share is within the sampler's bound for (the
+    # version predicted for the step's turn when it was formed, or the one it was
+    # checked against since); None for a sampler without a version bound (turns.py)
+    turns: list[int | None] | None = None
 
     def share_done(self, rank: int, full: int, acks: np.ndarray) -> bool:
         """Every replica whose bit is in ``full`` acked every row of rank's share."""
@@ -116,6 +120,9 @@ class TaskState:
         self.version_step: int | None = None  # the first step read under ``version``
         self.position: int | None = None  # the step the consumer reads now (``reading``)
         self.steps_per_version = 1
+        # versions set for steps before ``version_step`` (step -> version, at its change,
+        # also from a DP rank or peer behind): ``version_for`` (pruned to open steps)
+        self.history: dict[int, int] = {}
         # when the consumer last moved on (registered, acked rows, or said which step it
         # reads; epoch seconds): a step held for its turn waits for a trainer that moves
         self.last_move = 0.0
@@ -167,6 +174,19 @@ class TaskState:
         rec = StepRecord(list(shares))
         self.steps[step] = rec
         return rec
+
+    def set_share(self, step: int, rank: int, rows: np.ndarray) -> None:
+        """Rank's share of ``step`` becomes ``rows`` (NEW rows, now LEASED); rows of the
+        old share not in it are NEW again, first in the ready queue (re-formed at its
+        turn, ``turns.py``: no replica acked any of them)."""
+        rec = self.steps[step]
+        back = rec.shares[rank]
+        back = back[~np.isin(back, rows)] if len(rows) else back
+        self.state[back] = NEW
+        self.queue.push(back, front=True)
+        self.queue.remove(rows)
+        self.state[rows] = LEASED
+        rec.shares[rank] = rows
 
     def claim(self, step: int, rank: int, replica: int, session: str, consumer: str,
               now: float) -> None:
@@ -275,12 +295,43 @@ class TaskState:
     def set_version(self, version: int, at_step: int | None) -> None:
         """The consumer's version from step ``at_step`` on. The same version set again
         (every rank sets it, or a trainer that repeats it) is no change: ``at_step``
-        then only says where the consumer reads (see ``reading``)."""
-        if version == self.version and at_step is not None and self.version_step is not None:
-            self.reading(at_step)
-            return
+        then only says where the consumer reads (see ``reading``). A version for a step
+        before ``version_step`` (a DP rank or peer behind the one that set a later
+        step's, setting the version it had for that step again) changes nothing but the
+        position; a different version for an earlier step (a trainer restarted from an
+        older checkpoint) takes effect from that step on, as any change does."""
+        if at_step is not None and self.version_step is not None:
+            if at_step < self.version_step and self.version_for(at_step) in (version, None):
+                self.reading(at_step)
+                return
+            if at_step < self.version_step:  # a restart: what was set from there is over
+                self.history = {s: v for s, v in self.history.items() if s < at_step}
+            elif version == self.version:
+                self.reading(at_step)
+                return
+            elif self.version is not None:
+                self.history[self.version_step] = self.version
+                self._prune_history()
+        else:
+            self.history = {}
         self.version, self.version_step = version, at_step
         self.position = at_step
+
+    def version_for(self, step: int) -> int | None:
+        """The version the consumer set for ``step`` (not a prediction: for a step
+        after ``version_step``, the one set last); None if none was set for it."""
+        if self.version is None or self.version_step is None or step >= self.version_step:
+            return self.version
+        known = [s for s in self.history if s <= step]
+        return self.history[max(known)] if known else None
+
+    def _prune_history(self) -> None:
+        """Forget versions of steps every rank finished (keep the one in effect at the
+        oldest open step)."""
+        oldest = min(self.steps, default=self.next_step)
+        done = [s for s in self.history if s <= oldest]
+        for s in sorted(done)[:-1]:
+            del self.history[s]
 
     def reading(self, step: int) -> None:
         """The consumer reads ``step`` now, under its current version (the step's turn
