@@ -93,8 +93,7 @@ class Model:
         self.holder: dict[tuple[int, int, int], Session | None] = {}  # (step, r, k)
         self.version: int | None = None
         self.versions_set: list[int] = []
-        self.version_at_yield: dict[int, int | None] = {}
-        self.exempt: set[int] = set()  # steps redelivered under a newer version (a crash)
+        self.reforms = 0  # shares seen formed again at their turn (stale rows replaced)
         # stage
         self.stage_shares: dict[int, tuple[str, ...]] = {}
         self.stage_holder: dict[int, Session | None] = {}
@@ -142,24 +141,41 @@ class Model:
         return {k for keys in self.shares.values() for k in keys}
 
     def formable(self, step: int) -> bool:
-        """Step ``step`` of train exists or can be formed now (for every rank)."""
-        if any(s >= step for s, _ in self.shares):
-            return True
+        """Step ``step`` of train exists or can be formed now (for every rank), with
+        rows (a step formed again at its turn with no row left is skipped)."""
         spec = self.spec
         per_step = spec.batch_size * spec.dp_size
         if spec.max_staleness is None:
+            if any(s >= step for s, _ in self.shares):
+                return True
             n = len(self.ready_order)
             if n >= (step + 1) * per_step:
                 return True
             full, left = divmod(n, per_step)
             return (self.closed and self.all_ready() and not spec.drop_last
                     and step == full and left >= spec.dp_size)
-        # D = K = 1: every earlier step was seen (acked by the only slot)
-        seen = self._observed_rows()
-        fresh = [k for k in self.ready_order if k not in seen and not self.stale(self.rows[k])]
-        if len(fresh) >= spec.batch_size:
-            return True
-        return self.closed and self.all_ready() and not spec.drop_last and len(fresh) >= 1
+        # D = K = 1. Rows not in a share the model saw and not stale ("fresh") form
+        # every step it has not seen up to ``step`` (steps formed ahead by a prefetch
+        # hold such rows, or are formed again from them at their turn); a share it saw
+        # whose rows went stale is formed again from its rows still in bound and fresh
+        # ones (controller/turns.py).
+        fresh = self._fresh()
+        slot = (0, 0)
+        unseen = [s for s in range(self.next_step(slot), step + 1)
+                  if s not in self.acked_steps[slot] and (s, 0) not in self.shares]
+        known = self.shares.get((step, 0))
+        if known is not None and self.reformed(known):
+            fresh += sum(not self.stale(self.rows[k]) for k in known)
+            unseen.append(step)
+        drained = self.closed and self.all_ready() and not spec.drop_last
+        need = len(unseen) * spec.batch_size
+        return fresh >= need or (drained and fresh > need - spec.batch_size)
+
+    def reformed(self, keys: tuple[str, ...]) -> bool:
+        """A share the model saw is formed again at its next hand-out: no replica acked
+        a row of it, and some row is stale against the version set last."""
+        rows = [self.rows[k] for k in keys]
+        return not any(r.train_acks for r in rows) and any(self.stale(r) for r in rows)
 
     def live_holder(self, step: int, slot: Slot, me: Session | None) -> Session | None:
         h = self.holder.get((step, *slot))
@@ -168,8 +184,24 @@ class Model:
     def available(self, slot: Slot, step: int | None = None) -> bool:
         """A batch for ``slot`` comes within a wait (a dying holder's lease runs out
         within it)."""
+        asked = step is not None
         step = self.next_step(slot) if step is None else step
-        return self.formable(step) and self.live_holder(step, slot, None) is None
+        if self.formable(step):
+            return self.live_holder(step, slot, None) is None
+        if asked or self.spec.max_staleness is None or self._fresh() or not (
+                self.closed and self.all_ready()):
+            return False
+        # drained, every unseen row stale: the steps before the next share the model saw
+        # with rows in the bound are formed again with no row left, and skipped
+        later = sorted(s for s, r in self.shares if s > step and r == slot[0]
+                       and s not in self.acked_steps[slot]
+                       and not all(self.stale(self.rows[k]) for k in self.shares[(s, r)]))
+        return bool(later) and self.live_holder(later[0], slot, None) is None
+
+    def _fresh(self) -> int:
+        """Ready rows in no share the model saw, within the bound."""
+        seen = self._observed_rows()
+        return sum(k not in seen and not self.stale(self.rows[k]) for k in self.ready_order)
 
     def tail_rows(self) -> int:
         """Rows of a closed, complete partition the sequential sampler discards."""
@@ -186,13 +218,37 @@ class Model:
         if self.spec.max_staleness is None:
             return len(undone) == self.tail_rows() and all(r.train_step is None
                                                             for r in undone)
-        return all(self.stale(r) and r.train_step is None for r in undone)
+        return all(self.stale(r) and (r.train_step is None or self.in_reformable(r))
+                   for r in undone)
+
+    def in_reformable(self, row: Row) -> bool:
+        """``row`` is in a share the model saw that is formed again at its next
+        hand-out (its stale rows are then discarded)."""
+        keys = None if row.train_step is None else self.shares.get((row.train_step, 0))
+        return keys is not None and self.reformed(keys)
+
+    def skip_emptied(self, slot: Slot, upto: int) -> None:
+        """The loader went on to step ``upto``: the steps before it that ``slot`` has
+        not acked were formed again with no row left (every row stale, none to replace
+        them on a drained partition), and are skipped."""
+        assert self.spec.max_staleness is not None and self.closed and self.all_ready(), \
+            f"slot {slot} skipped to step {upto} from {self.next_step(slot)}"
+        for s in range(self.next_step(slot), upto):
+            if s in self.acked_steps[slot]:
+                continue
+            keys = self.shares.pop((s, slot[0]), ())
+            rows = [self.rows[k] for k in keys]
+            assert all(self.stale(r) and not r.train_acks for r in rows), \
+                f"slot {slot} skipped step {s}, whose share {keys} has rows in the bound"
+            for r in rows:
+                r.train_step = None
+            self.acked_steps[slot].add(s)
 
     def deliver_train(self, slot: Slot, step: int, rank: int, replica: int,
-                      keys: tuple[str, ...], to: Session | None,
-                      yielded: bool = True) -> None:
-        """A train batch reached a consumer of ``slot``: check the delivery rules (and,
-        ``yielded`` by a loader, the staleness bound at its current version)."""
+                      keys: tuple[str, ...], to: Session | None) -> None:
+        """A train batch reached a consumer of ``slot`` (a loader's yield, or a read by
+        number): check the delivery rules and the staleness bound at the version the
+        trainer set last."""
         assert (rank, replica) == slot, f"slot {slot} got a batch of {(rank, replica)}"
         assert keys, f"slot {slot} got an empty batch at step {step}"
         unknown = [k for k in keys if k not in self.rows]
@@ -201,6 +257,14 @@ class Model:
         assert not again, (f"exactly once: rows acked by train rank {rank} replica "
                            f"{replica} delivered to it again at step {step}: {again}")
         known = self.shares.get((step, rank))
+        if known is not None and keys != known:
+            assert self.reformed(known), (f"the share of step {step} rank {rank} changed: "
+                                          f"{known} -> {keys}")
+            for k in known:  # formed again: its stale rows discarded, the rest back
+                self.rows[k].train_step = None
+            del self.shares[(step, rank)]
+            self.reforms += 1
+            known = None
         if known is not None:
             assert keys == known, (f"the share of step {step} rank {rank} changed: "
                                    f"{known} -> {keys}")
@@ -215,8 +279,7 @@ class Model:
         assert other is None, (f"step {step} of train slot {slot} is held by a live "
                                f"session and was handed to another")
         self.holder[(step, *slot)] = to
-        if yielded:
-            self._check_bound(step, keys)
+        self._check_bound(step, keys)
 
     def _check_formed(self, step: int, rank: int, keys: tuple[str, ...]) -> None:
         not_ready = [k for k in keys if self.rows[k].ready is None]
@@ -233,7 +296,7 @@ class Model:
 
     def _check_bound(self, step: int, keys: tuple[str, ...]) -> None:
         s, v = self.spec.max_staleness, self.version
-        if s is None or v is None or step in self.exempt:
+        if s is None or v is None:
             return
         old = [(k, self.rows[k].version) for k in keys if self.rows[k].version < v - s]
         assert not old, (f"staleness bound broken at yield: version {v}, max_staleness "
@@ -352,7 +415,8 @@ class Model:
             return False, False
         if self.train_done(row):
             return True, True
-        maybe_discarded = row.train_step is None and (self.stale(row) or self.closed)
+        maybe_discarded = (row.train_step is None or self.in_reformable(row)) and \
+            (self.stale(row) or self.closed)
         return False, maybe_discarded
 
     def check_stored(self, listed: dict[str, list[str]]) -> None:

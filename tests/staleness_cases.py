@@ -57,14 +57,16 @@ def train_at_version_5(stream: tq.Stream, part: str, blocks: Any, timeout: float
 
 
 def every_n_steps(stream: tq.Stream, part: str, n: int, num_workers: int = 0,
-                  admission: int | None = None,
+                  admission: int | None = None, jump: int = 1, blocks: Any = None,
                   **loader: Any) -> tuple[list[int], list[int], dict[str, Any]]:
-    """All 96 rows written at versions 0..5 (16 each) before training, the partition
-    closed; the trainer starts at version 0 and bumps it by one every ``n`` steps
-    (``n=0``: never). Returns the lags of the rows trained (version at yield - row
-    version), the versions of all rows, and the task's stats."""
+    """All 96 rows written at versions 0..5 (16 each; or ``blocks``) before training,
+    the partition closed; the trainer starts at version 0 and bumps it by ``jump``
+    every ``n`` steps (``n=0``: never; ``jump=2`` every step: faster than the one
+    change per step a prefetch predicts, e.g. one version per minibatch). Returns the
+    lags of the rows trained (version at yield - row version), the versions of all
+    rows, and the task's stats."""
     stream.create_partition(part, consumers=["actor"])
-    blocks = [(v, 16) for v in range(6)]
+    blocks = [(v, 16) for v in range(6)] if blocks is None else blocks
     put_versions(stream, part, blocks)
     stream.close_partition(part)
     ds = tq.StreamingDataset(stream, part, "actor", ["x"], batch_size=4, prefetch=3,
@@ -80,7 +82,7 @@ def every_n_steps(stream: tq.Stream, part: str, n: int, num_workers: int = 0,
     for step, batch in enumerate(dl):
         lags += [version - t["version"] for t in tq.batch_meta(batch).tags]
         if n and (step + 1) % n == 0:
-            version += 1
+            version += jump
             dl.set_version(version)
     return lags, [v for v, k in blocks for _ in range(k)], \
         stream.stats()[part]["tasks"]["actor"] | {"final_version": version}
@@ -138,3 +140,60 @@ def held_for_turn(stream: tq.Stream, part: str, step_seconds: float, timeout: fl
     rows trained, in order."""
     return train_at_version_5(stream, part, [(5, 4), (6, 4), (7, 4), (4, 4)], timeout,
                               step_seconds, num_workers, **loader)
+
+
+def formed_by_a_reader_ahead(stream: tq.Stream, part: str, num_workers: int = 0,
+                             **loader: Any) -> tuple[list[list[int]], dict[str, Any]]:
+    """A step formed while the trainer's version is 0 and yielded after it set 1: a
+    low-level reader of step 2 by number (DP lockstep control) forms steps 0-2 from
+    rows at version 0 (max_staleness=0); the trainer trains step 0, sets version 1,
+    and its next batch (step 1) must not hold version-0 rows. Rows at version 1 come
+    once the trainer reads at version 1. Returns the versions of each batch trained
+    (in order) and the task's stats."""
+    stream.create_partition(part, consumers=["actor"])
+    put_versions(stream, part, [(0, 6)])
+    sampler = tq.samplers.StalenessSampler(max_staleness=0)
+    ds = tq.StreamingDataset(stream, part, "actor", ["x"], batch_size=2, timeout=10,
+                             sampler=sampler)
+    dl = tq.StreamingDataLoader(ds, num_workers=num_workers, **loader)
+    dl.set_version(0)
+    reader = stream.client()
+    reader.reading(part, "actor", 2)
+    meta = reader.get_meta(part, "actor", 2, timeout=10)
+    assert meta is not None and meta.step == 2
+    reader.ack(meta)  # a gap the loader skips
+    batches: list[list[int]] = []
+    for step, batch in enumerate(dl):
+        batches.append([t["version"] for t in tq.batch_meta(batch).tags])
+        if step == 0:
+            dl.set_version(1)  # one optimizer step: version 1 from the next batch on
+            put_versions(stream, part, [(1, 4)])
+            stream.close_partition(part)
+    return batches, stream.stats()[part]["tasks"]["actor"]
+
+
+def dp_rank_ahead(stream: tq.Stream, part: str) -> tuple[dict[int, list[int]], dict]:
+    """DP 2: rank 0 trains 3 steps (setting versions 1, 2, 3) before rank 1 trains
+    its first; rank 1 then trains the same steps at the versions they had (1 per
+    step), setting each again. Rows at versions 0..3 (4 each), max_staleness=1.
+    Returns the lags each rank saw (its own version at yield) and the stats."""
+    stream.create_partition(part, consumers=["actor"])
+    put_versions(stream, part, [(v, 4) for v in range(4)])
+    stream.close_partition(part)
+    loaders = []
+    for rank in (0, 1):
+        ds = tq.StreamingDataset(stream, part, "actor", ["x"], batch_size=1, dp_size=2,
+                                 dp_rank=rank, timeout=10,
+                                 sampler=tq.samplers.StalenessSampler(max_staleness=1))
+        loaders.append(tq.StreamingDataLoader(ds))
+    lags: dict[int, list[int]] = {0: [], 1: []}
+    for rank, dl in enumerate(loaders):
+        version = 0
+        dl.set_version(version)
+        for step, batch in enumerate(dl):
+            lags[rank] += [version - t["version"] for t in tq.batch_meta(batch).tags]
+            version += 1
+            dl.set_version(version)
+            if step == 2:
+                break
+    return lags, stream.stats()[part]["tasks"]["actor"]

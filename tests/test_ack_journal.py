@@ -303,3 +303,29 @@ def test_replay_restores_an_end_step_and_its_tail_discard(tmp_path):
     stats = b.stats()[P]["tasks"]["t"]
     assert stats["acked"] == 4 and stats["discarded"] == {"tail": 1}
     assert b.stats()[P]["rows"] == 0
+
+
+def test_replay_restores_a_share_formed_again_at_its_turn(tmp_path):
+    """A share formed at version 0 and formed again after the trainer set version 1
+    for its step (its rows stale: discarded, replaced): a restarted controller has the
+    new share and the discards (controller/turns.py, journal record share_set)."""
+    from tq_stream.samplers import StalenessSampler
+    from tq_stream.samplers.spec import to_spec
+
+    path = str(tmp_path / "c.tqmeta")
+    a = _controller(path)
+    a.create_partition(P, consumers=["t"])
+    a.register_task(P, "t", ["x"], batch_size=2,
+                    sampler=to_spec(StalenessSampler(max_staleness=0)))
+    a.set_version(P, "t", 0, at_step=0)
+    for keys, v in ((["k0", "k1"], 0), (["k2", "k3"], 1)):
+        place = a.reserve(P, keys, SCHEMA)
+        a.commit(P, place["index"], place["generation"], SCHEMA, tags=[{"version": v}] * 2)
+    a._checkpointer.write_now()
+    assert _take(a, 0)["keys"] == ["k0", "k1"]  # formed for version 0
+    a.set_version(P, "t", 1, at_step=0)
+    assert _take(a, 0)["keys"] == ["k2", "k3"]
+    b = _controller(path, attach=False)
+    assert b.stats()[P]["tasks"]["t"]["discarded"] == {"stale": 2}
+    assert _take(b, 0)["keys"] == ["k2", "k3"]
+    assert _drain(b, 0)[:2] == ["k2", "k3"]

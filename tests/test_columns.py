@@ -13,7 +13,6 @@ from tq_stream.columns import (
     Ragged,
     coerce,
     column_len,
-    column_nbytes,
     concat,
     dtype_from_name,
     flat_plain,
@@ -140,7 +139,6 @@ def test_schema_and_sizes():
     assert FieldSchema.from_dict(FieldSchema("dense", "bool", (1,)).to_dict()) == \
         FieldSchema("dense", "bool", (1,))
     assert column_len(Ragged.from_list(ROWS)) == 3 and column_len(["a"]) == 1
-    assert column_nbytes(torch.ones(2, 2)) == 16 and column_nbytes(["a"]) == 0
     with pytest.raises(SchemaError, match="'nope'"):
         dtype_from_name("nope")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tq_stream.deploy.grants import MIN_GRANT, SlotGrants, SlotLimits
+from tq_stream.deploy.grants import MIN_GRANT, GrantFailed, SlotGrants, SlotLimits
 from tq_stream.errors import AuthError, ConfigError, StateError
 from tq_stream.transport.dispatch import OWNER_ARG, Dispatcher
 
@@ -46,9 +46,12 @@ def test_a_failed_grant_is_not_recorded():
         raise ConfigError("unit unreachable")
 
     grants = SlotGrants(refuse)
-    with pytest.raises(ConfigError):
+    with pytest.raises(GrantFailed, match="storage unit 0 did not take .*unit unreachable"):
         grants.ensure_end("p", 0, 1)
     assert not grants.covers("p", [(0, 1)])
+    assert grants.failed == {0}  # placements skip it until it answers again
+    grants.answered(0)
+    assert grants.failed == set()
 
 
 class _Service:

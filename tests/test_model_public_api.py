@@ -181,6 +181,8 @@ class PublicAPIMachine(RuleBasedStateMachine):
             self.trainers.clear()
             self.workers.clear()
             self.stream.close()
+            if self.model.reforms:
+                self.seen.add("train: a share formed again at its turn")
             for what in sorted(self.seen):
                 event(what)
             event("trained before the drain" if self.trained_early else
@@ -371,6 +373,10 @@ class PublicAPIMachine(RuleBasedStateMachine):
         m = self.model
         if step is None:
             step = m.next_step(tr.slot)
+            if meta.step > step and self.spec.max_staleness is not None:
+                m.skip_emptied(tr.slot, meta.step)  # steps left with no row: skipped
+                self.seen.add("train: a step formed again with no row left was skipped")
+                step = meta.step
         assert meta.step == step, (f"slot {tr.slot} got step {meta.step}, expected "
                                    f"{step}")
         before = m.holder.get((meta.step, *tr.slot), 0)
@@ -525,9 +531,6 @@ class PublicAPIMachine(RuleBasedStateMachine):
             step += 1
             while step in m.acked_steps[slot]:
                 step += 1
-        if ahead and self.spec.max_staleness is not None and not any(
-                s >= step for s, _ in m.shares):
-            return  # ahead of the trainer's turn: formed for a predicted version
         if not m.available(slot, step):
             return
         r, k = slot
@@ -537,8 +540,7 @@ class PublicAPIMachine(RuleBasedStateMachine):
         replica = k if self.spec.replicas > 1 or step % 2 else None
         meta = box.client.get_meta(P, "train", step, r, timeout=WAIT, replica=replica)
         session = Session()
-        m.deliver_train(slot, meta.step, meta.dp_rank, meta.replica, meta.keys, session,
-                        yielded=False)  # not a loader's yield: no version of its own
+        m.deliver_train(slot, meta.step, meta.dp_rank, meta.replica, meta.keys, session)
         assert meta.step == step
         if then == "ack":
             got = box.client.ack(meta)

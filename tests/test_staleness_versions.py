@@ -82,3 +82,26 @@ def test_a_step_held_for_a_turn_that_does_not_come_times_out_naming_it(stream):
     assert not isinstance(err.value, TurnNotReached), text
     assert "step 3 is formed ahead of its turn for version 8" in text, text
     assert "timeout=0.5 s" in text and "acked or read" in text, text
+
+
+def test_versions_are_kept_per_step_for_ranks_behind_and_a_restart_rolls_back():
+    """TaskState.version_for: the version set for each step (a DP rank or peer behind
+    reads its steps at their own versions, and setting them again changes nothing);
+    a different version for an earlier step (a trainer restarted from an older
+    checkpoint) takes effect from there, as before."""
+    from tq_stream.controller.task import TaskConfig, TaskState
+    from tq_stream.samplers.sequential import SequentialSampler
+
+    state = TaskState("t", TaskConfig(("x",), 1, 2, 1, 60.0, False), SequentialSampler(), 8)
+    assert state.version_for(0) is None
+    for v in range(3):
+        state.set_version(v, at_step=v)
+    assert [state.version_for(s) for s in range(5)] == [0, 1, 2, 2, 2]
+    state.set_version(1, at_step=1)  # the rank behind, at its step 1
+    assert (state.version, state.version_step) == (2, 2)
+    assert [state.version_for(s) for s in range(4)] == [0, 1, 2, 2]
+    state.set_version(0, at_step=1)  # a restart with older weights at step 1
+    assert (state.version, state.version_step) == (0, 1)
+    assert [state.version_for(s) for s in range(4)] == [0, 0, 0, 0]
+    state.set_version(7, at_step=None)  # Stream.set_version: for every step from now on
+    assert [state.version_for(s) for s in range(3)] == [7, 7, 7]

@@ -100,6 +100,32 @@ def test_a_loader_goes_on_with_the_next_step_when_its_share_was_lost(two_units):
     assert sorted(k for ks in got for k in ks) == on_0 and len(got) == 2
 
 
+def test_a_rank_whose_share_was_lost_after_the_other_ranks_acked_gets_an_empty_batch(
+        two_units):
+    """dp_size 2: rank 1's whole share of step 0 is lost, rank 0 acks its own: the
+    step was forgotten as done by every rank (an empty share counts as acked), and
+    rank 1 reading step 0, or acking the rows it held, got a LeaseError."""
+    two_units.create_partition(P, consumers=["t"])
+    c = two_units.client()
+    c.register_task(P, "t", ["x"], batch_size=2, dp_size=2)
+    put_rows_on(two_units, keys_of("a", 2), 0)
+    put_rows_on(two_units, keys_of("b", 2), 1)
+    mine = c.get_meta(P, "t", 0, dp_rank=0)
+    held = c.get_meta(P, "t", 0, dp_rank=1)
+    assert sorted(mine.keys) == keys_of("a", 2) and sorted(held.keys) == keys_of("b", 2)
+    two_units.connection.controller().unit_lost(1)
+    assert c.ack(mine) == 2
+    empty = c.get_meta(P, "t", 0, dp_rank=1, timeout=1.0)
+    assert len(empty) == 0 and not empty.end and empty.step == 0
+    assert c.ack(held) == 0  # its rows are gone: nothing to ack, no error
+    assert c.first_unfinished(P, "t", 1)["step"] == 1
+    two_units.close_partition(P)
+    ds = tq.StreamingDataset(two_units, P, "t", ["x"], batch_size=2, dp_rank=1, dp_size=2,
+                             timeout=2.0)
+    ds.plan = (0, frozenset())  # planned before the loss: step 0 is asked for
+    assert [list(tq.batch_meta(b).keys) for b in ds] == []
+
+
 def put_rows_on(stream, keys, unit):
     stream.writer(P, unit=unit).put(list(keys), dense_batch(keys))
 

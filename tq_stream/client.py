@@ -143,18 +143,24 @@ class Client:
         Raises:
             StateError: if some of meta's rows were freed meanwhile (acked by every
                 task, or cleared); nothing is written then, no row is re-created.
+            LeaseTakenOver: meta's lease lapsed (this process stopped renewing it for
+                longer than ``lease_timeout``: paused, frozen) and another reader took
+                the rows over; nothing is written: that reader's result counts.
         """
         cols = to_columns(data, len(meta))
         rows = RowWriter(self._conn, meta.partition, self._conn.preferred_unit())
-        return rows.write(list(meta.keys), cols, None, timeout, expect=meta.generation)
+        return rows.write(list(meta.keys), cols, None, timeout, expect=meta.generation,
+                          holder=_holder(meta))
 
     def ack(self, meta: BatchMeta) -> int:
         """This replica of meta's rank is done with meta's rows (a second ack is a
-        no-op); returns how many rows became acked by every replica."""
+        no-op); returns how many rows became acked by every replica. LeaseTakenOver if
+        meta's lease lapsed and another reader took the rows over (nothing is acked)."""
         self._check_step(meta, "ack")
         return self._controller.ack(partition=meta.partition, task=meta.task, step=meta.step,
                                     dp_rank=meta.dp_rank, index=meta.index,
-                                    generation=meta.generation, replica=meta.replica)
+                                    generation=meta.generation, replica=meta.replica,
+                                    session=meta.session)
 
     def release(self, meta: BatchMeta) -> None:
         """Stop reading meta's step: its rows go, unchanged, to the next reader of that
@@ -208,3 +214,11 @@ class Client:
 
 
 __all__ = ["Client"]
+
+
+def _holder(meta: BatchMeta) -> dict[str, Any] | None:
+    """Who writes through ``meta``: its reader, whose lease must still be its own."""
+    if not meta.task or not meta.session:
+        return None
+    return {"task": meta.task, "step": meta.step, "dp_rank": meta.dp_rank,
+            "replica": meta.replica, "session": meta.session}

@@ -278,11 +278,3 @@ def concat(columns: list[Column]) -> Column:
     for c in columns:
         out.extend(c)
     return out
-
-
-def column_nbytes(column: Column) -> int:
-    if isinstance(column, torch.Tensor):
-        return column.numel() * column.element_size()
-    if isinstance(column, Ragged):
-        return column.values.numel() * column.values.element_size() + column.offsets.numel() * 8
-    return 0

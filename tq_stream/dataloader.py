@@ -43,13 +43,14 @@ from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
 from tq_stream.client import Client
-from tq_stream.datasets import loop_exit, worker_deaths
+from tq_stream.datasets import at_yield, loop_exit, worker_deaths
 from tq_stream.datasets.batch import batch_meta, copy_meta, loader_step
 from tq_stream.datasets.minibatch import minibatches
 from tq_stream.datasets.streaming import RELAY, StreamingDataset
 from tq_stream.datasets.workers import check_start_method, stall_timeout, stalled
 from tq_stream.errors import (
     ConfigError,
+    LeaseTakenOver,
     StateError,
     TQError,
     WorkerStalled,
@@ -238,6 +239,13 @@ class StreamingDataLoader:
                         f"failed ({type(exc).__name__}: {exc}); iterate the loader again "
                         f"to resume at the first unfinished step (acked batches are not "
                         f"read again)") from exc
+                checked = at_yield.recheck(ds, batch, self._version)
+                if checked is None:  # re-formed for this version with no row left
+                    step = loader_step(batch) + 1
+                    while step in skip:
+                        step += 1
+                    continue
+                batch = checked
                 if self._pin:
                     batch = copy_meta(batch, batch.pin_memory())
                 self._unacked.append(batch)
@@ -348,10 +356,20 @@ class StreamingDataLoader:
         return True
 
     def ack(self, batch: TensorDict | None = None) -> None:
-        """Ack ``batch`` (default: every batch yielded and not yet acked)."""
+        """Ack ``batch`` (default: every batch yielded and not yet acked).
+
+        Raises:
+            LeaseTakenOver: a batch's lease lapsed (this process stopped renewing it for
+                longer than ``lease_timeout``: paused, frozen) and another reader took
+                its rows: they are that reader's, this batch is dropped from the
+                loader's unacked ones (raised once)."""
         todo = self._unacked if batch is None else [batch]
+        taken: LeaseTakenOver | None = None
         for b in todo:
-            self._client.ack(batch_meta(b))
+            try:
+                self._client.ack(batch_meta(b))
+            except LeaseTakenOver as exc:  # not this loader's to ack any more
+                taken = taken or exc
         self._unacked = [] if batch is None else [
             b for b in self._unacked if all(b is not t for t in todo)]
         if not self._unacked:
@@ -360,6 +378,8 @@ class StreamingDataLoader:
             for h in self._holds[: -len(self.dataset.partitions)]:  # earlier iterations'
                 h.close()
             del self._holds[: -len(self.dataset.partitions)]
+        if taken is not None:
+            raise taken
 
     def _reading(self, step: int) -> None:
         """Tell the controller the training loop waits for ``step`` now, under the

@@ -8,6 +8,7 @@
     │   ├── ClosedError        use after close(), or a write to a closed partition
     │   │   └── DeploymentGone a deployment whose owner died or closed it: nothing serves
     │   ├── LeaseError         ack/release of rows this consumer does not hold
+    │   │   └── LeaseTakenOver a write or ack by a reader whose lease lapsed and went to another
     │   └── LengthUnknownError len() of an open stream (also a TypeError)
     ├── WaitTimeout            a bounded wait expired (also a TimeoutError)
     │   ├── Unreachable        no server accepted the connection: the request was never sent
@@ -60,6 +61,12 @@ class DeploymentGone(ClosedError):
 
 class LeaseError(StateError):
     """An ack/release/renew of rows the caller does not hold."""
+
+
+class LeaseTakenOver(LeaseError):
+    """A ``put_data`` or ``ack`` through a BatchMeta whose lease lapsed (its process stopped
+    renewing it: paused, frozen, cut off) and was handed to another reader since: that
+    reader's work counts, this one's is refused (nothing of it was written or acked)."""
 
 
 class LengthUnknownError(StateError, TypeError):

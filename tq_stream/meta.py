@@ -47,6 +47,9 @@ class BatchMeta:
         replica: which TP/PP peer of ``dp_rank`` read it (acks count per replica).
         session: the consumer session holding the lease (its heartbeat renews it).
         end: True for the end-of-stream marker (no rows).
+        turn: the consumer version a step's share is within its sampler's staleness
+            bound for (None: no bound); a loader whose version is newer when it yields
+            the batch asks for the step again (``datasets/at_yield.py``).
 
     A BatchMeta is frozen, and ``index``, ``generation``, ``unit`` and ``slot`` are
     read-only arrays (``select`` and ``chunk`` build new ones).
@@ -71,6 +74,7 @@ class BatchMeta:
     replica: int = 0
     session: str = ""
     end: bool = False
+    turn: int | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -89,6 +93,7 @@ class BatchMeta:
             "dp_rank": int(d.get("dp_rank", 0)), "replica": int(d.get("replica", 0)),
             "session": str(d.get("session", "")) if session is None else session,
             "end": bool(d.get("end", False)),
+            "turn": None if d.get("turn") is None else int(d["turn"]),
         }
         # Every field at once: the frozen dataclass's __init__ sets them one by one
         # through object.__setattr__, a cost each consumer's every batch pays.

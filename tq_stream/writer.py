@@ -31,6 +31,7 @@ from tq_stream.convert import schemas_of, single_row, to_columns
 from tq_stream.errors import (
     ClosedError,
     ConnectionLost,
+    LeaseError,
     SchemaError,
     StateError,
     Unreachable,
@@ -75,11 +76,13 @@ RETRY_PAUSE = 0.2  # seconds between puts placed on a unit that was down or repl
 
 class PutAgain(Exception):
     """A put had no visible effect and may be made again (internal): a storage unit did
-    not take its bytes, or a restarted controller no longer knew its rows."""
+    not take its bytes, or a restarted controller no longer knew its rows. ``skipped``:
+    the keys it was told are lost with their unit (not named again)."""
 
-    def __init__(self, cause: Exception) -> None:
+    def __init__(self, cause: Exception, skipped: Sequence[str] = ()) -> None:
         super().__init__(str(cause))
         self.cause = cause
+        self.skipped = list(skipped)
 
 
 class Writer:
@@ -145,10 +148,6 @@ class Writer:
         timeout = self._conn.config.timeout if timeout is None else timeout
         return self._conn.controller().admit(partition=self.partition, n=n, timeout=timeout)
 
-    async def areserve(self, n: int, timeout: float | None = None) -> int:
-        """``reserve`` for asyncio code."""
-        return await asyncio.to_thread(self.reserve, n, timeout)
-
     def close_partition(self) -> None:
         """No more rows will come: drain-mode loaders end after the last batch."""
         self._conn.controller().close_partition(partition=self.partition)
@@ -171,9 +170,11 @@ class RowWriter:
         self._unit = unit
 
     def write(self, keys: list[str], cols: dict[str, Column], tags: list[dict[str, Any]] | None,
-              timeout: float | None, expect: Any = None) -> list[str]:
+              timeout: float | None, expect: Any = None,
+              holder: dict[str, Any] | None = None) -> list[str]:
         """The put (see ``Writer.put``; ``expect``: the rows' generations, for fields of
-        existing rows only); returns the keys skipped as lost with their unit."""
+        existing rows only; ``holder``: the reader of a write through a BatchMeta, see
+        ``Client.put_data``); returns the keys skipped as lost with their unit."""
         ctrl = self._conn.controller()
         spares = None if expect is not None else self._conn.spares(self.partition, self._unit)
         if spares is not None and spares.put(ctrl, self._conn.units(), keys, cols, tags):
@@ -181,10 +182,20 @@ class RowWriter:
         timeout = self._conn.config.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         left = timeout  # the caller's own figure first: a timeout error names it
+        skipped: list[str] = []
         while True:
             try:
-                return self._write_placed(ctrl, spares, keys, cols, tags, left, expect)
+                return skipped + self._write_placed(ctrl, spares, keys, cols, tags, left,
+                                                    expect, holder)
             except PutAgain as exc:
+                if exc.skipped:  # told once: the put again names only the other rows
+                    skipped += exc.skipped
+                    gone = set(exc.skipped)
+                    keep = [k not in gone for k in keys]
+                    keys, cols, tags = _without([i for i, k in enumerate(keep) if not k],
+                                                keys, cols, tags)
+                    if expect is not None:
+                        expect = [g for g, k in zip(expect, keep, strict=True) if k]
                 # Placed on a unit that died (its calls were never sent) or that was
                 # replaced (it refuses the slots), or committed to a controller restarted
                 # without the rows: nothing of the put is visible. The controller notices
@@ -199,7 +210,7 @@ class RowWriter:
 
     def _write_placed(self, ctrl: ControllerAPI, spares: SparePool | None, keys: list[str],
                       cols: dict[str, Column], tags: list[dict[str, Any]] | None, timeout: float,
-                      expect: Any = None) -> list[str]:
+                      expect: Any = None, holder: dict[str, Any] | None = None) -> list[str]:
         """One put through ``reserve``: place, store the bytes, commit (or abort); returns
         the keys the controller skipped as lost with their unit.
 
@@ -209,12 +220,15 @@ class RowWriter:
         """
         schemas = schemas_of(cols)
         extra: dict[str, Any] = {} if expect is None else {"expect": expect}
+        if holder is not None:
+            extra["holder"] = holder
         if spares is not None and spares.wanted():
             extra["spare"] = spares.wanted()
         if expect is None:  # rows may be created: hold them under this process's session
             lease = self._conn.config.lease_timeout
             extra["session"] = self._conn.keeper().producer_session(self.partition, lease)
             extra["lease"] = lease
+        asked = time.monotonic()
         place = ctrl.reserve(partition=self.partition, keys=keys, schemas=schemas,
                              unit=self._unit, timeout=timeout, **extra)
         if spares is not None:
@@ -231,6 +245,11 @@ class RowWriter:
             if differ:  # most puts match their fields' fixed schemas: nothing to convert
                 cols = _coerced(cols, differ)
                 schemas = schemas_of(cols)
+            if "holder_left" in place and time.monotonic() - asked >= place["holder_left"]:
+                # paused past the reader's lease since the reserve: another reader may own
+                # the rows now, so no byte is stored; the next reserve tells
+                raise PutAgain(LeaseError(f"put_data to partition {self.partition!r} "
+                                          f"outlived its lease before storing"), skipped)
             try:
                 placement.store(self._conn.units(), self.partition, place["unit"],
                                 place["slot"], cols,
@@ -241,14 +260,16 @@ class RowWriter:
                 # be ones the controller placed" (a new process), or the unit died while
                 # it took the bytes: none is visible before the commit. Rows this put
                 # made are aborted; their slots are reused only once that unit freed them.
-                raise PutAgain(exc) from exc
+                raise PutAgain(exc, skipped) from exc
             try:
                 ctrl.commit(partition=self.partition, index=place["index"],
-                            generation=place["generation"], schemas=schemas, tags=tags)
-            except ClosedError:
+                            generation=place["generation"], schemas=schemas, tags=tags,
+                            **({} if holder is None else {"holder": holder}))
+            except (ClosedError, LeaseError):
                 raise
             except StateError as exc:  # "rows ... were cleared meanwhile": the controller
-                raise PutAgain(exc) from exc  # restarted from a checkpoint without them
+                # restarted from a checkpoint without them
+                raise PutAgain(exc, skipped) from exc
             if spares is not None:
                 spares.learn(schemas)  # fixed now: later small puts may skip reserve
             return skipped

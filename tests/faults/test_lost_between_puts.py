@@ -148,3 +148,66 @@ def test_random_unit_kills_while_two_producers_write_rows_in_two_puts():
     finally:
         pids += stream._owner.pids
         check_no_leftovers(stream, pids)
+
+
+def _unit_pid(stream: tq.Stream, unit: int) -> int:
+    return [p.pid for p in stream.processes() if p.role == "unit"][unit]
+
+
+def _writer(stream: tq.Stream) -> tq.Writer:
+    """Partition P, read by task "t" (one rank), and a writer of it."""
+    stream.create_partition(P, consumers=["t"])
+    _register(stream, 1)
+    return stream.writer(P)
+
+
+def test_a_put_made_again_counts_the_lost_rows_it_names_once():
+    """A put of ``r`` names rows lost before (unit 1, restarted) and rows of unit 0,
+    killed just before it: its first try skips the lost rows and fails on unit 0; the
+    put again named them again, so ``lost_writes_skipped`` counted them twice."""
+    stream = faulty_local()
+    pids = [p.pid for p in stream.processes()]
+    try:
+        w = _writer(stream)
+        keys = _keys("a", 16)
+        for i in (0, 8):
+            w.put(keys[i : i + 8], {"x": values(keys[i : i + 8])})
+        stream._owner.restart_unit(1)  # its rows are lost, their keys remembered
+        pids.append(_unit_pid(stream, 1))
+        kill(pids[1])  # unit 0: its rows are lost while the put below runs
+        assert sorted(w.put(keys, {"r": torch.ones(16)})) == sorted(keys)
+        stats = stream.stats()[P]
+        assert stats["rows_lost"] == 16 and stats["lost_writes_skipped"] == 16
+        stream._owner.restart_unit(0)
+    finally:
+        check_no_leftovers(stream, pids)
+
+
+def test_rows_placed_on_a_unit_that_dies_before_their_bytes_come_are_not_lost():
+    """A put of new rows placed on a unit that dies before it took their bytes puts
+    them again on the live unit: they were never lost (they were counted lost, and
+    delivered: ``unit_lost`` said more rows were lost than were). Without shared memory
+    (a same-host put writes a unit's segment directly, dead or not) and more rows than
+    the writer's spare rows: the put calls the dead unit, which fails once the
+    controller declared it lost, while the rows are still placed there."""
+    stream = faulty_local(shm=False)
+    pids = [p.pid for p in stream.processes()]
+    try:
+        w = _writer(stream)
+        first = _keys("a", 8)
+        w.put(first, {"x": values(first)})
+        lost = {k for k, u in zip(first, stream.kv.meta(first, partition=P).unit.tolist(),
+                                  strict=True) if u == 1}
+        kill(_unit_pid(stream, 1))
+        keys = _keys("b", 24)  # placed on both units: unit 1 never takes its bytes
+        assert w.put(keys, {"x": values(keys)}) == []
+        assert set(stream.kv.meta(keys, partition=P).unit.tolist()) == {0}
+        assert sorted(w.put(first + keys, {"r": torch.ones(32)})) == sorted(lost)
+        stream.close_partition(P)
+        assert sorted(_drain(stream)[0]) == sorted(set(first + keys) - lost)
+        stats = stream.stats()[P]
+        assert stats["rows_lost"] == len(lost)
+        assert stats["tasks"]["t"]["discarded"] == {"unit_lost": len(lost)}
+        stream._owner.restart_unit(1)
+    finally:
+        check_no_leftovers(stream, pids + [p.pid for p in stream.processes()])

@@ -7,6 +7,8 @@ controller placed")."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from fault_kit import check_no_leftovers, faulty_local, kill
@@ -34,3 +36,24 @@ def test_every_put_after_a_unit_dies_succeeds(restart_units):
         assert got.tolist() == [float(k) for k in range(6) for _ in range(10)]
     finally:
         check_no_leftovers(stream, old)
+
+
+def test_a_put_to_a_new_partition_after_a_unit_died_does_not_wait_for_it():
+    """A new partition's first put needs a grant from every unit it is placed on. With
+    a dead unit the controller does not declare lost yet (unit_timeout 30 s), that
+    grant failed at once (a broken connection: the put failed, its rows left reserved)
+    or waited the whole call timeout (a refused one: 20 s, then failed); now it is
+    undone and the rows go to the unit that answers."""
+    stream = faulty_local(unit_timeout=30.0)
+    pids = [p.pid for p in stream.processes()]
+    try:
+        stream.writer("a").put(["a0", "a1"], {"x": torch.zeros(2, 3)})  # on both units
+        kill(pids[2])  # unit 1
+        for name in ("b", "c"):
+            started = time.monotonic()
+            assert stream.writer(name).put(["k0", "k1", "k2"], {"x": torch.ones(3, 3)}) == []
+            assert time.monotonic() - started < 6.0
+            assert stream.kv.meta(["k0", "k1", "k2"], partition=name).unit.tolist() == [0] * 3
+            assert [r["fields"] for r in stream.kv.list(partition=name)] == [["x"]] * 3
+    finally:
+        check_no_leftovers(stream, pids)

@@ -59,3 +59,35 @@ def test_durations_print_as_round_numbers():
     assert format_seconds(2.5) == "2.5 s"
     assert format_seconds(0.05) == "0.05 s"
     assert format_seconds(300) == "300 s"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90)
+def test_a_handle_joining_by_address_takes_the_deployment_s_lease_timeout():
+    """Found by a README-only user: workers joined with ``tq.connect(address)`` kept the
+    300 s default, so a killed worker's share (its task registered by the workers) came
+    back only after 300 s, though the owner started the deployment with 3."""
+    stream = tq.init(mode="local", lease_timeout=3.0)
+    try:
+        assert tq.connect(stream.address).config.lease_timeout == 3.0
+        assert tq.connect(stream.address, lease_timeout=7.0).config.lease_timeout == 7.0
+        own = tq.connect(stream.address, config=tq.StreamConfig(lease_timeout=9.0))
+        assert own.config.lease_timeout == 9.0  # a choice of its own stays
+        joined = tq.connect(stream.address)
+        joined.writer("p").put(["a", "b"], {"x": torch.ones(2, 3)})
+        joined.client().register_task("p", "t", ["x"], batch_size=2)  # its lease: 3 s
+        assert stream.stats()["p"]["tasks"]["t"]["fields"] == ["x"]
+        child = mp.get_context("fork").Process(target=_take, args=(joined,))
+        child.start()
+        child.join(30)
+        assert child.exitcode == 0
+        started = time.monotonic()
+        assert sorted(joined.client().get_meta("p", "t", timeout=20).keys) == ["a", "b"]
+        assert time.monotonic() - started < 10.0
+    finally:
+        stream.close()
+    plain = tq.init(mode="local")
+    try:
+        assert tq.connect(plain.address).config.lease_timeout == 300.0
+    finally:
+        plain.close()

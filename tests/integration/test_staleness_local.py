@@ -57,3 +57,19 @@ def test_a_step_held_for_a_turn_that_does_not_come_times_out_naming_it(local_str
     assert not isinstance(err.value, TurnNotReached), text
     assert "is formed ahead of its turn for version" in text, text
     assert "acked or read" in text, text
+
+
+def test_a_step_formed_by_a_reader_ahead_is_reformed_at_yield(local_stream):
+    from staleness_cases import formed_by_a_reader_ahead
+
+    batches, st = formed_by_a_reader_ahead(local_stream, "ahead", num_workers=1, **FORK)
+    assert batches == [[0, 0], [1, 1], [1, 1]], batches
+    assert st["discarded"] == {"stale": 2}, st["discarded"]
+
+
+def test_a_trainer_jumping_versions_gets_no_stale_prefetched_batch(local_stream):
+    lags, versions, st = every_n_steps(local_stream, "jump", 1, num_workers=2, jump=2,
+                                       blocks=[(v, 8) for v in range(12)], **FORK)
+    assert lags and max(lags) <= 1, sorted(set(lags))
+    stale = st["discarded"].get("stale", 0)
+    assert len(lags) + stale == len(versions)

@@ -172,3 +172,22 @@ def gloo_rank(rank: int, world: int, init_file: str, stream: tq.Stream, partitio
         error = f"{type(exc).__name__}: {exc}"
     out.send((steps, keys, error))
     dist.destroy_process_group()
+
+
+def paused_reward_worker(stream: tq.Stream, partition: str, go: Any, out: Connection) -> None:
+    """A reward worker that is paused (SIGSTOP, by the test) while it holds a batch:
+    reports the keys it got, then, once ``go`` is set, writes ``r`` = 1 through its old
+    meta and acks it, reporting each outcome (``"ok"`` or the error's class name)."""
+    client = stream.client()
+    meta = client.get_meta(partition, "reward", timeout=30)
+    out.send(list(meta.keys))
+    go.wait(60)
+    outcomes = []
+    for call in (lambda: client.put_data(meta, {"r": torch.ones(len(meta))}),
+                 lambda: client.ack(meta)):
+        try:
+            call()
+            outcomes.append("ok")
+        except Exception as exc:  # noqa: BLE001 — reported to the test
+            outcomes.append(type(exc).__name__)
+    out.send(outcomes)

@@ -111,8 +111,11 @@ class RemoteController:
 
     def reserve(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
                 unit: int = -1, timeout: float = 60.0, expect: Any = None, spare: int = 0,
-                session: str = "", lease: float | None = None) -> dict[str, Any]:
+                session: str = "", lease: float | None = None,
+                holder: Mapping[str, Any] | None = None) -> dict[str, Any]:
         extra: dict[str, Any] = {} if expect is None else {"expect": _array(expect)}
+        if holder is not None:
+            extra["holder"] = holder
         if spare:
             extra["spare"] = spare
         if session:
@@ -136,9 +139,10 @@ class RemoteController:
                           generation=generation)
 
     def commit(self, partition: str, index: Any, generation: Any, schemas: Mapping[str, Any],
-               tags: list | None = None) -> None:
+               tags: list | None = None, holder: Mapping[str, Any] | None = None) -> None:
+        extra = {} if holder is None else {"holder": holder}
         self._call("commit", partition=partition, index=index, generation=generation,
-                   schemas=schemas, tags=tags)
+                   schemas=schemas, tags=tags, **extra)
 
     def abort(self, partition: str, index: Any, generation: Any) -> None:
         self._call("abort", partition=partition, index=index, generation=generation)
@@ -179,9 +183,10 @@ class RemoteController:
                                             consumer=consumer))
 
     def ack(self, partition: str, task: str, step: int, dp_rank: int, index: Any,
-            generation: Any, replica: int = 0) -> int:
+            generation: Any, replica: int = 0, session: str = "") -> int:
         return self._call("ack", partition=partition, task=task, step=step, dp_rank=dp_rank,
-                          index=index, generation=generation, replica=replica)
+                          index=index, generation=generation, replica=replica,
+                          session=session)
 
     def release(self, partition: str, task: str, step: int, dp_rank: int, index: Any,
                 generation: Any, replica: int = 0, session: str = "") -> None:

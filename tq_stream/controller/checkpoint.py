@@ -69,7 +69,7 @@ def _task_state(task: TaskState) -> dict[str, Any]:
         "state": task.state, "acks": task.acks,
         "available": task.queue.ordered(),
         "steps": [{"step": s, "end": r.end, "shares": list(r.shares),
-                   "served": sorted(list(k) for k in r.served),
+                   "served": sorted(list(k) for k in r.served), "turns": r.turns,
                    "claims": [[r_, q, c.session, c.consumer, c.expiry]
                               for (r_, q), c in r.claims.items()]}
                   for s, r in task.steps.items()],
@@ -175,6 +175,7 @@ def _load_task(name: str, s: dict[str, Any], part: PartitionMeta) -> TaskState:
         shares = [np.array(x, dtype=np.int64) for x in st["shares"]]
         task.steps[int(st["step"])] = StepRecord(
             shares, bool(st["end"]), served={(int(r), int(q)) for r, q in st["served"]},
+            turns=_turns(st.get("turns")),  # None in a checkpoint of an earlier version
             claims={(int(r), int(q)): Claim(str(s_), str(c), float(e))
                     for r, q, s_, c, e in st["claims"]})
     task.next_step, task.ended, task.version = s["next_step"], s["ended"], s["version"]
@@ -186,6 +187,10 @@ def _load_task(name: str, s: dict[str, Any], part: PartitionMeta) -> TaskState:
     task.renewed, task.expired, task.redelivered = c["renewed"], c["expired"], c["redelivered"]
     task.cancelled = int(c.get("cancelled", 0))  # a checkpoint of an earlier version: 0
     return task
+
+
+def _turns(value: list | None) -> list[int | None] | None:
+    return None if value is None else [None if t is None else int(t) for t in value]
 
 
 def adopt(task: TaskState, config: TaskConfig, sampler: Sampler) -> None:

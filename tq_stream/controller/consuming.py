@@ -219,6 +219,7 @@ class ConsumingLogic:
         which = "the next step" if step is None else f"step {step}"
         missing = [t for t in state.tags if t not in part.tags.present]
         hint = f"; no row has tag(s) {missing} the sampler needs yet" if missing else ""
+        hint += self._reform_hint(part, state, step, dp_rank)
         turn = state.version_at(state.next_step)
         if turn != state.version:
             still = format_seconds(max(0.0, time.time() - state.last_move))
@@ -284,13 +285,17 @@ class ConsumingLogic:
             f"{self._waiting_for(part, state, step, dp_rank)}{hint}")
 
     def ack(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,
-            generation: np.ndarray, replica: int = 0) -> int:
+            generation: np.ndarray, replica: int = 0, session: str = "") -> int:
         """Replica ``replica`` of ``dp_rank`` is done with rows; returns how many became
         ACKED (every replica acked them). Acking twice is a no-op. Freeing storage
-        happens afterwards and never fails the ack."""
+        happens afterwards and never fails the ack. With ``session`` (the reader the
+        rows were handed to), an ack whose lease lapsed and went to another reader since
+        is refused with LeaseTakenOver (``takeovers.py``)."""
+        check_session("session", session)
         with self._cond:
             part, state = self._task(partition, task)
             _check_ids(state, dp_rank, replica)
+            state.takeovers.check((step, dp_rank, replica), session, task, "acks")
             if step not in state.steps and 0 <= step < state.next_step:
                 return 0  # every rank acked the step already: an ack sent again
             rows = self._held_rows(part, state, step, dp_rank, index, generation, "ack")
@@ -322,7 +327,8 @@ class ConsumingLogic:
                     f"{task!r} (rank {dp_rank}, replica {replica}) is held by session "
                     f"{claim.session[:12]} now, got session={session[:12]!r} (its claim "
                     f"lapsed and another reader took the share over)")
-            claims.pop((dp_rank, replica), None)
+            if claims.pop((dp_rank, replica), None) is not None and session:
+                state.takeovers.lapsed((step, dp_rank, replica), session)
             self._rows_ready(part)
 
     def renew(self, partition: str, task: str, step: int | None = None,

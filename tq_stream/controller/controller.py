@@ -36,6 +36,7 @@ from tq_stream.controller.reservations import (
 )
 from tq_stream.controller.spares import SpareLogic, check_spare
 from tq_stream.controller.steps import StepLogic
+from tq_stream.controller.takeovers import check_holder
 from tq_stream.controller.task import TaskConfig, TaskState, check_replicas
 from tq_stream.controller.timings import Timings
 from tq_stream.controller.units import UnitLogic
@@ -182,7 +183,8 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
     def reserve(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
                 unit: int = -1, timeout: float = 60.0,
                 expect: Sequence[int] | None = None, spare: int = 0, session: str = "",
-                lease: float = DEFAULT_WRITE_LEASE) -> dict[str, Any]:
+                lease: float = DEFAULT_WRITE_LEASE,
+                holder: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Validate a put and place its rows; new rows wait for capacity.
 
         A closed partition takes no new rows, but fields of its existing rows can
@@ -197,6 +199,10 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
                 while it renews them (``renew(task="", session=...)``) at least every
                 ``lease`` seconds, and ``timeout + lease`` seconds at most; then they
                 are aborted (``reservations.py``).
+            holder: the reader of a write through a BatchMeta (``task``, ``step``,
+                ``dp_rank``, ``replica``, ``session``): refused with LeaseTakenOver if
+                its lease went to another reader (``takeovers.py``; ``commit`` checks
+                again).
         Returns:
             dict of ``index``, ``unit``, ``slot``, ``generation`` (arrays aligned
             with ``keys``), ``new`` (mask of rows created by this call) and
@@ -218,8 +224,10 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         check_spare(spare)
         deadline = time.monotonic() + timeout
         asked = (list(keys), expect)
+        held = check_holder(holder)
         with self._cond:
             part = self._part(partition, create=expect is None, by_put=True)
+            held_for = self._check_holder(partition, held)
             while True:
                 if may_block():
                     self._abort_reservations()  # a dead producer's rows hold capacity
@@ -235,7 +243,7 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
                     expect = None if expect is None else np.asarray(expect)[keep]
                 n_new = int(new.sum())
                 if expect is not None:
-                    self._check_expected(part, keys, idx, expect)
+                    part.check_expected(keys, idx, expect)
                 if n_new and part.closed:
                     raise ClosedError(
                         f"partition {partition!r} is closed to new rows, got new keys "
@@ -267,6 +275,8 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
             fixed = {f: part.schemas[f].to_dict() for f in schemas_ if f in part.schemas}
             out = {"index": idx, "unit": part.unit[idx], "slot": part.slot[idx],
                    "generation": part.generation[idx], "new": new, "schemas": fixed}
+            if held_for is not None:  # the writer stores no byte after this many seconds
+                out["holder_left"] = held_for
             if gone:
                 part.lost.skipped += len(gone)
                 out["lost"] = {"pos": list(gone), "unit": list(gone.values())}
@@ -275,17 +285,10 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
                                             and part.capacity is None else 0)
             return out
 
-    def _check_expected(self, part: PartitionMeta, keys: Sequence[str], idx: np.ndarray,
-                        expect: Sequence[int]) -> None:
-        gen = np.asarray(expect, dtype=np.int64)
-        ok = idx >= 0
-        ok[ok] = part.generation[idx[ok]] == gen[ok]
-        if not ok.all():
-            gone = [k for k, g in zip(keys, ok.tolist(), strict=True) if not g][:5]
-            raise StateError(
-                f"rows of partition {part.name!r} must still exist to be written through "
-                f"their meta, but {int((~ok).sum())} were freed meanwhile (e.g. {gone})"
-            )
+    def _check_holder(self, partition: str, held: tuple | None) -> float | None:
+        """A write through a BatchMeta: see ``TaskState.check_writer``."""
+        return None if held is None else \
+            self._task(partition, held[0])[1].check_writer(held[1], held[2], time.time())
 
     def _check_open(self) -> None:
         if self._closed:
@@ -310,13 +313,17 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
             task.grow(part.size)
 
     def commit(self, partition: str, index: np.ndarray, generation: np.ndarray,
-               schemas: Mapping[str, Any], tags: list[dict[str, Any]] | None = None) -> None:
-        """Mark the fields of rows ``index`` written (their bytes are stored)."""
+               schemas: Mapping[str, Any], tags: list[dict[str, Any]] | None = None,
+               holder: Mapping[str, Any] | None = None) -> None:
+        """Mark the fields of rows ``index`` written (their bytes are stored); ``holder``
+        as in ``reserve``."""
         schemas_ = parse_schemas(schemas)
         index = np.asarray(index, dtype=np.int64)
+        held = check_holder(holder)
         with self._cond:
             part = self._part(partition)
-            self._check_generation(part, index, generation)
+            self._check_holder(partition, held)
+            part.check_generation(index, generation)
             self._mark_written(part, index, schemas_, tags)
             self._reservations.settle(partition, index)
 
@@ -334,16 +341,6 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         for task in self._tasks[part.name].values():
             task.offer(index, part.ready_for(task.config.fields, index, task.tags))
         self._rows_ready(part)
-
-    def _check_generation(self, part: PartitionMeta, index: np.ndarray, gen: Any) -> None:
-        gen = np.asarray(gen, dtype=np.int64)
-        ok = part.used[index] & (part.generation[index] == gen)
-        if not ok.all():
-            bad = part.keys[index[~ok]].tolist()[:5]
-            raise StateError(
-                f"rows of partition {part.name!r} must still exist to be written, "
-                f"but {int((~ok).sum())} were cleared meanwhile (e.g. {bad})"
-            )
 
     def abort(self, partition: str, index: np.ndarray, generation: np.ndarray) -> None:
         """Undo ``reserve`` for rows that no field was committed to."""

@@ -24,7 +24,8 @@ class _Limited:
         self._pending: dict[tuple[str, str, str], int] = {}
         self._last: dict[tuple[str, str, str], float] = {}
 
-    def add(self, partition: str, task: str, reason: str, n: int) -> None:
+    def add(self, partition: str, task: str, reason: str, n: int, detail: str = "") -> None:
+        """Count ``n`` events; ``detail`` (about the latest) goes into the line, not the key."""
         if n <= 0:
             return
         key = (partition, task, reason)
@@ -32,13 +33,14 @@ class _Limited:
         now = time.monotonic()
         if now - self._last.get(key, -EVERY) >= EVERY:
             self._last[key] = now
-            logger.warning(self._message, self._pending.pop(key), task, partition, reason)
+            logger.warning(self._message, self._pending.pop(key), task, partition, reason,
+                           detail)
 
 
 _EXPIRED = _Limited("%d rows of task %r on partition %r lost their reader (%s): its process "
                     "stopped renewing; they will be delivered again to the next reader of "
-                    "their step")
-_DISCARDED = _Limited("%d rows discarded by task %r on partition %r (reason %r)")
+                    "their step%s")
+_DISCARDED = _Limited("%d rows discarded by task %r on partition %r (reason %r)%s")
 
 
 def expired(partition: str, task: str, n: int) -> int:
@@ -47,5 +49,5 @@ def expired(partition: str, task: str, n: int) -> int:
     return n
 
 
-def discarded(partition: str, task: str, reason: str, n: int) -> None:
-    _DISCARDED.add(partition, task, reason, n)
+def discarded(partition: str, task: str, reason: str, n: int, detail: str = "") -> None:
+    _DISCARDED.add(partition, task, reason, n, detail)

@@ -1,10 +1,11 @@
 """Replaying ack-journal records (``deploy/ack_journal.py``) onto a restored controller.
 
 A restarted controller loads its last checkpoint, then replays the delivery
-changes made after it, in their order: steps formed, end steps, discards, acks
-and task registrations. Each is applied as the live call applied it, to the rows
-that still exist with the recorded generation (rows written after the checkpoint
-are not in it: they are simply skipped). Rows a replayed ack or discard finishes
+changes made after it, in their order: steps formed, shares formed again at
+their turn, end steps, discards, acks and task registrations. Each is applied
+as the live call applied it, to the rows that still exist with the recorded
+generation (rows written after the checkpoint are not in it: they are simply
+skipped). Rows a replayed ack or discard finishes
 are freed in the controller only: the units are not attached yet, and their
 slots still hold the rows' tokens, so the reconciliation that follows frees them
 there (``meta_checkpoint.reconcile``).
@@ -46,7 +47,8 @@ def replay(ctrl: Any, records: Iterable[list[Any]], rows_of: Any, source: str) -
     Raises:
         CheckpointError: a record of an unknown kind or shape (naming ``source``).
     """
-    counts = {"formed": 0, "ended": 0, "discarded": 0, "acked": 0, "registered": 0}
+    counts = {"formed": 0, "reformed": 0, "ended": 0, "discarded": 0, "acked": 0,
+              "registered": 0}
     for rec in records:
         try:
             _apply(ctrl, rec, rows_of, counts)
@@ -65,7 +67,7 @@ def _apply(ctrl: Any, rec: list[Any], rows_of: Any, counts: dict[str, int]) -> N
             ctrl.register_task(**args)
             counts["registered"] += 1
         return
-    if kind not in ("a", "f", "e", "d"):
+    if kind not in ("a", "f", "s", "e", "d"):
         raise ValueError(f"unknown record kind {kind!r}")
     found = _target(ctrl, rec[1], rec[2])
     if found is None:
@@ -81,6 +83,15 @@ def _apply(ctrl: Any, rec: list[Any], rows_of: Any, counts: dict[str, int]) -> N
         state.lease(step, shares)
         state.next_step = step + 1
         counts["formed"] += 1
+    elif kind == "s":
+        step, rank = int(rec[3]), int(rec[4])
+        step_rec = state.steps.get(step)
+        if step_rec is None or step_rec.end or not 0 <= rank < len(step_rec.shares):
+            return  # fully acked in the checkpoint already
+        rows = _alive(part, rows_of(rec[5]), rows_of(rec[6]))
+        mine = np.isin(rows, step_rec.shares[rank])
+        state.set_share(step, rank, rows[mine | (state.state[rows] == NEW)])
+        counts["reformed"] += 1
     elif kind == "e":
         step = int(rec[3])
         if step < state.next_step:

@@ -40,11 +40,9 @@ class LostKeys:
         return bool(self._keys)
 
     def add(self, key: str, unit: int, fields: frozenset[str]) -> None:
-        """Row ``key`` was lost with ``unit``; it had ``fields`` (none: never visible,
-        so a put that made it may simply be made again; it is not kept)."""
+        """Row ``key``, which had ``fields`` (at least one committed), was lost with
+        ``unit``."""
         self.rows += 1
-        if not fields:
-            return
         self._keys.pop(key, None)  # newest last: the oldest is forgotten first
         self._keys[key] = (unit, fields)
         if len(self._keys) > MAX_LOST_KEYS:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ from tq_stream import fieldpath
 from tq_stream.columns import FieldSchema, coercible
 from tq_stream.controller.lost import LostKeys
 from tq_stream.controller.tags import TagTable
-from tq_stream.errors import SchemaError
+from tq_stream.errors import SchemaError, StateError
 
 _MIN = 64
 
@@ -151,6 +151,31 @@ class PartitionMeta:
             if name not in self.schemas:
                 self.schemas[name] = schema
                 self.ready[name] = np.zeros(self.size, dtype=bool)
+
+    def check_expected(self, keys: list[str], idx: np.ndarray,
+                       expect: np.ndarray | Sequence[int]) -> None:
+        """Rows ``idx`` of ``keys`` still have generations ``expect`` (a write through a
+        BatchMeta): StateError if some were freed meanwhile."""
+        gen = np.asarray(expect, dtype=np.int64)
+        ok = idx >= 0
+        ok[ok] = self.generation[idx[ok]] == gen[ok]
+        if not ok.all():
+            gone = [k for k, g in zip(keys, ok.tolist(), strict=True) if not g][:5]
+            raise StateError(
+                f"rows of partition {self.name!r} must still exist to be written through "
+                f"their meta, but {int((~ok).sum())} were freed meanwhile (e.g. {gone})"
+            )
+
+    def check_generation(self, index: np.ndarray, gen: np.ndarray | Sequence[int]) -> None:
+        """Rows ``index`` are still in use with generations ``gen`` (a commit)."""
+        gen = np.asarray(gen, dtype=np.int64)
+        ok = self.used[index] & (self.generation[index] == gen)
+        if not ok.all():
+            bad = self.keys[index[~ok]].tolist()[:5]
+            raise StateError(
+                f"rows of partition {self.name!r} must still exist to be written, "
+                f"but {int((~ok).sum())} were cleared meanwhile (e.g. {bad})"
+            )
 
     def lookup(self, keys: list[str]) -> np.ndarray:
         """Row index of each key, -1 where the key is absent."""

@@ -39,11 +39,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from tq_stream.controller import events
+from tq_stream.controller import events, turns
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task import ACKED, LEASED, Claim, StepRecord, TaskState
 from tq_stream.controller.waiters import Waiters
@@ -72,8 +73,11 @@ class StepLogic:
     _waiters: Waiters  # the get_meta calls waiting (waiters.py)
 
     def _candidates(self, part: PartitionMeta, state: TaskState, dp_size: int,
-                    step: int, limit: int | None = None) -> Candidates:
-        index = state.queue.ordered(limit)
+                    step: int, limit: int | None = None,
+                    index: np.ndarray | None = None) -> Candidates:
+        """The ready rows (``index``: those rows instead) as a sampler sees them."""
+        if index is None:
+            index = state.queue.ordered(limit)
         tags = part.tags
         return Candidates(
             index=index, ready_time=part.write_time[index], dp_size=dp_size,
@@ -89,7 +93,9 @@ class StepLogic:
         return int(np.count_nonzero(part.used[:n] & (state.state[:n] == 0)
                                     & ~state.queue.avail[:n]))
 
-    def _apply_discards(self, part: PartitionMeta, state: TaskState, sel: Selection) -> int:
+    def _apply_discards(self, part: PartitionMeta, state: TaskState, sel: Selection,
+                        detail: str = "") -> int:
+        """Discard the selection's rows (``detail``: for the WARNING line)."""
         if not sel.discard:  # the usual case: nothing to record, free or wake
             return 0
         n = 0
@@ -100,7 +106,7 @@ class StepLogic:
                 self._journal.discarded(part.name, state.name, str(reason), rows,
                                         part.generation[rows])
             done = state.discard(str(reason), rows)
-            events.discarded(part.name, state.name, str(reason), len(done))
+            events.discarded(part.name, state.name, str(reason), len(done), detail)
             n += len(done)
             freed += self._finish_rows(part, done)
         self._free_slots(part.name, freed)  # type: ignore[attr-defined]
@@ -126,7 +132,9 @@ class StepLogic:
         if self._journal is not None:
             self._journal.formed(part.name, state.name, state.next_step, shares,
                                  [part.generation[s] for s in shares])
-        state.lease(state.next_step, shares)
+        rec = state.lease(state.next_step, shares)
+        if state.sampler.version_bound:  # the version its shares are in the bound for
+            rec.turns = [state.version_at(state.next_step)] * len(shares)
         state.next_step += 1
         rows = shares[0] if len(shares) == 1 else np.concatenate(shares)
         written = part.write_time[int(rows[0])] if len(rows) == 1 else part.write_time[rows]
@@ -213,7 +221,7 @@ class StepLogic:
                 f"step must not be already acked by every rank, got step={step} of task "
                 f"{state.name!r}; rank {dp_rank} resumes at step "
                 f"{state.first_unfinished(dp_rank)['step']} (get_meta(step=None) or a "
-                f"fresh loader finds it by itself)"
+                f"fresh loader finds it by itself){_peers_hint(state)}"
             )
         if rec.end:
             if asked_next and self._held_elsewhere(part, state, dp_rank, replica, session):
@@ -224,16 +232,12 @@ class StepLogic:
             return {**meta, "task": state.name, "step": state.next_step - 1,
                     "dp_rank": dp_rank, "replica": replica, "end": True}
         if not len(rec.shares[dp_rank]) and dp_rank in rec.lost:
-            # Every row of this share died with its storage unit: an empty batch says
-            # so at once (a loader goes on with its next step) instead of a wait.
-            meta = self._placement(part, np.zeros(0, np.int64), state.config.fields)  # type: ignore[attr-defined]
-            return {**meta, "task": state.name, "step": step, "dp_rank": dp_rank,
-                    "replica": replica, "end": False, "lost": True}
+            return self._lost_meta(part, state, step, dp_rank, replica)
         if rec.share_done(dp_rank, state.full_acks, state.acks):
             raise LeaseError(
                 f"step {step} of task {state.name!r} was already acked by every replica of "
                 f"rank {dp_rank}; it must not be read again (rank {dp_rank} resumes at step "
-                f"{state.first_unfinished(dp_rank)['step']})")
+                f"{state.first_unfinished(dp_rank)['step']}){_peers_hint(state)}")
         if rec.share_done(dp_rank, 1 << replica, state.acks):
             raise LeaseError(
                 f"replica {replica} of rank {dp_rank} acked its share of step {step} of task "
@@ -243,12 +247,85 @@ class StepLogic:
                 f"{state.config.replicas})")
         if self._held_by_other(rec, (dp_rank, replica), session) is not None:
             return None  # wait: until that session's lease expires, it is cancelled or acks
+        if rec.turns is not None and not self._at_turn(part, state, rec, step, dp_rank):
+            return None  # its stale rows wait for rows within the bound to replace them
+        if not len(rec.shares[dp_rank]):  # formed again at its turn, with no row left
+            return self._lost_meta(part, state, step, dp_rank, replica)
         state.claim(step, dp_rank, replica, session, consumer, now)
         share = rec.shares[dp_rank]
         meta = self._placement(part, share, state.config.fields)  # type: ignore[attr-defined]
         return {**meta, "task": state.name, "step": step, "dp_rank": dp_rank,
                 "replica": replica, "end": False,
-                "lease_timeout": state.config.lease_timeout}
+                "lease_timeout": state.config.lease_timeout,
+                "turn": None if rec.turns is None else rec.turns[dp_rank]}
+
+    def _lost_meta(self, part: PartitionMeta, state: TaskState, step: int, dp_rank: int,
+                   replica: int) -> dict[str, Any]:
+        """Every row of this share died with its storage unit, or went stale with none
+        to replace it: an empty batch says so at once (a loader goes on with its next
+        step) instead of a wait."""
+        meta = self._placement(part, np.zeros(0, np.int64), state.config.fields)  # type: ignore[attr-defined]
+        return {**meta, "task": state.name, "step": step, "dp_rank": dp_rank,
+                "replica": replica, "end": False, "lost": True}
+
+    def _at_turn(self, part: PartitionMeta, state: TaskState, rec: StepRecord, step: int,
+                 rank: int) -> bool:
+        """Check rank's share of a formed ``step`` against the version the consumer set
+        for it, and re-form it if rows went out of the bound (``turns.py``). False: a
+        replacement is not ready yet, the reader waits."""
+        version = state.version_for(step)
+        if not turns.behind(rec, rank, version) or turns.acked(state, rec, rank):
+            return True
+        assert rec.turns is not None and version is not None
+        share = replace(self._candidates(part, state, 1, step, index=rec.shares[rank]),
+                        version=version)
+        plan = turns.reform(
+            state.sampler, share,
+            lambda kept: self._candidates(part, state, 1, step,
+                                          index=np.concatenate([kept, state.queue.ordered()])),
+            state.config.batch_size, part.closed and not self._pending(part, state))
+        if plan is None:
+            return False
+        if len(plan.stale):
+            self._set_share(part, state, step, rank, turns.EMPTY)
+            self._apply_discards(part, state, Selection.wait(plan.discard))
+            self._apply_discards(part, state, Selection.wait({"stale": plan.stale}), (
+                f"; at their turn: the last, step {step} rank {rank}, was formed for "
+                f"version {rec.turns[rank]} and is stale at version {version}, set for that "
+                f"step; its share was formed again ({len(plan.share)} rows)"))
+            self._set_share(part, state, step, rank, plan.share)
+            rec.served -= {k for k in rec.served if k[0] == rank}  # new rows: handed out
+            if not len(plan.share):
+                rec.lost.add(rank)  # nothing left for it: its readers skip the step
+            # its new rows were chosen for the version predicted for its turn
+            predicted = state.version_at(step)
+            version = version if predicted is None else max(version, predicted)
+        rec.turns[rank] = version
+        return True
+
+    def _reform_hint(self, part: PartitionMeta, state: TaskState, step: int | None,
+                     rank: int) -> str:
+        """Why a reader of a formed step waits: its share went stale (for a WaitTimeout)."""
+        rec = None if step is None else state.steps.get(step)
+        if rec is None or rec.turns is None or step is None:
+            return ""
+        version = state.version_for(step)
+        if not turns.behind(rec, rank, version):
+            return ""
+        share = replace(self._candidates(part, state, 1, step, index=rec.shares[rank]),
+                        version=version)
+        n = int(np.count_nonzero(state.sampler.out_of_bound(share)))
+        return (f"; step {step}'s share for rank {rank} was formed for version "
+                f"{rec.turns[rank]} and {n} of its {share.count} rows are stale at version "
+                f"{version}, set for that step: it waits for ready rows within the bound to "
+                f"form it again")
+
+    def _set_share(self, part: PartitionMeta, state: TaskState, step: int, rank: int,
+                   rows: np.ndarray) -> None:
+        if self._journal is not None:
+            self._journal.share_set(part.name, state.name, step, rank, rows,
+                                    part.generation[rows])
+        state.set_share(step, rank, rows)
 
     def _next_for(self, part: PartitionMeta, state: TaskState, rank: int, replica: int,
                   session: str, consumer: str) -> int | None:
@@ -347,7 +424,10 @@ class StepLogic:
         rec = state.steps[step]
         if rec.share_done(dp_rank, 1 << replica, state.acks):
             rec.claims.pop((dp_rank, replica), None)
-        if all(rec.share_done(r, state.full_acks, state.acks) for r in range(len(rec.shares))):
+        # A share a lost unit emptied is not done: the step is kept (its shares are
+        # empty arrays), so that rank's reader is told its rows were lost.
+        if all(rec.share_done(r, state.full_acks, state.acks) for r in range(len(rec.shares))) \
+                and all(len(rec.shares[r]) for r in rec.lost):
             del state.steps[step]
         return done
 
@@ -363,6 +443,16 @@ class StepLogic:
                 return []  # a declared consumer has not even registered yet
             rows = task.finished_rows(rows)
         return self._release_rows(part, rows)  # type: ignore[attr-defined]
+
+
+def _peers_hint(state: TaskState) -> str:
+    """What a reader of an acked step is told when the task has one replica: two TP/PP
+    peers that both read a rank without ``replicas=`` race for its steps."""
+    if state.config.replicas > 1:
+        return ""
+    return (". If TP/PP peers read this rank together, register the task with replicas= "
+            "(how many peers) and give each peer its replica=; with replicas=1 one of them "
+            "trains every step and the other is refused")
 
 
 __all__ = ["ACKED", "StepLogic"]

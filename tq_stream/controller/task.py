@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from tq_stream.controller.fifo import ReadyQueue
+from tq_stream.controller.takeovers import Takeovers
 from tq_stream.errors import ConfigError, check_positive
 from tq_stream.samplers.base import Sampler
 
@@ -76,6 +77,10 @@ class StepRecord:
     # cancelled: a restarted worker
     # of that name gets the share back first (steps.py ``_next_for``)
     left: dict[tuple[int, int], str] = field(default_factory=dict)
+    # per rank, the consumer version its share is within the sampler's bound for (the
+    # version predicted for the step's turn when it was formed, or the one it was
+    # checked against since); None for a sampler without a version bound (turns.py)
+    turns: list[int | None] | None = None
 
     def share_done(self, rank: int, full: int, acks: np.ndarray) -> bool:
         """Every replica whose bit is in ``full`` acked every row of rank's share."""
@@ -115,6 +120,9 @@ class TaskState:
         self.version_step: int | None = None  # the first step read under ``version``
         self.position: int | None = None  # the step the consumer reads now (``reading``)
         self.steps_per_version = 1
+        # versions set for steps before ``version_step`` (step -> version, at its change,
+        # also from a DP rank or peer behind): ``version_for`` (pruned to open steps)
+        self.history: dict[int, int] = {}
         # when the consumer last moved on (registered, acked rows, or said which step it
         # reads; epoch seconds): a step held for its turn waits for a trainer that moves
         self.last_move = 0.0
@@ -125,6 +133,7 @@ class TaskState:
         self.expired = 0
         self.cancelled = 0
         self.redelivered = 0
+        self.takeovers = Takeovers()  # sessions whose lapsed share another reader took
         # (sampler class name, sampler state) of a task restored from a checkpoint and
         # not yet registered again by its consumer; None once registered.
         self.restored: tuple[str, Any] | None = None
@@ -166,6 +175,19 @@ class TaskState:
         self.steps[step] = rec
         return rec
 
+    def set_share(self, step: int, rank: int, rows: np.ndarray) -> None:
+        """Rank's share of ``step`` becomes ``rows`` (NEW rows, now LEASED); rows of the
+        old share not in it are NEW again, first in the ready queue (re-formed at its
+        turn, ``turns.py``: no replica acked any of them)."""
+        rec = self.steps[step]
+        back = rec.shares[rank]
+        back = back[~np.isin(back, rows)] if len(rows) else back
+        self.state[back] = NEW
+        self.queue.push(back, front=True)
+        self.queue.remove(rows)
+        self.state[rows] = LEASED
+        rec.shares[rank] = rows
+
     def claim(self, step: int, rank: int, replica: int, session: str, consumer: str,
               now: float) -> None:
         """(rank, replica) of ``step`` is read by ``session`` until now + lease_timeout."""
@@ -179,6 +201,7 @@ class TaskState:
                 self.handed_out += len(rec.shares[rank])
         rec.claims[key] = Claim(session, consumer, now + self.config.lease_timeout, now, now)
         rec.left.pop(key, None)
+        self.takeovers.claimed((step, rank, replica), session)
 
     def discard(self, reason: str, rows: np.ndarray) -> np.ndarray:
         rows = rows[(self.state[rows] == NEW)]
@@ -192,11 +215,12 @@ class TaskState:
         the next reader, and its consumer name in ``left`` (a restarted worker of that
         name gets it first). Returns the rows of the dropped claims."""
         n = 0
-        for rec in self.steps.values():
+        for step, rec in self.steps.items():
             for key in [k for k, c in rec.claims.items() if ended(c)]:
-                name = rec.claims.pop(key).consumer
-                if name:
-                    rec.left[key] = name
+                claim = rec.claims.pop(key)
+                if claim.consumer:
+                    rec.left[key] = claim.consumer
+                self.takeovers.lapsed((step, *key), claim.session)
                 n += len(rec.shares[key[0]])
         return n
 
@@ -213,6 +237,17 @@ class TaskState:
         n = self._drop_claims(lambda c: c.session == session)
         self.cancelled += n
         return n
+
+    def check_writer(self, key: tuple[int, int, int], session: str, now: float) -> float | None:
+        """A write by ``session`` through its meta of (step, rank, replica) ``key``:
+        LeaseTakenOver if another reader took the share over (``takeovers.py``); else the
+        seconds its claim holds without a renewal, or None if it holds none now."""
+        self.takeovers.check(key, session, self.name, "writes to")
+        rec = self.steps.get(key[0])
+        claim = None if rec is None else rec.claims.get((key[1], key[2]))
+        if claim is None or claim.session != session or claim.expiry <= now:
+            return None  # none, or lapsed (not dropped yet): no deadline to tell
+        return claim.expiry - now
 
     def renew(self, session: str, now: float) -> int:
         """Extend every claim of ``session``; returns how many it holds."""
@@ -260,12 +295,43 @@ class TaskState:
     def set_version(self, version: int, at_step: int | None) -> None:
         """The consumer's version from step ``at_step`` on. The same version set again
         (every rank sets it, or a trainer that repeats it) is no change: ``at_step``
-        then only says where the consumer reads (see ``reading``)."""
-        if version == self.version and at_step is not None and self.version_step is not None:
-            self.reading(at_step)
-            return
+        then only says where the consumer reads (see ``reading``). A version for a step
+        before ``version_step`` (a DP rank or peer behind the one that set a later
+        step's, setting the version it had for that step again) changes nothing but the
+        position; a different version for an earlier step (a trainer restarted from an
+        older checkpoint) takes effect from that step on, as any change does."""
+        if at_step is not None and self.version_step is not None:
+            if at_step < self.version_step and self.version_for(at_step) in (version, None):
+                self.reading(at_step)
+                return
+            if at_step < self.version_step:  # a restart: what was set from there is over
+                self.history = {s: v for s, v in self.history.items() if s < at_step}
+            elif version == self.version:
+                self.reading(at_step)
+                return
+            elif self.version is not None:
+                self.history[self.version_step] = self.version
+                self._prune_history()
+        else:
+            self.history = {}
         self.version, self.version_step = version, at_step
         self.position = at_step
+
+    def version_for(self, step: int) -> int | None:
+        """The version the consumer set for ``step`` (not a prediction: for a step
+        after ``version_step``, the one set last); None if none was set for it."""
+        if self.version is None or self.version_step is None or step >= self.version_step:
+            return self.version
+        known = [s for s in self.history if s <= step]
+        return self.history[max(known)] if known else None
+
+    def _prune_history(self) -> None:
+        """Forget versions of steps every rank finished (keep the one in effect at the
+        oldest open step)."""
+        oldest = min(self.steps, default=self.next_step)
+        done = [s for s in self.history if s <= oldest]
+        for s in sorted(done)[:-1]:
+            del self.history[s]
 
     def reading(self, step: int) -> None:
         """The consumer reads ``step`` now, under its current version (the step's turn

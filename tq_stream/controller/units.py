@@ -95,26 +95,33 @@ class UnitLogic:
             for u, slots in part.release_spares(spare):
                 part.give_slots(u, slots)
             rows = np.flatnonzero(part.used & (part.unit[: part.size] == unit))
-            if len(rows):
-                self._lose_rows(name, part, rows)
-                dropped[name] = len(rows)
+            lost = self._lose_rows(name, part, rows) if len(rows) else 0
+            if lost:
+                dropped[name] = lost
         self._cond.notify_all()  # type: ignore[attr-defined]
         return dropped
 
-    def _lose_rows(self, name: str, part: PartitionMeta, rows: np.ndarray) -> None:
+    def _lose_rows(self, name: str, part: PartitionMeta, rows: np.ndarray) -> int:
         """Rows whose bytes are gone (lock held): each task counts those it had not
         finished as discarded ``unit_lost``; shares that held them shrink; their slots
-        are reusable at once (there is nothing left to free)."""
-        for r in rows.tolist():  # a later put of fields they lacked must not make them again
-            part.lost.add(part.keys[r], int(part.unit[r]), frozenset(part.fields_of(r)))
+        are reusable at once (there is nothing left to free). A row no field was
+        committed to is not lost, only undone: the put that placed it was not done, and
+        puts it again (its commit finds the row gone). Returns the rows lost."""
+        written = np.zeros(len(rows), dtype=bool)
+        for i, r in enumerate(rows.tolist()):
+            fields = frozenset(part.fields_of(r))
+            written[i] = bool(fields)
+            if fields:  # a later put of fields they lacked must not make them again
+                part.lost.add(part.keys[r], int(part.unit[r]), fields)
         for task in self._tasks[name].values():
-            lost = int(np.isin(task.state[rows], (NEW, LEASED)).sum())
+            lost = int(np.isin(task.state[rows[written]], (NEW, LEASED)).sum())
             if lost:
                 task.discards[UNIT_LOST] += lost
             for rec in task.steps.values():
                 rec.lost.update(r for r, s in enumerate(rec.shares) if np.isin(s, rows).any())
         for u, slots in self._release_rows(part, rows):  # type: ignore[attr-defined]
             part.give_slots(u, slots)
+        return int(written.sum())
 
 
 __all__ = ["UNIT_LOST", "UnitLogic"]

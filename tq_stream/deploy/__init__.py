@@ -115,13 +115,13 @@ def _start_servers(mode: str, n_units: int, restore: str | None, config: StreamC
         from tq_stream.deploy.local import LocalDeployment as cls
     else:
         from tq_stream.deploy.ray_deploy import RayDeployment as cls  # type: ignore[assignment]
-    known = set(inspect.signature(cls).parameters) - {"n_units"}
+    known = set(inspect.signature(cls).parameters) - {"n_units", "lease_timeout"}
     unknown = sorted(set(options) - known)
     if unknown:  # before anything starts, naming what the mode takes
         raise ConfigError(f"options of mode {mode!r} must be among {sorted(known)}, got "
                           f"{unknown} (storage_units, restore, config and metrics_port "
                           f"are tq.init's own)")
-    owner = cls(n_units, **options)
+    owner = cls(n_units, lease_timeout=config.lease_timeout, **options)
     try:
         backend = RemoteBackend(owner.address, config, owner.curve_server_key,
                                 owner.owner_token, owner.owner)
@@ -146,8 +146,12 @@ def connect(address: str | None = None, config: StreamConfig | None = None,
             Ray deployment ``name`` in ``namespace`` (inside a Ray job).
         curve_server_key: the deployment's public key when it requires CURVE (by name:
             the deployment tells it; one given must be the same).
-        lease_timeout: as in ``init``, for the consumers and producers of this handle.
+        lease_timeout: as in ``init``, for the consumers and producers of this handle;
+            by default the deployment's own (the ``lease_timeout`` its owner started
+            it with), so every joining worker's leases expire alike.
     """
+    own_lease = lease_timeout is not None or (
+        config is not None and config.lease_timeout != DEFAULT_LEASE_TIMEOUT)
     config = with_lease_timeout(config, lease_timeout)
     from tq_stream.connection.connection import Connection
     from tq_stream.connection.remote import open_backend
@@ -156,6 +160,9 @@ def connect(address: str | None = None, config: StreamConfig | None = None,
     if address is None:
         address, curve_server_key = _by_name(name, namespace, curve_server_key)
     backend = open_backend(address, config, curve_server_key)
+    lease = (backend.owner_watch.owner or {}).get("lease_timeout")
+    if not own_lease and isinstance(lease, int | float) and lease > 0:
+        config = replace(config, lease_timeout=float(lease))
     return Stream(Connection(backend, config, "remote"), _SocketsOwner(backend))
 
 

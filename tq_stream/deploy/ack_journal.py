@@ -6,6 +6,8 @@ since then. So every change of delivery state is appended to a journal file
 next to the checkpoint, *before* the call that made it replies:
 
 - ``formed``: a step formed (its shares, so replayed acks find their step);
+- ``share_set``: a rank's share of a step formed again at its turn (its rows went
+  stale against a version set since, ``controller/turns.py``);
 - ``ended``: a closed partition's end step;
 - ``discarded``: rows a sampler discarded;
 - ``acked``: rows a replica of a rank acked;
@@ -165,6 +167,10 @@ class AckJournal:
                generations: list[np.ndarray]) -> None:
         self._append(["f", partition, task, step, [_rows(s) for s in shares],
                       [_rows(g) for g in generations]])
+
+    def share_set(self, partition: str, task: str, step: int, rank: int, rows: np.ndarray,
+                  generation: np.ndarray) -> None:
+        self._append(["s", partition, task, step, rank, _rows(rows), _rows(generation)])
 
     def ended(self, partition: str, task: str, step: int) -> None:
         self._append(["e", partition, task, step])

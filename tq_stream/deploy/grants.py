@@ -10,13 +10,20 @@ least doubling, so a steady stream of puts costs no extra call; a unit replaced
 by an empty one starts with no grants (``SlotGrants.forget_unit``).
 
 - ``SlotLimits``: the unit's side (one per served unit).
-- ``SlotGrants``: the controller's side (what each unit was told).
+- ``SlotGrants``: the controller's side (what each unit was told, and which units
+  did not take their last grant).
+
+A grant a unit does not take (dead, not yet declared lost) fails with
+``GrantFailed``; the controller then takes back the rows it placed (``placed``), so
+nothing waits for a unit that is gone, and places them again on the units that
+answer.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -58,18 +65,29 @@ class SlotLimits:
                 f"this unit (below {limit}), got slot {top}")
 
 
+class GrantFailed(StateError):
+    """Storage unit ``unit`` did not take a grant: rows placed there must be taken back."""
+
+    def __init__(self, unit: int, message: str) -> None:
+        super().__init__(message)
+        self.unit = unit
+
+
 class SlotGrants:
     """What the controller has granted each unit, per (partition, unit).
 
     ``send(unit, partition, slots)`` makes the grant call; it runs outside any lock
     and a grant is recorded only once it returned, so a reply to ``reserve`` is sent
-    only after every slot it names is granted. Thread-safe.
+    only after every slot it names is granted. A unit whose grant call failed is in
+    ``failed`` until it answers again (``answered``) or is replaced (``forget_unit``).
+    Thread-safe.
     """
 
     def __init__(self, send: Callable[[int, str, int], None]) -> None:
         self._send = send
         self._lock = threading.Lock()
         self._granted: dict[tuple[str, int], int] = {}
+        self.failed: frozenset[int] = frozenset()
 
     def covers(self, partition: str, ends: Iterable[tuple[int, int]]) -> bool:
         """True if every ``(unit, end)`` pair has slots ``[0, end)`` granted."""
@@ -90,16 +108,47 @@ class SlotGrants:
         if end <= have:
             return
         slots = min(MAX_SLOT, max(end, 2 * have, MIN_GRANT))
-        self._send(unit, partition, slots)
+        try:
+            self._send(unit, partition, slots)
+        except Exception as exc:  # noqa: BLE001 — any failure: the unit did not take it
+            with self._lock:
+                self.failed = self.failed | {unit}
+            raise GrantFailed(unit, f"storage unit {unit} did not take a grant of slots "
+                                    f"[0, {slots}) of partition {partition!r}: {exc}") from exc
         with self._lock:
             if slots > self._granted.get((partition, unit), 0):
                 self._granted[partition, unit] = slots
 
+    def answered(self, unit: int) -> None:
+        """``unit`` answered a call: grants may be sent to it again."""
+        if unit in self.failed:
+            with self._lock:
+                self.failed = self.failed - {unit}
+
     def forget_unit(self, unit: int) -> None:
         """``unit`` was replaced by an empty one: it has no grants."""
+        self.answered(unit)
         with self._lock:
             self._granted = {k: v for k, v in self._granted.items() if k[1] != unit}
 
     def forget_all(self) -> None:
         with self._lock:
             self._granted.clear()
+
+
+def placed(reserve: Callable[[], dict[str, Any]], grant: Callable[[dict[str, Any]], None],
+           undo: Callable[[dict[str, Any]], None], attempts: int) -> dict[str, Any]:
+    """``reserve()``'s placement once ``grant`` covered it. A unit that did not take its
+    grant (``GrantFailed``) gets nothing of it: ``undo`` takes the placement back and
+    it is made again, at most ``attempts`` times (the placement skips the units in
+    ``SlotGrants.failed``); the last failure is raised."""
+    for attempt in range(attempts):
+        out = reserve()
+        try:
+            grant(out)
+            return out
+        except GrantFailed:
+            undo(out)
+            if attempt + 1 >= attempts:
+                raise
+    raise AssertionError("attempts must be >= 1")

@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from tq_stream.config import DEFAULT_LEASE_TIMEOUT
 from tq_stream.connection.owner_watch import owner_of_this_process
 from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT
 from tq_stream.errors import (
@@ -205,7 +206,8 @@ class LocalDeployment:
                  unit_timeout: float = DEFAULT_UNIT_TIMEOUT,
                  restart_units: bool = False, checkpoint_interval: float | None = None,
                  checkpoint_path: str | None = None,
-                 restart_controller: bool = False) -> None:
+                 restart_controller: bool = False,
+                 lease_timeout: float = DEFAULT_LEASE_TIMEOUT) -> None:
         check_positive("storage_units", n_units)
         check_timeout("unit_timeout", unit_timeout)
         if checkpoint_interval is not None:
@@ -228,7 +230,8 @@ class LocalDeployment:
             logger.warning(INSECURE_TCP)
         self.owner_token = secrets.token_hex(16)
         # Who starts and restarts the servers: clients stop waiting once it is gone.
-        self.owner = owner_of_this_process()
+        # Its lease_timeout is the default of handles that join by address (``connect``).
+        self.owner = {**owner_of_this_process(), "lease_timeout": lease_timeout}
         self.curve_server_key: bytes | None = None
         secret = ""
         if curve:

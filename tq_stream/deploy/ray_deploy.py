@@ -33,6 +33,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tq_stream.config import DEFAULT_LEASE_TIMEOUT
 from tq_stream.connection import ray_owner
 from tq_stream.connection.owner_watch import owner_of_this_process
 from tq_stream.deploy import ray_recovery
@@ -169,7 +170,8 @@ class RayDeployment:
                  checkpoint_interval: float | None = None,
                  checkpoint_path: str | None = None,
                  restart_controller: bool = False,
-                 annotations: Mapping[str, str] | None = None) -> None:
+                 annotations: Mapping[str, str] | None = None,
+                 lease_timeout: float = DEFAULT_LEASE_TIMEOUT) -> None:
         try:
             import ray
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -200,7 +202,8 @@ class RayDeployment:
         # tell that the deployment is gone for good (``connection.ray_owner``).
         self.owner: dict[str, Any] = {**owner_of_this_process(),
                                       "ray": ray_owner.record(name, namespace,
-                                                              restart_controller)}
+                                                              restart_controller),
+                                      "lease_timeout": lease_timeout}
         self.curve_server_key: bytes | None = None
         secret = ""
         if curve:

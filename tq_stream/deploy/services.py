@@ -29,7 +29,7 @@ from tq_stream.columns import Ragged
 from tq_stream.controller import Controller
 from tq_stream.controller.reservations import DEFAULT_WRITE_LEASE
 from tq_stream.controller.units import UNIT_LOST  # noqa: F401  (re-exported)
-from tq_stream.deploy.grants import SlotGrants, SlotLimits
+from tq_stream.deploy.grants import GrantFailed, SlotGrants, SlotLimits, placed
 from tq_stream.deploy.meta_checkpoint import Recovery
 from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT, UnitWatch, process_alive
 from tq_stream.errors import AuthError, ConfigError, StateError
@@ -243,9 +243,9 @@ class ControllerService(Controller, Recovery):
                  owner: dict[str, Any] | None = None) -> None:
         super().__init__(n_units, free=self._free_remote)
         self._owner = owner  # the process that restarts the servers (``ping`` tells)
+        # Per unit: its address record, whose "pid" is the process last seen serving it.
         self._unit_addresses: list[dict[str, Any]] = []
         self._units_epoch = 0  # changes with the units' addresses (see ``units_epoch``)
-        self._unit_pids: dict[int, int] = {}  # the process serving each unit, last seen
         self._unit_timeout = unit_timeout
         self._watch: UnitWatch | None = None
         self._unit_clients: list[Any] = []
@@ -259,19 +259,36 @@ class ControllerService(Controller, Recovery):
         self.local_address: str | None = None
         self._init_recovery(checkpoint_path, checkpoint_interval)
 
-    FREE_TIMEOUT = 5.0  # seconds a free may wait for its unit (it runs inside an ack)
+    CALL_TIMEOUT = 5.0  # seconds a free or a grant may wait for its unit (inside a call)
 
-    def _free_remote(self, unit: int, partition: str, slots: np.ndarray) -> None:
-        """Free slots in a unit. A unit that is lost or missed its last heartbeat is
-        not called (the free is retried later), and a call waits ``FREE_TIMEOUT`` at
-        most, so an ack never waits long for a dead unit."""
-        if unit in self._dead or (self._watch is not None and self._watch.silent(unit)):
-            raise StateError(f"storage unit {unit} is not answering its heartbeat")
+    def _silent(self, unit: int) -> bool:
+        """True if ``unit`` is lost, missed its last heartbeat or did not take a grant."""
+        return unit in self._dead or unit in self._grants.failed or (
+            self._watch is not None and self._watch.silent(unit))
+
+    def _live_units(self) -> np.ndarray:
+        """Units new rows may be placed on: not lost, and not silent while another
+        answers (a unit that died gets no rows while it is not declared lost yet)."""
+        live = super()._live_units()
+        answering = live[[not self._silent(u) for u in live.tolist()]]
+        return answering if len(answering) else live
+
+    def _call_unit(self, unit: int, method: str, args: dict[str, Any]) -> None:
+        """A call of this controller to ``unit``: at once StateError if it is lost, else
+        within ``CALL_TIMEOUT`` (and the unit timeout) at most."""
+        if unit in self._dead:
+            raise StateError(f"storage unit {unit} is lost (waiting for a restart)")
         if unit >= len(self._unit_clients):  # a restarted controller, units not back yet
             raise StateError(f"storage unit {unit} is not attached yet")
-        timeout = min(self.FREE_TIMEOUT, self._unit_timeout or self.FREE_TIMEOUT)
-        self._unit_clients[unit].call("free", {"partition": partition, "slots": slots},
-                                      timeout=timeout)
+        timeout = min(self.CALL_TIMEOUT, self._unit_timeout or self.CALL_TIMEOUT)
+        self._unit_clients[unit].call(method, args, timeout=timeout)
+
+    def _free_remote(self, unit: int, partition: str, slots: np.ndarray) -> None:
+        """Free slots in a unit. A silent unit is not called (the free is retried
+        later), so an ack never waits long for a dead unit."""
+        if self._silent(unit):
+            raise StateError(f"storage unit {unit} is not answering its heartbeat")
+        self._call_unit(unit, "free", {"partition": partition, "slots": slots})
 
     def _send_grant(self, unit: int, partition: str, slots: int) -> None:
         # A restarted controller serves calls before its owner attached the units again
@@ -279,8 +296,8 @@ class ControllerService(Controller, Recovery):
         if not self._attached.wait(timeout=ATTACH_WAIT):
             raise StateError(f"storage units must be attached before rows are placed; "
                              f"none were within {ATTACH_WAIT:g} s")
-        self._unit_clients[unit].call("grant", {"partition": partition, "slots": slots,
-                                                OWNER_ARG: self._owner_token})
+        self._call_unit(unit, "grant", {"partition": partition, "slots": slots,
+                                        OWNER_ARG: self._owner_token})
 
     def attach_units(self, units: list[dict[str, Any]]) -> None:
         """Record the units' addresses (``[{"address", "host", "pid", "local"?}, ...]``;
@@ -291,8 +308,6 @@ class ControllerService(Controller, Recovery):
         self._unit_clients = [self._make_client(nearest(u)) for u in units]
         self._units_epoch = units_epoch(units)
         self._grants.forget_all()
-        with self._cond:
-            self._unit_pids = {i: int(u.get("pid", -1)) for i, u in enumerate(units)}
         self._reconcile(self._unit_clients)  # after a restart from a checkpoint
         self._attached.set()
         if self._watch is None and self._unit_timeout is not None:
@@ -303,7 +318,7 @@ class ControllerService(Controller, Recovery):
         """False if ``unit``'s process runs on this host and is alive (only slow)."""
         with self._cond:
             info = self._unit_addresses[unit] if unit < len(self._unit_addresses) else {}
-            pid = self._unit_pids.get(unit, -1)
+        pid = int(info.get("pid", -1))
         if info.get("host") != host_id() or pid <= 0:
             return True  # another host: the missed heartbeats decide
         return not process_alive(pid)
@@ -312,14 +327,28 @@ class ControllerService(Controller, Recovery):
         """The watch heard from ``unit``'s process ``pid``: a new pid is a replacement
         (its rows died with the old process), so drop them if that has not happened
         yet and take the unit back."""
+        self._grants.answered(unit)
         with self._cond:
-            known = self._unit_pids.get(unit)
+            known = self._pid(unit)
             if known == pid and unit not in self._dead:
                 return
-            self._unit_pids[unit] = pid
+            self._set_pid(unit, pid)
         if known != pid:
             self.unit_lost(unit)
         self.unit_back(unit)
+
+    def _pid(self, unit: int) -> int | None:
+        """The process last seen serving ``unit`` (lock held; None: none recorded)."""
+        if unit >= len(self._unit_addresses):
+            return None
+        pid = self._unit_addresses[unit].get("pid")
+        return None if pid is None else int(pid)
+
+    def _set_pid(self, unit: int, pid: int) -> None:
+        """``unit`` is served by process ``pid`` now (lock held): ``units()`` and so
+        ``Stream.processes()`` name it (the record is replaced, never changed)."""
+        if unit < len(self._unit_addresses):
+            self._unit_addresses[unit] = {**self._unit_addresses[unit], "pid": int(pid)}
 
     def close(self) -> None:
         if self._watch is not None:
@@ -343,16 +372,31 @@ class ControllerService(Controller, Recovery):
     def reserve(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
                 unit: int = -1, timeout: float = 60.0,
                 expect: Sequence[int] | None = None, spare: int = 0, session: str = "",
-                lease: float = DEFAULT_WRITE_LEASE) -> dict[str, Any]:
+                lease: float = DEFAULT_WRITE_LEASE,
+                holder: Mapping[str, Any] | None = None) -> dict[str, Any]:
         # On the IO thread, a reserve that could need a grant (a call to a unit) goes to
         # a worker; the lock keeps a worker's placements from racing the check.
-        with self._cond:
-            if not may_block() and not self._grants_cover(partition, _count(keys) + _count(spare)):
-                raise WouldBlock
-            out = super().reserve(partition, keys, schemas, unit, timeout, expect, spare,
-                                  session, lease)
-        self._grant_placed(partition, out, out.get("spare"))
+        def place() -> dict[str, Any]:
+            with self._cond:
+                if not may_block() and not self._grants_cover(partition,
+                                                              _count(keys) + _count(spare)):
+                    raise WouldBlock
+                return super(ControllerService, self).reserve(
+                    partition, keys, schemas, unit, timeout, expect, spare, session, lease,
+                    holder)
+
+        out = placed(place, lambda out: self._grant_placed(partition, out, out.get("spare")),
+                     lambda out: self._undo(partition, out), self.n_units)
         return {**out, "units_epoch": self._units_epoch}
+
+    def _undo(self, partition: str, out: dict[str, Any]) -> None:
+        """Take back a reserve's placement: the rows it created, its spare rows."""
+        new = out["new"]
+        if new.any():
+            self.abort(partition, out["index"][new], out["generation"][new])
+        spare = out.get("spare")
+        if spare is not None:
+            self.release_spares(partition, spare["index"], spare["generation"])
 
     def commit_new(self, partition: str, keys: Sequence[str], index: np.ndarray,
                    generation: np.ndarray, schemas: Mapping[str, Any],
@@ -363,9 +407,14 @@ class ControllerService(Controller, Recovery):
                 raise WouldBlock
             out = super().commit_new(partition, keys, index, generation, schemas, tags,
                                      unit, spare)
-        if out.get("spare") is not None:
+        spare = out.get("spare")
+        if spare is not None:
             send_given()  # the consumers it answered must not wait for a grant's call
-        self._grant_placed(partition, out.get("spare"))
+            try:
+                self._grant_placed(partition, spare)
+            except GrantFailed:  # the rows are committed; only the spares are taken back
+                self.release_spares(partition, spare["index"], spare["generation"])
+                del out["spare"]
         out["units_epoch"] = self._units_epoch  # a dict of this call's own
         return out
 
@@ -417,14 +466,11 @@ class ControllerService(Controller, Recovery):
             raise ConfigError(f"info must name the new unit's 'address', got {info!r}")
         with self._cond:
             pid = None if info is None else info.get("pid")
-            if pid is not None and self._unit_pids.get(unit) == pid \
-                    and unit not in self._dead:
+            if pid is not None and self._pid(unit) == pid and unit not in self._dead:
                 return {}  # the watch already took this very process back
             self._grants.forget_unit(unit)  # the new unit starts empty, with no grants
             if info is not None and self._unit_addresses:
                 self._readdress(unit, dict(info))
-            if pid is not None:
-                self._unit_pids[unit] = int(pid)
             dropped = self._drop_rows_of(unit)
             self._dead.discard(unit)
             self._cond.notify_all()
@@ -461,7 +507,7 @@ class ControllerService(Controller, Recovery):
         if not self._attached.wait(timeout=ATTACH_WAIT):
             raise StateError(f"storage units must attach within {ATTACH_WAIT:g} s of the "
                              f"controller start")
-        return self._unit_addresses
+        return list(self._unit_addresses)
 
     def ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": host_id(), "units": len(self._unit_addresses),

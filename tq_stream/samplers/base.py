@@ -189,6 +189,21 @@ class Sampler:
         False (the default) always shows every candidate."""
         return False
 
+    @property
+    def version_bound(self) -> bool:
+        """True if the sampler keeps rows within a bound of the consumer's version (a
+        ``StalenessSampler``): a step formed before the consumer set a newer version is
+        then checked with ``out_of_bound`` when its share is handed out. False (the
+        default): a formed share is never checked again."""
+        return False
+
+    def out_of_bound(self, candidates: Candidates) -> np.ndarray:
+        """A boolean mask over ``candidates`` (the rows of a formed share): the rows this
+        sampler would not hand out at ``candidates.version``, a version the consumer
+        set since the share was formed. The controller discards them (reason
+        ``"stale"``) and re-forms the share. Default: none."""
+        return np.zeros(candidates.count, dtype=bool)
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Sampler:
         # The constructor arguments let a remote controller build the same sampler
         # (see tq_stream.samplers.spec); nothing else reads them.

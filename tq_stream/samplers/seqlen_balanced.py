@@ -101,6 +101,13 @@ class SeqlenBalancedSampler(Sampler):
     def prefix_ok(self) -> bool:
         return self.inner.prefix_ok
 
+    @property
+    def version_bound(self) -> bool:
+        return self.inner.version_bound
+
+    def out_of_bound(self, candidates: Candidates) -> np.ndarray:
+        return self.inner.out_of_bound(candidates)
+
     def sample(self, candidates: Candidates, batch_size: int) -> Selection:
         return self._balance(candidates, self.inner.sample(candidates, batch_size))
 

@@ -109,6 +109,18 @@ class StalenessSampler(Sampler):
     def prefix_ok(self) -> bool:
         return self.inner.prefix_ok
 
+    @property
+    def version_bound(self) -> bool:
+        return True
+
+    def out_of_bound(self, candidates: Candidates) -> np.ndarray:
+        """Rows of a formed share stale at ``candidates.version`` (a version the
+        consumer set after the share was formed for an older or predicted one)."""
+        if candidates.version is None or candidates.count == 0:
+            return np.zeros(candidates.count, dtype=bool)
+        stale: np.ndarray = self._born(candidates) < candidates.version - self.max_staleness
+        return stale
+
     def sample(self, candidates: Candidates, batch_size: int) -> Selection:
         fresh, discard = self._filter(candidates)
         return self.inner.sample(self._in_time(fresh), batch_size).with_discard(discard)
