@@ -83,7 +83,7 @@ def test_a_rank_whose_share_was_lost_gets_an_empty_batch_at_once(two_units):
     c, meta, on_0 = _step0_on_unit_1(two_units)
     two_units.connection.controller().unit_lost(1)
     empty = c.get_meta(P, "t", 0, timeout=1.0)
-    assert len(empty) == 0 and not empty.end  # lost, said at once: no wait
+    assert len(empty) == 0 and not empty.end and empty.lost  # said at once: no wait
     c.ack(meta)  # an ack of lost rows succeeds (they are gone)
     assert c.first_unfinished(P, "t")["step"] == 1
     assert two_units.stats()[P]["tasks"]["t"]["discarded"] == {UNIT_LOST: 2}
@@ -116,7 +116,8 @@ def test_a_rank_whose_share_was_lost_after_the_other_ranks_acked_gets_an_empty_b
     two_units.connection.controller().unit_lost(1)
     assert c.ack(mine) == 2
     empty = c.get_meta(P, "t", 0, dp_rank=1, timeout=1.0)
-    assert len(empty) == 0 and not empty.end and empty.step == 0
+    assert len(empty) == 0 and not empty.end and empty.step == 0 and empty.lost
+    assert not mine.lost
     assert c.ack(held) == 0  # its rows are gone: nothing to ack, no error
     assert c.first_unfinished(P, "t", 1)["step"] == 1
     two_units.close_partition(P)

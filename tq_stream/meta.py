@@ -47,6 +47,8 @@ class BatchMeta:
         replica: which TP/PP peer of ``dp_rank`` read it (acks count per replica).
         session: the consumer session holding the lease (its heartbeat renews it).
         end: True for the end-of-stream marker (no rows).
+        lost: True for an empty batch whose whole share was lost with its storage unit
+            (counted ``unit_lost``): nothing to train, go on with the next step.
         turn: the consumer version a step's share is within its sampler's staleness
             bound for (None: no bound); a loader whose version is newer when it yields
             the batch asks for the step again (``datasets/at_yield.py``).
@@ -75,6 +77,7 @@ class BatchMeta:
     session: str = ""
     end: bool = False
     turn: int | None = None
+    lost: bool = False
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -94,6 +97,7 @@ class BatchMeta:
             "session": str(d.get("session", "")) if session is None else session,
             "end": bool(d.get("end", False)),
             "turn": None if d.get("turn") is None else int(d["turn"]),
+            "lost": bool(d.get("lost", False)),
         }
         # Every field at once: the frozen dataclass's __init__ sets them one by one
         # through object.__setattr__, a cost each consumer's every batch pays.
