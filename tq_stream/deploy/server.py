@@ -58,6 +58,7 @@ def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = 
     """The handler for ``role`` and a cleanup callable (``unit_timeout``: seconds a
     controller waits for a silent unit before it is lost; None: the default; ``owner``:
     the process that restarts the servers, which the controller's ``ping`` reports)."""
+    from tq_stream.deploy import services
     from tq_stream.deploy.services import ControllerService, UnitService
 
     if role == "unit":
@@ -69,7 +70,8 @@ def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = 
             from tq_stream.backends.memory import MemoryUnit
 
             unit = MemoryUnit()
-        return UnitService(unit), unit.close
+        # the host it reports is looked up per ping (a Ray test fakes nodes there)
+        return UnitService(unit, lambda: services.host_id()), unit.close
     from tq_stream.transport.rpc import rpc_client
 
     def client(address: str) -> Any:

@@ -1,4 +1,4 @@
-"""The handlers served over sockets: a storage unit and the controller.
+"""The controller served over sockets (the storage unit's handler: ``unit_service.py``).
 
 Each exposes an explicit ``RPC_METHODS`` allowlist; arguments and results are
 plain data, numpy arrays and normalized columns (see ``tq_stream.columns``),
@@ -13,24 +13,20 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
-from tq_stream.backends.base import StorageUnit
-from tq_stream.backends.shared import SharedSlabs
-from tq_stream.backends.slots import check_slots
-from tq_stream.columns import Ragged
 from tq_stream.controller import Controller
 from tq_stream.controller.reservations import DEFAULT_WRITE_LEASE
 from tq_stream.controller.units import UNIT_LOST  # noqa: F401  (re-exported)
-from tq_stream.deploy.grants import GrantFailed, SlotGrants, SlotLimits, placed
+from tq_stream.deploy.grants import GrantFailed, SlotGrants, placed
 from tq_stream.deploy.meta_checkpoint import Recovery
+from tq_stream.deploy.unit_service import UnitService as UnitService  # re-exported
+from tq_stream.deploy.unit_service import host_id as host_id  # tests fake nodes here
 from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT, UnitWatch, process_alive
 from tq_stream.errors import AuthError, ConfigError, StateError
 from tq_stream.handling import ANSWERED, Reply, WouldBlock, may_block
@@ -38,145 +34,8 @@ from tq_stream.samplers.spec import from_spec
 from tq_stream.transport.answers import send_given
 from tq_stream.transport.dispatch import OWNER_ARG, rpc_stats
 
-
-def host_id() -> str:
-    """Identifies this machine: clients with the same id may use shared memory."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
-
-
 logger = logging.getLogger(__name__)
 ATTACH_WAIT = 30.0  # seconds a call that needs the units waits for them to attach
-
-
-def _slots(value: Any) -> np.ndarray:
-    """Received slots as int64: a 1-D array of ints in [0, MAX_SLOT)."""
-    return check_slots(value)
-
-
-def _tokens(value: Any, slots: np.ndarray) -> np.ndarray | None:
-    if value is None:
-        return None
-    tokens = np.asarray(value)
-    if tokens.shape != slots.shape or (tokens.size and tokens.dtype.kind not in "iu"):
-        raise ConfigError(f"generations must be ints, one per slot ({len(slots)}), got "
-                          f"{tokens.dtype} of shape {tokens.shape}")
-    return tokens.astype(np.int64, copy=False)
-
-
-def _payload(columns: Any) -> int:
-    """Bytes of the tensors in received columns (views of the request's frames)."""
-    total = 0
-    for col in columns.values() if isinstance(columns, dict) else ():
-        for t in (col.values, col.offsets) if isinstance(col, Ragged) else (col,):
-            if isinstance(t, torch.Tensor):
-                total += t.numel() * t.element_size()
-    return total
-
-
-class UnitService:
-    """Serves one StorageUnit (plus a liveness probe); slots and generations received
-    are checked to be 1-D int arrays (slots in ``[0, MAX_SLOT)``) before they reach it,
-    and a write may name only slots the controller granted (``grant``, admin)."""
-
-    RPC_METHODS = frozenset({"put", "get", "free", "drop", "nbytes", "ping", "layout",
-                             "prepare_write", "finish_write", "save_rows", "load_rows", "stats",
-                             "grant", "held"})
-    # Owner-only: what changes placement or every row, and what touches files or lists
-    # every row (a client could otherwise read or write files of its choosing).
-    RPC_ADMIN = frozenset({"drop", "grant", "save_rows", "load_rows", "held"})
-    # The unit's lock guards only copies, so every method may run on the server's IO
-    # thread; large transfers go to worker threads (``INLINE_BYTES``/``INLINE_ROWS``), so
-    # a bulk copy never delays small requests and several copies run in parallel.
-    # prepare_write may wait for open writes; save_rows / load_rows write / read files.
-    RPC_INLINE = RPC_METHODS - {"prepare_write", "save_rows", "load_rows"}
-    INLINE_BYTES = 1 << 20  # a put carrying more bytes than this runs on a worker
-    INLINE_ROWS = 64  # a get of more rows than this runs on a worker
-
-    def __init__(self, unit: StorageUnit) -> None:
-        self.unit = unit
-        # its same-host abilities (a MemoryUnit has none: clients then use put and get)
-        self.shared = unit if isinstance(unit, SharedSlabs) else None
-        self.limits = SlotLimits()
-
-    def grant(self, partition: str, slots: int) -> None:
-        """Let writes use slots ``[0, slots)`` of ``partition`` (the controller placed them)."""
-        self.limits.grant(partition, slots)
-
-    def put(self, partition: str, slots: Any, columns: dict[str, Any],
-            generations: Any = None) -> None:
-        slots = _slots(slots)
-        self.limits.check(partition, slots)
-        if not may_block() and _payload(columns) > self.INLINE_BYTES:
-            raise WouldBlock
-        self.unit.put(partition, slots, columns, _tokens(generations, slots))
-
-    def get(self, partition: str, slots: Any, fields: Sequence[str],
-            generations: Any = None) -> dict[str, Any]:
-        slots = _slots(slots)
-        if not may_block() and len(slots) > self.INLINE_ROWS:
-            raise WouldBlock
-        return self.unit.get(partition, slots, list(fields), _tokens(generations, slots))
-
-    def free(self, partition: str, slots: Any) -> None:
-        self.unit.free(partition, _slots(slots))
-
-    def drop(self, partition: str) -> None:
-        self.unit.drop(partition)
-
-    def nbytes(self) -> int:
-        return self.unit.nbytes()
-
-    def held(self) -> dict[str, Any]:
-        """Written slots and their tokens per partition (see ``MemoryUnit.held``)."""
-        fn = getattr(self.unit, "held", None)
-        return {} if fn is None else fn()
-
-    def layout(self, partition: str, fields: Sequence[str],
-               writable: bool = False) -> dict[str, Any]:
-        """Shared-memory layout of fields (empty when the unit has none)."""
-        if self.shared is None:
-            return {}
-        return self.shared.layout(partition, list(fields), bool(writable))
-
-    def ping(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "host": host_id(), "nbytes": self.unit.nbytes()}
-
-    def save_rows(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Write this unit's checkpoint file (see ``tq_stream.backends.unit_files``)."""
-        from tq_stream.backends.unit_files import check_request
-
-        return self.unit.save_rows(check_request(request))
-
-    def load_rows(self, path: str, save: str, unit: int) -> dict[str, Any]:
-        """Check and store the rows of this unit's checkpoint file ``path``."""
-        from tq_stream.backends.unit_files import check_file
-
-        check_file(path, save, unit)
-        return self.unit.load_rows(path, save, unit)
-    def stats(self) -> dict[str, Any]:
-        """The unit's ``stats()`` plus its process id and the RPC calls it served."""
-        return {**self.unit.stats(), "pid": os.getpid(), "rpc": rpc_stats()}
-
-    def prepare_write(self, partition: str, slots: Any, generations: Any,
-                      fields: dict[str, Any]) -> dict[str, Any]:
-        """Start a same-host direct write (see ``tq_stream.backends.direct``)."""
-        shared = self._shared_slabs()
-        slots = _slots(slots)
-        self.limits.check(partition, slots)
-        return shared.prepare_write(partition, slots, _tokens(generations, slots), fields)
-
-    def finish_write(self, partition: str, ticket: int, ok: bool = True) -> None:
-        self._shared_slabs().finish_write(partition, ticket, ok)
-
-    def _shared_slabs(self) -> SharedSlabs:
-        if self.shared is None:
-            raise ConfigError("this storage unit keeps no shared memory: write through put")
-        return self.shared
 
 
 def _count(value: Any) -> int:
