@@ -346,8 +346,8 @@ class ControllerService(Controller, Recovery):
                                                  self._make_client(nearest(info)))
             self._unit_clients = list(self._unit_clients)  # the watch reads a copy
             retired.close()
-            if self._watch is not None:
-                self._watch.moved(unit)
+        if self._watch is not None:
+            self._watch.replaced(unit)  # the owner started it: it answers
         self._units_epoch = units_epoch(self._unit_addresses)
 
     def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,

@@ -46,6 +46,9 @@ class UnitWatch:
         self._last_ok: dict[int, float] = {}
         self._silent: set[int] = set()  # units whose last ping failed
         self._lost: set[int] = set()  # units declared lost and silent since (logged once)
+        # Per unit: bumped when a new process serves it, so a ping of the old one that
+        # fails afterwards does not make the new one silent.
+        self._serving: dict[int, int] = {}
         self._thread = threading.Thread(target=self._run, daemon=True, name="tq-unit-watch")
         self._thread.start()
 
@@ -61,9 +64,12 @@ class UnitWatch:
     def _check(self, unit: int, client: Any, interval: float) -> None:
         now = time.monotonic()
         last = self._last_ok.setdefault(unit, now)
+        serving = self._serving.get(unit, 0)
         try:
             info = client.call("ping", timeout=max(0.05, min(interval, 2.0)))
         except Exception as exc:  # noqa: BLE001 — any failure is a missed heartbeat
+            if self._serving.get(unit, 0) != serving:
+                return  # the old process missed it; a new one serves since
             self._silent.add(unit)
             if unit not in self._lost and now - last >= self.timeout and \
                     self._service.unit_may_be_dead(unit):
@@ -83,8 +89,10 @@ class UnitWatch:
         except Exception:
             logger.debug("recording unit %d's answer failed", unit, exc_info=True)
 
-    def moved(self, unit: int) -> None:
-        """``unit`` serves at a new address: its silence so far was the old one's."""
+    def replaced(self, unit: int) -> None:
+        """A new process serves ``unit`` (at the same address or a new one): its
+        silence so far was the old one's."""
+        self._serving[unit] = self._serving.get(unit, 0) + 1
         self._last_ok.pop(unit, None)
         self._silent.discard(unit)
 
