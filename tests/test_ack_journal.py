@@ -329,3 +329,54 @@ def test_replay_restores_a_share_formed_again_at_its_turn(tmp_path):
     assert b.stats()[P]["tasks"]["t"]["discarded"] == {"stale": 2}
     assert _take(b, 0)["keys"] == ["k2", "k3"]
     assert _drain(b, 0)[:2] == ["k2", "k3"]
+
+
+def test_a_step_replayed_from_the_journal_is_checked_against_the_version_set_after_restart(
+        tmp_path):
+    """Step 0 is formed after the checkpoint, for version 0, and the controller dies.
+    The journal does not say which version the step was formed for, so the restarted
+    controller checks the replayed share when it is handed out: the trainer set version
+    1 for step 0 since, and rows of version 0 are out of the bound (max_staleness=0)."""
+    from tq_stream.samplers import StalenessSampler
+    from tq_stream.samplers.spec import to_spec
+
+    path = str(tmp_path / "c.tqmeta")
+    spec = to_spec(StalenessSampler(max_staleness=0))
+    a = _controller(path)
+    a.create_partition(P, consumers=["t"])
+    a.register_task(P, "t", ["x"], batch_size=2, sampler=spec)
+    a.set_version(P, "t", 0, at_step=0)
+    for keys, v in ((["k0", "k1"], 0), (["k2", "k3"], 1)):
+        place = a.reserve(P, keys, SCHEMA)
+        a.commit(P, place["index"], place["generation"], SCHEMA, tags=[{"version": v}] * 2)
+    a._checkpointer.write_now()
+    assert _take(a, 0)["keys"] == ["k0", "k1"]  # formed for version 0, journaled
+    b = _controller(path, attach=False)
+    assert b.recovery["journal"]["formed"] == 1
+    b.register_task(P, "t", ["x"], batch_size=2, sampler=spec)  # the consumer is back
+    b.set_version(P, "t", 1, at_step=0)
+    again = _take(b, 0)
+    assert again["keys"] == ["k2", "k3"] and again["turn"] == 1
+    assert b.stats()[P]["tasks"]["t"]["discarded"] == {"stale": 2}
+
+
+def test_a_takeover_before_the_checkpoint_still_refuses_the_late_ack_after_a_restart(
+        tmp_path):
+    """Session "a" lets its lease lapse, "b" takes the share over, a checkpoint is
+    written, the controller restarts: "a"'s late ack is still refused."""
+    from tq_stream.errors import LeaseTakenOver
+
+    path = str(tmp_path / "c.tqmeta")
+    a = _controller(path)
+    a.create_partition(P, consumers=["t"])
+    a.register_task(P, "t", ["x"], batch_size=2, lease_timeout=0.2)
+    place = a.reserve(P, ["k0", "k1"], SCHEMA)
+    a.commit(P, place["index"], place["generation"], SCHEMA)
+    old = a.get_meta(P, "t", step=0, timeout=2.0, session="a")
+    time.sleep(0.5)  # "a" stops renewing: its claim lapses
+    assert a.get_meta(P, "t", step=0, timeout=2.0, session="b")["keys"] == old["keys"]
+    a._checkpointer.write_now()
+    b = _controller(path, attach=False)
+    with pytest.raises(LeaseTakenOver, match="session='a'"):
+        b.ack(P, "t", 0, 0, old["index"], old["generation"], session="a")
+    assert b.ack(P, "t", 0, 0, old["index"], old["generation"], session="b") == 2

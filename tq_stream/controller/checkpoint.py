@@ -77,6 +77,7 @@ def _task_state(task: TaskState) -> dict[str, Any]:
         "version_step": task.version_step,
         "steps_per_version": task.steps_per_version,
         "discards": dict(task.discards), "handed_out": task.handed_out, "acked": task.acked,
+        "takeovers": task.takeovers.state_dict(),
         "counters": {"renewed": task.renewed, "expired": task.expired,
                      "cancelled": task.cancelled, "redelivered": task.redelivered},
     }
@@ -182,6 +183,7 @@ def _load_task(name: str, s: dict[str, Any], part: PartitionMeta) -> TaskState:
     task.version_step = s["version_step"]
     task.steps_per_version = int(s.get("steps_per_version", 1))
     task.discards = Counter(s["discards"])
+    task.takeovers.load_state_dict(s.get("takeovers", {}))  # none in an earlier checkpoint
     task.handed_out, task.acked = s["handed_out"], s["acked"]
     c = s["counters"]
     task.renewed, task.expired, task.redelivered = c["renewed"], c["expired"], c["redelivered"]

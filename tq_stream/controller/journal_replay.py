@@ -80,7 +80,9 @@ def _apply(ctrl: Any, rec: list[Any], rows_of: Any, counts: dict[str, int]) -> N
         shares = [_alive(part, rows_of(s), rows_of(g)) for s, g in zip(rec[4], rec[5],
                                                                          strict=True)]
         shares = [s[state.state[s] == NEW] for s in shares]
-        state.lease(step, shares)
+        # The version the step was formed for is not journaled: its shares are checked
+        # at their hand-out against the version set for the step then (turns.py).
+        state.lease(step, shares).turns = [None] * len(shares)
         state.next_step = step + 1
         counts["formed"] += 1
     elif kind == "s":

@@ -11,9 +11,10 @@ session marks the lapsed one as taken over; the controller then refuses that ses
 ``commit`` both check, so a put that started before the takeover does not commit after
 it). A lapsed claim nobody took yet is no takeover: its late ack or write is accepted.
 
-Both maps are bounded (``LIMIT`` entries, oldest forgotten first), and they are not
-checkpointed: a controller restarted from a checkpoint accepts a late ack it cannot
-tell apart.
+Both maps are bounded (``LIMIT`` entries, oldest forgotten first) and checkpointed with
+their task (``state_dict``). They are not in the ack journal: a controller restarted from
+its checkpoint does not know of a lapse or takeover after that checkpoint (seconds old),
+and accepts such a late ack.
 """
 
 from __future__ import annotations
@@ -48,6 +49,20 @@ class Takeovers:
         if before is not None and before != session:
             self._taken[(key, before)] = None
             _trim(self._taken, self.limit)
+
+    def state_dict(self) -> dict[str, list[list[int | str]]]:
+        """Plain data for a checkpoint: ``{"lapsed": [[step, rank, replica, session]],
+        "taken": [...]}``, oldest first."""
+        return {"lapsed": [[*k, s] for k, s in self._lapsed.items()],
+                "taken": [[*k, s] for k, s in self._taken]}
+
+    def load_state_dict(self, state: Mapping[str, list[list[int | str]]]) -> None:
+        """Restore what ``state_dict`` gave (a checkpoint of an earlier version has none)."""
+        for step, rank, replica, session in state.get("lapsed", []):
+            self.lapsed((int(step), int(rank), int(replica)), str(session))
+        for step, rank, replica, session in state.get("taken", []):
+            self._taken[((int(step), int(rank), int(replica)), str(session))] = None
+        _trim(self._taken, self.limit)
 
     def check(self, key: ShareKey, session: str, task: str, what: str) -> None:
         """Raise LeaseTakenOver if another reader took ``key`` from ``session``; a write
