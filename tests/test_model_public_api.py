@@ -122,7 +122,7 @@ class PublicAPIMachine(RuleBasedStateMachine):
     @initialize(dp_size=st.integers(1, 2), replicas=st.integers(1, 2),
                 batch_size=st.integers(1, 2), stage_batch=st.integers(1, 3),
                 staleness=st.sampled_from([None, 0, 1]), drop_last=st.booleans(),
-                pipeline=st.booleans(), every=st.sampled_from([None, 1, 2]),
+                pipeline=st.booleans(), every=st.sampled_from([None, 1, 2, 3]),
                 first_version=st.sampled_from([None, 0, 3]), rows=st.integers(4, 12),
                 worker=st.sampled_from(NAMES), warm_up=st.integers(1, 3),
                 warm_exit=st.sampled_from(["break", "raise"]))

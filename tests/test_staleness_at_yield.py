@@ -97,6 +97,7 @@ def test_a_trainer_jumping_versions_gets_no_stale_prefetched_batch(stream):
     stale = st["discarded"].get("stale", 0)
     assert len(lags) + stale == len(versions)  # nothing lost, nothing twice
     assert stale <= sum(v < st["final_version"] - 1 for v in versions)
+    assert st["redelivered"] == 0  # the loader asking again at yield is no redelivery
 
 
 def test_a_dp_rank_behind_its_peer_gets_its_shares_at_its_own_steps_versions(stream):
@@ -169,3 +170,26 @@ def test_a_share_waiting_for_replacement_rows_says_which_versions(stream):
     text = str(err.value)
     assert "step 1's share for rank 0 was formed for version 0" in text, text
     assert "2 of its 2 rows are stale at version 1" in text, text
+
+
+def test_the_holder_asking_again_for_an_unchanged_share_is_no_redelivery(stream):
+    """A loader checks a batch at its yield by asking for its step again, under the
+    session that holds the claim; a share still within the bound comes back as it was,
+    and that is not counted as a redelivery (an operator reads ``redelivered`` as rows
+    handed out twice)."""
+    stream.create_partition(P, consumers=["actor"])
+    c = stream.client()
+    c.register_task(P, "actor", ["x"], batch_size=2,
+                    sampler=tq.samplers.StalenessSampler(max_staleness=1))
+    c.set_version(P, "actor", 0)
+    stream.writer(P).put(["a", "b"], {"x": torch.zeros(2, 1)}, tags=[{"version": 0}] * 2)
+    first = c.get_meta(P, "actor", step=0)
+    c.set_version(P, "actor", 1)
+    again = c.get_meta(P, "actor", step=0)
+    assert (first.turn, again.turn, again.keys) == (0, 1, first.keys)
+    st = stream.stats()[P]["tasks"]["actor"]
+    assert (st["handed_out"], st["redelivered"]) == (2, 0)
+    other = stream.client()  # another session, after the first one's lease went
+    c.cancel()
+    assert other.get_meta(P, "actor", step=0).keys == first.keys
+    assert stream.stats()[P]["tasks"]["actor"]["redelivered"] == 2

@@ -190,11 +190,16 @@ class TaskState:
 
     def claim(self, step: int, rank: int, replica: int, session: str, consumer: str,
               now: float) -> None:
-        """(rank, replica) of ``step`` is read by ``session`` until now + lease_timeout."""
+        """(rank, replica) of ``step`` is read by ``session`` until now + lease_timeout.
+        The session that holds the claim asking again (a loader checking a batch at its
+        yield, a call made again after a lost reply) is no redelivery."""
         rec = self.steps[step]
         key = (rank, replica)
+        held = rec.claims.get(key)
+        again = held is not None and bool(session) and held.session == session
         if key in rec.served:
-            self.redelivered += len(rec.shares[rank])
+            if not again:
+                self.redelivered += len(rec.shares[rank])
         else:
             rec.served.add(key)
             if replica == 0:
