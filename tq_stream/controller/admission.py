@@ -1,9 +1,9 @@
-"""AdmissionLogic: pacing producers so that their work does not go stale.
+"""Admission: pacing producers so that their work does not go stale.
 
-For every task on a partition whose sampler bounds staleness (it has an
-``admission_limit(held, rows_per_version)`` method, like StalenessSampler) and
-whose consumer has set a policy version, ``admit`` lets producers start ``n``
-more rows only while every such task allows it:
+For every task on a partition whose sampler bounds staleness (its
+``admission_limit(held, rows_per_version)`` gives a number, like StalenessSampler's;
+the base Sampler's gives None) and whose consumer has set a policy version, ``admit``
+lets producers start ``n`` more rows only while every such task allows it:
 
     held = rows admitted so far - rows the task consumed (acked or discarded)
     n <= sampler.admission_limit(held, rows_per_version)
@@ -12,35 +12,54 @@ more rows only while every such task allows it:
 its ``steps_per_version`` (1 unless set with ``set_admission``). The wait is
 woken by acks, discards and version updates; it is bounded by ``timeout``.
 Producers that write without ``reserve`` are not counted.
+
+The controller hands ``Admission`` what it works on: its condition (whose lock guards
+the metadata), the lookups of a partition, of a registered task and of a partition's
+tasks (functions: a restore replaces the controller's maps), and the timings that
+measure waits.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from tq_stream.controller.partition import PartitionMeta
+from tq_stream.controller.task import TaskState
+from tq_stream.controller.timings import Timings
 from tq_stream.errors import WaitTimeout, check_positive, check_timeout, format_seconds
 from tq_stream.handling import WouldBlock, may_block
 
+PartOf = Callable[..., PartitionMeta]  # part_of(partition, create=False)
+TaskOf = Callable[[str, str], tuple[PartitionMeta, TaskState]]
+TasksOf = Callable[[str], Mapping[str, TaskState]]
 
-class AdmissionLogic:
-    """Mixin of Controller; see the module docstring."""
 
-    def _admission_room(self, partition: str) -> tuple[int | None, str]:
+class Admission:
+    """The staleness window of producers; see the module docstring."""
+
+    def __init__(self, cond: threading.Condition, part_of: PartOf, task_of: TaskOf,
+                 tasks_of: TasksOf, timings: Timings) -> None:
+        self._cond = cond
+        self._part_of = part_of
+        self._task_of = task_of
+        self._tasks_of = tasks_of
+        self._timings = timings
+
+    def room(self, partition: str, admitted: int) -> tuple[int | None, str]:
         """Rows producers may still start (None: unbounded) and the binding task."""
         room: int | None = None
         who = ""
-        part = self._parts.get(partition)  # type: ignore[attr-defined]
-        admitted = part.admitted if part is not None else 0
-        for name, task in self._tasks.get(partition, {}).items():  # type: ignore[attr-defined]
-            limit = getattr(task.sampler, "admission_limit", None)
-            if limit is None or task.version is None:
+        for name, task in self._tasks_of(partition).items():
+            if task.version is None:
                 continue
             consumed = task.acked + sum(task.discards.values())
             rows_per_version = (task.config.batch_size * task.config.dp_size
                                 * task.steps_per_version)
-            left = limit(max(0, admitted - consumed), rows_per_version)
-            if room is None or left < room:
+            left = task.sampler.admission_limit(max(0, admitted - consumed), rows_per_version)
+            if left is not None and (room is None or left < room):
                 room, who = left, name
         return room, who
 
@@ -53,10 +72,10 @@ class AdmissionLogic:
         check_positive("n", n)
         check_timeout("timeout", timeout)
         deadline = time.monotonic() + timeout
-        with self._cond:  # type: ignore[attr-defined]
-            part = self._part(partition, create=True)  # type: ignore[attr-defined]
+        with self._cond:
+            part = self._part_of(partition, create=True)
             while True:
-                room, who = self._admission_room(partition)
+                room, who = self.room(partition, part.admitted)
                 if room is None or n <= room:
                     part.admitted += n
                     return n
@@ -70,18 +89,22 @@ class AdmissionLogic:
                         f"{who!r} has room "
                         f"for {room} rows; its consumer must ack rows or advance its version"
                     )
-                self._timings.wait(self._cond, left, deadline - timeout, "admission", partition, f"task {who!r} has room for {room} rows")  # type: ignore[attr-defined]  # noqa: E501
+                self._timings.wait(self._cond, left, deadline - timeout, "admission",
+                                   partition, f"task {who!r} has room for {room} rows")
 
-    def set_admission(self, partition: str, task: str, steps_per_version: int) -> None:
+    def set_steps_per_version(self, partition: str, task: str, steps_per_version: int) -> None:
         """How many steps the task's consumer takes per policy version (default 1)."""
         check_positive("steps_per_version", steps_per_version)
-        with self._cond:  # type: ignore[attr-defined]
-            self._task(partition, task)[1].steps_per_version = steps_per_version  # type: ignore[attr-defined]
-            self._cond.notify_all()  # type: ignore[attr-defined]
+        with self._cond:
+            self._task_of(partition, task)[1].steps_per_version = steps_per_version
+            self._cond.notify_all()
 
-    def admission(self, partition: str) -> dict[str, Any]:
+    def status(self, partition: str) -> dict[str, Any]:
         """Rows admitted so far and the room left (None: no staleness-bound task)."""
-        with self._cond:  # type: ignore[attr-defined]
-            part = self._part(partition)  # type: ignore[attr-defined]
-            room, who = self._admission_room(partition)
+        with self._cond:
+            part = self._part_of(partition)
+            room, who = self.room(partition, part.admitted)
             return {"admitted": part.admitted, "room": room, "task": who}
+
+
+__all__ = ["Admission"]

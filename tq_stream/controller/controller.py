@@ -23,7 +23,7 @@ import numpy as np
 
 from tq_stream.columns import FieldSchema
 from tq_stream.controller.access import AccessLogic
-from tq_stream.controller.admission import AdmissionLogic
+from tq_stream.controller.admission import Admission
 from tq_stream.controller.capacity import full_error, full_reason
 from tq_stream.controller.consuming import ConsumingLogic, check_session
 from tq_stream.controller.counts import CountLogic
@@ -58,8 +58,8 @@ from tq_stream.samplers.sequential import SequentialSampler
 logger = logging.getLogger(__name__)
 
 
-class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLogic,
-                 CountLogic, UnitLogic, ReservationLogic):
+class Controller(ConsumingLogic, StepLogic, SpareLogic, AccessLogic, CountLogic, UnitLogic,
+                 ReservationLogic):
     """The metadata service of one deployment.
 
     Args:
@@ -112,6 +112,22 @@ class Controller(ConsumingLogic, StepLogic, AdmissionLogic, SpareLogic, AccessLo
         self._reservations = Reservations()  # rows reserved, not committed (reservations.py)
         self._journal: Any = None  # records delivery changes (deploy/ack_journal.py) if set
         self._waiters = Waiters(self._cond)  # get_meta calls waiting (waiters.py)
+        # producers paced by the staleness window (admission.py)
+        self._admission = Admission(self._cond, self._part, self._task,
+                                    lambda p: self._tasks.get(p, {}), self._timings)
+
+    # ------------------------------------------------------------ admission
+    def admit(self, partition: str, n: int, timeout: float = 60.0) -> int:
+        """``Admission.admit``: wait until ``n`` more rows may be started."""
+        return self._admission.admit(partition, n, timeout)
+
+    def set_admission(self, partition: str, task: str, steps_per_version: int) -> None:
+        """``Admission.set_steps_per_version``."""
+        self._admission.set_steps_per_version(partition, task, steps_per_version)
+
+    def admission(self, partition: str) -> dict[str, Any]:
+        """``Admission.status``: rows admitted so far and the room left."""
+        return self._admission.status(partition)
 
     # ------------------------------------------------------------ partitions
     def _part(self, partition: str, create: bool = False, by_put: bool = False) -> PartitionMeta:

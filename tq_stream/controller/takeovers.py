@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
+from typing import TypeVar
 
 from tq_stream.errors import ConfigError, LeaseTakenOver, check_name
 
 LIMIT = 65536  # lapsed claims and takeovers remembered, each
 ShareKey = tuple[int, int, int]  # (step, rank, replica)
+K = TypeVar("K")
 
 
 class Takeovers:
@@ -97,6 +99,6 @@ def check_holder(holder: object) -> tuple[str, ShareKey, str] | None:
 HOLDER_KEYS = ("task", "step", "dp_rank", "replica", "session")
 
 
-def _trim(d: OrderedDict, limit: int) -> None:
+def _trim(d: OrderedDict[K, None] | OrderedDict[K, str], limit: int) -> None:
     while len(d) > limit:
         d.popitem(last=False)

@@ -189,6 +189,13 @@ class Sampler:
         False (the default) always shows every candidate."""
         return False
 
+    def admission_limit(self, held: int, rows_per_version: int) -> int | None:
+        """Rows producers may still start while ``held`` rows are admitted and not yet
+        consumed, ``rows_per_version`` rows consumed per policy version (the controller
+        paces ``Writer.reserve`` by it; ``controller/admission.py``). None (the
+        default): no bound."""
+        return None
+
     @property
     def version_bound(self) -> bool:
         """True if the sampler keeps rows within a bound of the consumer's version (a
