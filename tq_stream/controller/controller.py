@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 
 from tq_stream.columns import FieldSchema
+from tq_stream.controller import counts
 from tq_stream.controller.access import AccessLogic
 from tq_stream.controller.admission import Admission
 from tq_stream.controller.capacity import full_error, full_reason
 from tq_stream.controller.consuming import ConsumingLogic, check_session
-from tq_stream.controller.counts import CountLogic
 from tq_stream.controller.frees import FreeFn, Frees, no_free
 from tq_stream.controller.partition import PartitionMeta, parse_schemas
 from tq_stream.controller.reservations import (
@@ -58,7 +58,7 @@ from tq_stream.samplers.sequential import SequentialSampler
 logger = logging.getLogger(__name__)
 
 
-class Controller(ConsumingLogic, StepLogic, SpareLogic, AccessLogic, CountLogic, UnitLogic,
+class Controller(ConsumingLogic, StepLogic, SpareLogic, AccessLogic, UnitLogic,
                  ReservationLogic):
     """The metadata service of one deployment.
 
@@ -128,6 +128,14 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic, AccessLogic, CountLogic,
     def admission(self, partition: str) -> dict[str, Any]:
         """``Admission.status``: rows admitted so far and the room left."""
         return self._admission.status(partition)
+
+    def task_rows(self, partition: str, task: str) -> dict[str, Any]:
+        """Rows ``task`` will still be handed in new steps (``counts.task_rows``)."""
+        with self._cond:
+            self._check_open()
+            part = self._parts.get(partition)
+            return counts.task_rows(part, None if part is None else
+                                    self._tasks[partition].get(task))
 
     # ------------------------------------------------------------ partitions
     def _part(self, partition: str, create: bool = False, by_put: bool = False) -> PartitionMeta:
