@@ -342,7 +342,7 @@ class ConsumingLogic:
         check_session("session", session)
         with self._cond:
             if task == WRITER_TASK:
-                return self._renew_writes(partition, session)
+                return self._reservations.renew(partition, session, time.time())  # type: ignore[attr-defined]
             _, state = self._task(partition, task)
             now = time.time()
             if step is None:

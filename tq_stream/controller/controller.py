@@ -31,8 +31,9 @@ from tq_stream.controller.frees import FreeFn, Frees, no_free
 from tq_stream.controller.partition import PartitionMeta, parse_schemas
 from tq_stream.controller.reservations import (
     DEFAULT_WRITE_LEASE,
-    ReservationLogic,
     Reservations,
+    abort_due,
+    hold_restored,
 )
 from tq_stream.controller.spares import SpareLogic, check_spare
 from tq_stream.controller.steps import StepLogic
@@ -58,8 +59,7 @@ from tq_stream.samplers.sequential import SequentialSampler
 logger = logging.getLogger(__name__)
 
 
-class Controller(ConsumingLogic, StepLogic, SpareLogic, AccessLogic, UnitLogic,
-                 ReservationLogic):
+class Controller(ConsumingLogic, StepLogic, SpareLogic, AccessLogic, UnitLogic):
     """The metadata service of one deployment.
 
     Args:
@@ -294,8 +294,8 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic, AccessLogic, UnitLogic,
                 new_keys = [k for k, m in zip(keys, new.tolist(), strict=True) if m]
                 idx[new] = part.allocate(new_keys, self._place(unit, n_new))
                 self._grow_tasks(part)
-                self._hold_new(partition, idx[new], part.generation[idx[new]], session,
-                               lease, timeout)
+                self._reservations.add(partition, idx[new], part.generation[idx[new]],
+                                       session, lease, timeout, time.time())
             fixed = {f: part.schemas[f].to_dict() for f in schemas_ if f in part.schemas}
             out = {"index": idx, "unit": part.unit[idx], "slot": part.slot[idx],
                    "generation": part.generation[idx], "new": new, "schemas": fixed}
@@ -395,6 +395,12 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic, AccessLogic, UnitLogic,
         self._reservations.settle(part.name, rows)
         self._cond.notify_all()
         return freed
+
+    def _abort_reservations(self, session: str | None = None) -> int:
+        """Abort the reservations due (or every one of ``session``), lock held
+        (``reservations.abort_due``); returns the rows removed."""
+        return abort_due(self._reservations, self._parts, lambda part, rows: self._free_slots(
+            part.name, self._release_rows(part, rows)), session)
 
     def _free_slots(self, partition: str, freed: list) -> None:
         """Free slots in storage, then make them reusable (``frees.py``)."""
@@ -520,5 +526,5 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic, AccessLogic, UnitLogic,
             if self._parts:
                 raise StateError("load_state_dict must be called on an empty controller")
             self._parts, self._tasks = load_controller(state, self.n_units)
-            self._hold_restored()
+            hold_restored(self._reservations, self._parts)
             self._cond.notify_all()

@@ -24,18 +24,20 @@ slots, and the freed slots are placed again, under it, for later rows.
 
 Only the rows a reserve *created* are held (fields written to existing rows
 block nothing). ``Reservations`` is plain bookkeeping, guarded by the
-controller's lock; the Controller does the aborting.
+controller's lock; ``abort_due`` aborts, with the row removal the Controller hands it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from tq_stream.config import DEFAULT_LEASE_TIMEOUT as DEFAULT_WRITE_LEASE
+from tq_stream.controller.partition import PartitionMeta
 
 WRITER_TASK = ""  # renew(task=WRITER_TASK, session=s): the heartbeat of producer session s
 RESTORED_LEASE = 60.0  # seconds a restored controller holds rows reserved before its restart
@@ -136,56 +138,43 @@ class Reservations:
 
 
 
-class ReservationLogic:
-    """Mixin of Controller: hold, renew and abort reservations (see module doc).
-
-    Called with the controller's lock held (an RLock); ``self`` is the Controller.
-    """
-
-    def _hold_new(self, partition: str, index: np.ndarray, generation: np.ndarray,
-                  session: str, lease: float, timeout: float) -> None:
-        self._reservations.add(partition, index, generation, session, lease,  # type: ignore[attr-defined]
-                               timeout, time.time())
-
-    def _renew_writes(self, partition: str, session: str) -> int:
-        return self._reservations.renew(partition, session, time.time())  # type: ignore[attr-defined]
-
-    def _abort_reservations(self, session: str | None = None) -> int:
-        """Abort the reservations that expired (or every one of ``session``): their rows
-        are removed and their slots freed; returns how many rows were removed."""
-        res: Reservations = self._reservations  # type: ignore[attr-defined]
-        if not len(res) or (session is None and res.soonest() > time.time()):
-            return 0
-        removed = 0
-        for partition, r in res.take_due(time.time(), session):
-            part = self._parts.get(partition)  # type: ignore[attr-defined]
-            if part is None:
-                continue
-            rows = r.index[part.used[r.index] & (part.generation[r.index] == r.generation)]
-            freed = self._release_rows(part, rows)  # type: ignore[attr-defined]
-            self._free_slots(partition, freed)  # type: ignore[attr-defined]
-            removed += len(rows)
-            if len(rows):
-                logger.warning(
-                    "aborted %d rows of partition %r that producer session %r reserved and "
-                    "never committed (%s)", len(rows), partition, r.session or "(none)",
-                    "session ended" if session is not None else "its heartbeat stopped or "
-                    "its put outlived timeout + lease")
-        return removed
-
-    def _hold_restored(self) -> None:
-        """After a restore: rows with no field written were reserved by puts in flight
-        when the checkpoint was taken; their producers' sessions are unknown, so they
-        are held for ``RESTORED_LEASE`` seconds (a commit in that time still lands)."""
-        now = time.time()
-        for name, part in self._parts.items():  # type: ignore[attr-defined]
-            written = np.zeros(part.size, dtype=bool)
-            for r in part.ready.values():
-                written |= r[: part.size]
-            rows = np.flatnonzero(part.used & ~written)
-            self._reservations.add(name, rows, part.generation[rows], "",  # type: ignore[attr-defined]
-                                   RESTORED_LEASE, 0.0, now)
+def abort_due(res: Reservations, parts: Mapping[str, PartitionMeta],
+              remove: Callable[[PartitionMeta, np.ndarray], None],
+              session: str | None = None) -> int:
+    """Abort the reservations that expired (or every one of ``session``), lock held:
+    ``remove(part, rows)`` removes their rows that still exist and frees their slots.
+    Returns how many rows were removed."""
+    if not len(res) or (session is None and res.soonest() > time.time()):
+        return 0
+    removed = 0
+    for partition, r in res.take_due(time.time(), session):
+        part = parts.get(partition)
+        if part is None:
+            continue
+        rows = r.index[part.used[r.index] & (part.generation[r.index] == r.generation)]
+        remove(part, rows)
+        removed += len(rows)
+        if len(rows):
+            logger.warning(
+                "aborted %d rows of partition %r that producer session %r reserved and "
+                "never committed (%s)", len(rows), partition, r.session or "(none)",
+                "session ended" if session is not None else "its heartbeat stopped or "
+                "its put outlived timeout + lease")
+    return removed
 
 
-__all__ = ["DEFAULT_WRITE_LEASE", "WRITER_TASK", "Reservation", "ReservationLogic",
-           "Reservations"]
+def hold_restored(res: Reservations, parts: Mapping[str, PartitionMeta]) -> None:
+    """After a restore: rows with no field written were reserved by puts in flight
+    when the checkpoint was taken; their producers' sessions are unknown, so they
+    are held for ``RESTORED_LEASE`` seconds (a commit in that time still lands)."""
+    now = time.time()
+    for name, part in parts.items():
+        written = np.zeros(part.size, dtype=bool)
+        for r in part.ready.values():
+            written |= r[: part.size]
+        rows = np.flatnonzero(part.used & ~written)
+        res.add(name, rows, part.generation[rows], "", RESTORED_LEASE, 0.0, now)
+
+
+__all__ = ["DEFAULT_WRITE_LEASE", "WRITER_TASK", "Reservation", "Reservations", "abort_due",
+           "hold_restored"]
