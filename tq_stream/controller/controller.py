@@ -40,7 +40,7 @@ from tq_stream.controller.steps import StepLogic
 from tq_stream.controller.takeovers import check_holder
 from tq_stream.controller.task import TaskConfig, TaskState, check_replicas
 from tq_stream.controller.timings import Timings
-from tq_stream.controller.units import UnitLogic
+from tq_stream.controller.units import Units
 from tq_stream.controller.waiters import Waiters
 from tq_stream.errors import (
     ClosedError,
@@ -59,7 +59,7 @@ from tq_stream.samplers.sequential import SequentialSampler
 logger = logging.getLogger(__name__)
 
 
-class Controller(ConsumingLogic, StepLogic, SpareLogic, AccessLogic, UnitLogic):
+class Controller(ConsumingLogic, StepLogic, SpareLogic, AccessLogic):
     """The metadata service of one deployment.
 
     Args:
@@ -108,10 +108,12 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic, AccessLogic, UnitLogic):
         self._frees = Frees(free, self._cond)  # slots freed in storage, retried (frees.py)
         # metrics: waits, hand-out latency, rates; slow waits logged
         self._timings = Timings() if timings is None else timings
-        self._dead: set[int] = set()  # storage units lost and not back (units.py)
         self._reservations = Reservations()  # rows reserved, not committed (reservations.py)
         self._journal: Any = None  # records delivery changes (deploy/ack_journal.py) if set
         self._waiters = Waiters(self._cond)  # get_meta calls waiting (waiters.py)
+        # storage units lost and not back, and the loss of their rows (units.py)
+        self._units = Units(self.n_units, self._cond, lambda: self._parts,
+                            lambda p: self._tasks.get(p, {}), self._frees, self._release_rows)
         # producers paced by the staleness window (admission.py)
         self._admission = Admission(self._cond, self._part, self._task,
                                     lambda p: self._tasks.get(p, {}), self._timings)
@@ -136,6 +138,24 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic, AccessLogic, UnitLogic):
             part = self._parts.get(partition)
             return counts.task_rows(part, None if part is None else
                                     self._tasks[partition].get(task))
+
+    # ------------------------------------------------------------ storage units
+    def unit_lost(self, unit: int) -> dict[str, int]:
+        """``Units.lost``: drop the rows of unit ``unit``, place none there; returns
+        rows dropped per partition."""
+        return self._units.lost(unit)
+
+    def unit_back(self, unit: int) -> None:
+        """``Units.back``: a new, empty unit serves as ``unit``."""
+        self._units.back(unit)
+
+    def dead_units(self) -> list[int]:
+        with self._cond:
+            return sorted(self._units.dead)
+
+    def _live_units(self) -> np.ndarray:
+        """Units new rows may be placed on (a deployment may leave out silent ones)."""
+        return self._units.live()
 
     # ------------------------------------------------------------ partitions
     def _part(self, partition: str, create: bool = False, by_put: bool = False) -> PartitionMeta:
@@ -319,7 +339,7 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic, AccessLogic, UnitLogic):
             raise ClosedError("controller is closed (its stream was closed)")
 
     def _place(self, unit: int, n: int) -> np.ndarray:
-        if 0 <= unit < self.n_units and unit not in self._dead:
+        if 0 <= unit < self.n_units and unit not in self._units.dead:
             return np.full(n, unit, dtype=np.int32)
         # Contiguous blocks, one per live unit (rotating which unit comes first): rows
         # put together sit side by side in each unit and in the batch, so a read of them

@@ -15,12 +15,17 @@ the controller
 - places no new rows there (``_live_units``) until the unit is back
   (``unit_back``: a restarted or replacement unit, empty).
 
-Called by the deployment (a monitor, the owner); ``self`` is the Controller.
+The controller hands ``Units`` what it works on: its condition, the partitions and
+the lookup of a partition's tasks (functions: a restore replaces the controller's
+maps), the pending frees and the row removal; the deployment (a monitor, the owner)
+calls the controller's ``unit_lost`` / ``unit_back``, which hand over to it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -33,75 +38,83 @@ UNIT_LOST = "unit_lost"  # discard reason of rows whose storage unit died
 logger = logging.getLogger(__name__)
 
 
-class UnitLogic:
-    """Mixin of Controller; see the module docstring."""
+PartsOf = Callable[[], Mapping[str, PartitionMeta]]
+TasksOf = Callable[[str], Mapping[str, TaskState]]
+Release = Callable[[PartitionMeta, np.ndarray], list[tuple[int, np.ndarray]]]
 
-    n_units: int
-    _parts: dict[str, PartitionMeta]
-    _tasks: dict[str, dict[str, TaskState]]
-    _dead: set[int]
-    _frees: Frees
 
-    def _check_unit(self, unit: object) -> int:
+class Units:
+    """The storage units' liveness and the loss of a dead one's rows (module doc)."""
+
+    def __init__(self, n_units: int, cond: threading.Condition, parts: PartsOf,
+                 tasks_of: TasksOf, frees: Frees, release_rows: Release) -> None:
+        self.n_units = n_units
+        self.dead: set[int] = set()  # lost and not back
+        self._cond = cond
+        self._parts = parts
+        self._tasks_of = tasks_of
+        self._frees = frees
+        self._release_rows = release_rows
+
+    def check(self, unit: object) -> int:
+        """``unit`` if it is a unit index, else ConfigError naming ``unit``."""
         check_positive("unit", unit, allow_zero=True)
-        if unit >= self.n_units:  # type: ignore[operator]
+        assert isinstance(unit, int)
+        if unit >= self.n_units:
             raise ConfigError(f"unit must be < {self.n_units}, got {unit}")
-        return unit  # type: ignore[return-value]
+        return unit
 
-    def _live_units(self) -> np.ndarray:
+    def live(self) -> np.ndarray:
         """Units new rows may be placed on (ascending)."""
-        live = [u for u in range(self.n_units) if u not in self._dead]
+        live = [u for u in range(self.n_units) if u not in self.dead]
         if not live:
             raise StateError(f"a storage unit must be alive to place rows, but all "
                              f"{self.n_units} are lost (waiting for a restart)")
         return np.asarray(live, dtype=np.int32)
 
-    def dead_units(self) -> list[int]:
-        with self._cond:  # type: ignore[attr-defined]
-            return sorted(self._dead)
-
-    def unit_lost(self, unit: int) -> dict[str, int]:
+    def lost(self, unit: int) -> dict[str, int]:
         """Storage unit ``unit`` is gone: drop its rows, place nothing there until
-        ``unit_back``. Returns rows dropped per partition (none if already lost)."""
-        self._check_unit(unit)
-        with self._cond:  # type: ignore[attr-defined]
-            if unit in self._dead:
+        ``back``. Returns rows dropped per partition (none if already lost)."""
+        self.check(unit)
+        with self._cond:
+            if unit in self.dead:
                 return {}
-            self._dead.add(unit)
-            dropped = self._drop_rows_of(unit)
+            self.dead.add(unit)
+            dropped = self.drop_rows_of(unit)
             # Frees still pending there have nothing left to free.
+            parts = self._parts()
             for part_name, slots in self._frees.forget_unit(unit):
-                if part_name in self._parts:
-                    self._parts[part_name].give_slots(unit, slots)
+                if part_name in parts:
+                    parts[part_name].give_slots(unit, slots)
         logger.warning("storage unit %d is lost: dropped its rows %s; no new rows go "
                        "there until it is back", unit, dropped or "(none)")
         return dropped
 
-    def unit_back(self, unit: int) -> None:
+    def back(self, unit: int) -> None:
         """A new, empty storage unit serves as ``unit``: rows may be placed there again."""
-        self._check_unit(unit)
-        with self._cond:  # type: ignore[attr-defined]
-            if unit in self._dead:
-                self._dead.discard(unit)
+        self.check(unit)
+        with self._cond:
+            if unit in self.dead:
+                self.dead.discard(unit)
                 logger.warning("storage unit %d is back (empty)", unit)
-            self._cond.notify_all()  # type: ignore[attr-defined]
+            self._cond.notify_all()
 
-    def _drop_rows_of(self, unit: int) -> dict[str, int]:
+    def drop_rows_of(self, unit: int) -> dict[str, int]:
         """Forget every row stored in ``unit`` (lock held); rows dropped per partition."""
         dropped: dict[str, int] = {}
-        for name, part in self._parts.items():
+        for name, part in self._parts().items():
             # Spare rows there are taken back too: there is nothing to free.
             spare = np.flatnonzero(part.spare & (part.unit[: part.size] == unit))
             for u, slots in part.release_spares(spare):
                 part.give_slots(u, slots)
             rows = np.flatnonzero(part.used & (part.unit[: part.size] == unit))
-            lost = self._lose_rows(name, part, rows) if len(rows) else 0
+            lost = self.lose_rows(part, rows) if len(rows) else 0
             if lost:
                 dropped[name] = lost
-        self._cond.notify_all()  # type: ignore[attr-defined]
+        self._cond.notify_all()
         return dropped
 
-    def _lose_rows(self, name: str, part: PartitionMeta, rows: np.ndarray) -> int:
+    def lose_rows(self, part: PartitionMeta, rows: np.ndarray) -> int:
         """Rows whose bytes are gone (lock held): each task counts those it had not
         finished as discarded ``unit_lost``; shares that held them shrink; their slots
         are reusable at once (there is nothing left to free). A row no field was
@@ -113,15 +126,15 @@ class UnitLogic:
             written[i] = bool(fields)
             if fields:  # a later put of fields they lacked must not make them again
                 part.lost.add(part.keys[r], int(part.unit[r]), fields)
-        for task in self._tasks[name].values():
+        for task in self._tasks_of(part.name).values():
             lost = int(np.isin(task.state[rows[written]], (NEW, LEASED)).sum())
             if lost:
                 task.discards[UNIT_LOST] += lost
             for rec in task.steps.values():
                 rec.lost.update(r for r, s in enumerate(rec.shares) if np.isin(s, rows).any())
-        for u, slots in self._release_rows(part, rows):  # type: ignore[attr-defined]
+        for u, slots in self._release_rows(part, rows):
             part.give_slots(u, slots)
         return int(written.sum())
 
 
-__all__ = ["UNIT_LOST", "UnitLogic"]
+__all__ = ["UNIT_LOST", "Units"]

@@ -207,7 +207,7 @@ class Recovery:
                     empty = {"slots": np.zeros(0, np.int64), "tokens": np.zeros(0, np.int64)}
                     gone, orphans = reconcile(part, unit, held.get(name, empty))
                     if len(gone):
-                        self._lose_rows(name, part, gone)  # type: ignore[attr-defined]
+                        self._units.lose_rows(part, gone)  # type: ignore[attr-defined]
                     lost += len(gone)
                     if len(orphans):
                         frees.append((name, orphans))

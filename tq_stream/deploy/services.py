@@ -122,7 +122,7 @@ class ControllerService(Controller, Recovery):
 
     def _silent(self, unit: int) -> bool:
         """True if ``unit`` is lost, missed its last heartbeat or did not take a grant."""
-        return unit in self._dead or unit in self._grants.failed or (
+        return unit in self._units.dead or unit in self._grants.failed or (
             self._watch is not None and self._watch.silent(unit))
 
     def _live_units(self) -> np.ndarray:
@@ -135,7 +135,7 @@ class ControllerService(Controller, Recovery):
     def _call_unit(self, unit: int, method: str, args: dict[str, Any]) -> None:
         """A call of this controller to ``unit``: at once StateError if it is lost, else
         within ``CALL_TIMEOUT`` (and the unit timeout) at most."""
-        if unit in self._dead:
+        if unit in self._units.dead:
             raise StateError(f"storage unit {unit} is lost (waiting for a restart)")
         if unit >= len(self._unit_clients):  # a restarted controller, units not back yet
             raise StateError(f"storage unit {unit} is not attached yet")
@@ -189,7 +189,7 @@ class ControllerService(Controller, Recovery):
         self._grants.answered(unit)
         with self._cond:
             known = self._pid(unit)
-            if known == pid and unit not in self._dead:
+            if known == pid and unit not in self._units.dead:
                 return
             self._set_pid(unit, pid)
         if known != pid:
@@ -320,18 +320,18 @@ class ControllerService(Controller, Recovery):
         Returns:
             rows dropped per partition.
         """
-        self._check_unit(unit)
+        self._units.check(unit)
         if info is not None and not isinstance(info.get("address"), str):
             raise ConfigError(f"info must name the new unit's 'address', got {info!r}")
         with self._cond:
             pid = None if info is None else info.get("pid")
-            if pid is not None and self._pid(unit) == pid and unit not in self._dead:
+            if pid is not None and self._pid(unit) == pid and unit not in self._units.dead:
                 return {}  # the watch already took this very process back
             self._grants.forget_unit(unit)  # the new unit starts empty, with no grants
             if info is not None and self._unit_addresses:
                 self._readdress(unit, dict(info))
-            dropped = self._drop_rows_of(unit)
-            self._dead.discard(unit)
+            dropped = self._units.drop_rows_of(unit)
+            self._units.dead.discard(unit)
             self._cond.notify_all()
         logger.warning("storage unit %d went down and was replaced by an empty one; rows "
                        "lost per partition (discarded as %r): %s", unit, UNIT_LOST, dropped)
@@ -371,7 +371,7 @@ class ControllerService(Controller, Recovery):
     def ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": host_id(), "units": len(self._unit_addresses),
                 "local": self.local_address, "recovery": self.recovery,
-                "dead_units": sorted(self._dead), "units_epoch": self._units_epoch,
+                "dead_units": sorted(self._units.dead), "units_epoch": self._units_epoch,
                 "owner": self._owner}
 
     def unit_back(self, unit: int) -> None:
