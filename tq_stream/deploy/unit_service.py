@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tq_stream.backends.base import StorageUnit
+from tq_stream.backends.base import ListsRows, StorageUnit
 from tq_stream.backends.shared import SharedSlabs
 from tq_stream.backends.slots import check_slots
 from tq_stream.columns import Ragged
@@ -118,8 +118,7 @@ class UnitService:
 
     def held(self) -> dict[str, Any]:
         """Written slots and their tokens per partition (see ``MemoryUnit.held``)."""
-        fn = getattr(self.unit, "held", None)
-        return {} if fn is None else fn()
+        return self.unit.held() if isinstance(self.unit, ListsRows) else {}
 
     def layout(self, partition: str, fields: Sequence[str],
                writable: bool = False) -> dict[str, Any]:
