@@ -96,8 +96,8 @@ class _Service:
         ``annotations``: the driver's text that ``info`` tells (``RayDeployment``)."""
         import ray
 
+        from tq_stream import hosts
         from tq_stream.deploy.server import serve
-        from tq_stream.deploy.services import host_id
 
         sweep_folders()
         ip = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
@@ -115,7 +115,7 @@ class _Service:
             local_dir=self._dir, owner_token=owner_token, max_message=max_message,
             allow_insecure=True,  # RayDeployment checked the bind (see its Args)
             unit_timeout=unit_timeout, checkpoint=checkpoint, owner=owner)
-        self._info = {"address": self._server.address, "pid": os.getpid(), "host": host_id(),
+        self._info = {"address": self._server.address, "pid": os.getpid(), "host": hosts.host_id(),
                       "node": ray.get_runtime_context().get_node_id(), "local": local,
                       "curve_server_key": curve_server,  # public: lets tq.connect() by name
                       "annotations": dict(annotations or {})}

@@ -55,15 +55,13 @@ def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = 
     ``tq_stream.backends.kinds``; ``unit_timeout``: seconds a controller waits for a
     silent unit before it is lost; None: the default; ``owner``: the process that
     restarts the servers, which the controller's ``ping`` reports)."""
-    from tq_stream.deploy import services
     from tq_stream.deploy.services import ControllerService, UnitService
 
     if role == "unit":
         from tq_stream.backends.kinds import make_unit
 
         unit = make_unit(storage)
-        # the host it reports is looked up per ping (a Ray test fakes nodes there)
-        return UnitService(unit, lambda: services.host_id()), unit.close
+        return UnitService(unit), unit.close
     from tq_stream.transport.rpc import rpc_client
 
     def client(address: str) -> Any:
@@ -212,10 +210,10 @@ def run_child(cfg: dict[str, Any], out: Any) -> int:
         checkpoint=(cfg.get("checkpoint_path"), cfg.get("checkpoint_interval")),
         owner=cfg.get("owner"))
     try:
-        from tq_stream.deploy.services import host_id
+        from tq_stream import hosts
 
         out.write(json.dumps({"address": server.address, "pid": os.getpid(),
-                              "host": host_id()}) + "\n")
+                              "host": hosts.host_id()}) + "\n")
         out.flush()
         _wait_for_stop(wakeup_fd, cfg.get("parent_fd", -1))
     finally:
