@@ -284,6 +284,15 @@ class RayDeployment:
     def controller_node(self) -> str:
         return str(self._infos[-1]["node"])
 
+    def actors(self) -> list[Any]:
+        """The actors: the units in index order, then the controller (a copy; a restart
+        replaces an actor)."""
+        return list(self._actors)
+
+    def dead_units(self) -> list[int]:
+        """The units the controller declared lost (their heartbeats stopped)."""
+        return list(self._backend.controller().dead_units())
+
     def _checkpoint_options(self, interval: float | None, path: str | None,
                             curve: bool) -> tuple[dict[str, Any], dict[str, Any], str]:
         """The controller's checkpoint settings, its actor options and the checkpoint
