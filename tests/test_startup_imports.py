@@ -20,7 +20,7 @@ def test_a_server_process_loads_no_client_side_modules():
             "from tq_stream.deploy.server import build_service\n"
             "import tq_stream.deploy.ray_deploy\n"
             "for role in ('controller', 'unit'):\n"
-            "    service, stop = build_service(role, shm=False)\n"
+            "    service, stop = build_service(role, storage='memory')\n"
             "    stop()\n"
             f"print(sorted(m for m in sys.modules if m.startswith({HEAVY!r})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

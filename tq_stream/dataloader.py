@@ -151,8 +151,8 @@ class StreamingDataLoader:
     def _ack_saved(self) -> None:
         """Batches yielded before the restored state_dict was taken count as trained:
         ack them if no one did (a crash after the save, before the next batch)."""
-        self.dataset._saved_done, self._saved_done = self._saved_done, []
-        self.dataset._ack_saved(self._client)
+        steps, self._saved_done = self._saved_done, []
+        self.dataset.ack_saved(self._client, steps)
 
     def __iter__(self) -> Iterator[TensorDict]:
         """A new iteration (see the module docstring). An earlier one still open (its

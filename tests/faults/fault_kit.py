@@ -92,11 +92,11 @@ def own_hosts() -> dict:
     def node_is_a_host() -> None:  # made here: pickled by value for the workers
         import ray
 
-        from tq_stream.deploy import services
+        from tq_stream import hosts
 
         node = ray.get_runtime_context().get_node_id()
-        machine = services.host_id()
-        services.host_id = lambda: f"{machine}/{node}"
+        machine = hosts.host_id()
+        hosts.host_id = lambda: f"{machine}/{node}"
 
     return {"worker_process_setup_hook": node_is_a_host}
 

@@ -190,7 +190,7 @@ def test_rows_placed_on_a_unit_that_dies_before_their_bytes_come_are_not_lost():
     (a same-host put writes a unit's segment directly, dead or not) and more rows than
     the writer's spare rows: the put calls the dead unit, which fails once the
     controller declared it lost, while the rows are still placed there."""
-    stream = faulty_local(shm=False)
+    stream = faulty_local(storage="memory")
     pids = [p.pid for p in stream.processes()]
     try:
         w = _writer(stream)

@@ -59,7 +59,7 @@ PARTITIONS = itertools.count()
 
 @pytest.fixture(scope="module", autouse=True)
 def deployment() -> Iterator[None]:
-    stream = faulty_local(unit_timeout=UNIT_TIMEOUT, shm=False)
+    stream = faulty_local(unit_timeout=UNIT_TIMEOUT, storage="memory")
     pids = [p.pid for p in stream.processes()]
     STREAM.append(stream)
     try:

@@ -70,7 +70,7 @@ def test_a_killed_unit_actor_is_lost_and_the_stream_goes_on(ray_cluster):
         batches = ledger.take(tq.StreamingDataLoader(ds))
         for _ in range(2):
             next(batches)
-        ray.kill(stream._owner._actors[1], no_restart=True)
+        ray.kill(stream._owner.actors()[1], no_restart=True)
         ctrl = stream.connection.controller()
         assert wait_until(lambda: ctrl.dead_units() == [1], 20 * UNIT_TIMEOUT)
         after = _put(ledger, "b", 16)

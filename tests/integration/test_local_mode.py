@@ -117,9 +117,9 @@ def test_same_host_reads_shared_memory_other_hosts_read_frames(local_stream, mon
     keys = [f"f_{i}" for i in range(8)]
     put(local_stream, "frames", keys)
     assert all(isinstance(u, SameHostUnit) for u in local_stream.connection.units())
-    from tq_stream.deploy import services
+    from tq_stream import hosts
 
-    monkeypatch.setattr(services, "host_id", lambda: "another-host")
+    monkeypatch.setattr(hosts, "host_id", lambda: "another-host")
     with tq.connect(local_stream.address, config=CONFIG) as remote:
         assert all(type(u) is RemoteUnit for u in remote.connection.units())
         assert torch.equal(remote.kv.get_batch(keys, partition="frames")["x"], values(keys))
@@ -130,9 +130,9 @@ def test_a_cleared_and_reused_slot_is_never_read_as_the_old_row(local_stream, mo
                                                                  via):
     part = f"gen_{via}"
     if via == "frames":
-        from tq_stream.deploy import services
+        from tq_stream import hosts
 
-        monkeypatch.setattr(services, "host_id", lambda: "another-host")
+        monkeypatch.setattr(hosts, "host_id", lambda: "another-host")
     handle = tq.init(storage_units=2) if via == "embedded" else \
         tq.connect(local_stream.address, config=CONFIG)
     with handle as s:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -96,3 +96,13 @@ class StorageUnit(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release every resource; idempotent."""
+
+
+@runtime_checkable
+class ListsRows(Protocol):
+    """A unit that lists the rows it holds (``MemoryUnit``): what a restarted controller
+    reconciles its checkpoint with. A unit without it is taken to hold none."""
+
+    def held(self) -> dict[str, dict[str, np.ndarray]]:
+        """Every partition's written slots and their tokens (``{"slots", "tokens"}``)."""
+        ...

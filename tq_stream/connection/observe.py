@@ -11,6 +11,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
+from tq_stream import hosts
 from tq_stream.errors import StateError
 from tq_stream.stats import DeploymentStats, ProcessInfo, RpcStats, UnitStats
 
@@ -49,10 +50,8 @@ def _served(conn: Connection) -> RemoteController:
 
 def processes(conn: Connection) -> list[ProcessInfo]:
     """The controller (first), then every storage unit in index order."""
-    from tq_stream.deploy.services import host_id
-
     if conn.mode == "embedded":
-        here, pid = host_id(), os.getpid()
+        here, pid = hosts.host_id(), os.getpid()
         n = len(conn.units())
         return [ProcessInfo("controller", 0, pid, here, None, None)] + [
             ProcessInfo("unit", i, pid, here, None, None) for i in range(n)]

@@ -21,6 +21,7 @@ import os
 import time
 from typing import Any
 
+from tq_stream import hosts
 from tq_stream.connection import ray_owner
 from tq_stream.errors import DeploymentGone
 
@@ -30,10 +31,8 @@ RAY_INTERVAL = 2.0  # seconds between two questions to Ray (each a call to its G
 
 def owner_of_this_process() -> dict[str, Any]:
     """The owner record of a deployment started by this process (sent to clients)."""
-    from tq_stream.deploy.services import host_id
-
     pid = os.getpid()
-    return {"pid": pid, "host": host_id(), "started": _start_time(pid)}
+    return {"pid": pid, "host": hosts.host_id(), "started": _start_time(pid)}
 
 
 class OwnerWatch:
@@ -76,9 +75,7 @@ class OwnerWatch:
     @staticmethod
     def _process_gone(owner: dict[str, Any]) -> str | None:
         """Why the owner process is gone (on this host only), or None."""
-        from tq_stream.deploy.services import host_id
-
-        if owner.get("host") != host_id():
+        if owner.get("host") != hosts.host_id():
             return None
         pid = int(owner["pid"])
         started = _start_time(pid)

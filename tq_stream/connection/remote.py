@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tq_stream import hosts
 from tq_stream.config import StreamConfig
 from tq_stream.connection.lost_units import LostUnits
 from tq_stream.connection.owner_watch import OwnerWatch, check_folder
@@ -93,11 +94,9 @@ class RemoteBackend:
         rpc = self._rpc(self.address)
         if self.address.startswith("unix://") or self._curve is not None:
             return rpc
-        from tq_stream.deploy.services import nearest
-
         info = rpc.call("ping", {})
         self.owner_watch.learn(info.get("owner"))
-        local = nearest({"address": self.address, **info})
+        local = hosts.nearest({"address": self.address, **info})
         if local == self.address:
             return rpc
         rpc.close()
@@ -115,12 +114,11 @@ class RemoteBackend:
     def _unit_client(self, i: int, info: dict[str, Any]) -> StorageUnit:
         from tq_stream.connection.proxies import RemoteUnit
         from tq_stream.connection.same_host import SameHostUnit
-        from tq_stream.deploy.services import host_id, nearest
 
-        address = info["address"] if self._curve is not None else nearest(info)
+        address = info["address"] if self._curve is not None else hosts.nearest(info)
         rpc = self._rpc(address, UNIT_CONNECT_WINDOW, lambda: self._lost.check(i, address))
         unit = RemoteUnit(rpc, self._config.timeout, self._owner_token)
-        return SameHostUnit(unit) if info["host"] == host_id() else unit
+        return SameHostUnit(unit) if info["host"] == hosts.host_id() else unit
 
     def _units_moved(self) -> None:
         """The controller's units changed address (a Ray unit actor re-created): new
@@ -173,9 +171,7 @@ class RemoteBackend:
         (a Ray unit re-created on another node), so this asks the controller once per
         process and move, not once per writer (``kv.put`` makes a writer per call)."""
         if self._unit_hosts is None:
-            from tq_stream.deploy.services import host_id
-
-            here = host_id()
+            here = hosts.host_id()
             self._unit_hosts = [u["host"] == here for u in self.controller().units()]
         same = [i for i, local in enumerate(self._unit_hosts) if local]
         if not same or len(same) == len(self._unit_hosts):

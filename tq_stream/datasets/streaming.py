@@ -78,6 +78,9 @@ class _Failure:
 class StreamingDataset(IterableDataset[TensorDict]):
     """Per-rank batches of ready rows (see module docstring).
 
+    A ``StreamingDataLoader`` drives it through ``register``, ``ack_saved`` and
+    ``resume_plan`` (then ``start_step``, ``session`` and ``plan``) before each iteration.
+
     Args:
         stream: a Stream handle (or its ``connection``): the dataset keeps its
             ``connection``, which DataLoader workers reopen.
@@ -393,10 +396,18 @@ class StreamingDataset(IterableDataset[TensorDict]):
         self._saved_done = [(str(p), int(s)) for p, s in state["yielded"]]
         self.plan = None
 
-    def _ack_saved(self, client: Client) -> None:
+    def ack_saved(self, client: Client,
+                  steps: Sequence[tuple[str, int]] | None = None) -> None:
         """Ack the batches a loaded state lists as yielded, if nobody did (a crash after
-        the save, before their ack)."""
-        todo, self._saved_done = self._saved_done, []
+        the save, before their ack); each (partition, step) once.
+
+        Args:
+            client: the client of the iteration about to start.
+            steps: the (partition, step) pairs of the loader's own loaded state, which
+                replace those of the dataset's (None: the dataset's own).
+        """
+        todo = self._saved_done if steps is None else list(steps)
+        self._saved_done = []
         for partition, step in todo:
             try:
                 meta = client.get_meta(partition, self.task, step, self.dp_rank,
@@ -412,7 +423,7 @@ class StreamingDataset(IterableDataset[TensorDict]):
         stop = threading.Event()
         room = threading.Semaphore(self.prefetch)
         client = Client(self.connection, session=self.session)  # one session per iteration
-        self._ack_saved(client)  # before the plan: those steps are done
+        self.ack_saved(client)  # before the plan: those steps are done
         plan = self.plan if self.plan is not None else self.resume_plan()
         thread = threading.Thread(target=self._producer, args=(out, stop, room, client, plan),
                                   daemon=True, name=f"tq-prefetch-{self.task}-{self.dp_rank}")

@@ -43,7 +43,9 @@ def init(mode: str = "embedded", storage_units: int = 1, restore: str | None = N
             reserved rows are aborted (default ``StreamConfig.lease_timeout``, 300 s;
             lower it for faster takeover). The same as
             ``config=StreamConfig(lease_timeout=...)``; every mode.
-        options: mode-specific settings (see the mode's module).
+        options: mode-specific settings (see the mode's module); every mode takes
+            ``storage``, the storage units' kind (``tq_stream.backends.kinds.KINDS``:
+            "memory", the embedded default, or "shm", the local and Ray default).
 
     Example:
         >>> stream = tq.init(mode="local", storage_units=2, lease_timeout=30)  # doctest: +SKIP
@@ -96,9 +98,8 @@ def _start(mode: str, storage_units: int, restore: str | None, config: StreamCon
     if mode == "embedded":
         from tq_stream.deploy.embedded import EmbeddedBackend
 
-        if options:
-            raise ConfigError(f"embedded mode takes no options, got {sorted(options)}")
-        backend = EmbeddedBackend(n, restore)
+        _check_options(mode, EmbeddedBackend, options)
+        backend = EmbeddedBackend(n, restore, **options)
         return Connection(backend, config, mode), backend
     if mode in ("local", "ray"):
         return _start_servers(mode, n, restore, config, options)
@@ -115,12 +116,7 @@ def _start_servers(mode: str, n_units: int, restore: str | None, config: StreamC
         from tq_stream.deploy.local import LocalDeployment as cls
     else:
         from tq_stream.deploy.ray_deploy import RayDeployment as cls  # type: ignore[assignment]
-    known = set(inspect.signature(cls).parameters) - {"n_units", "lease_timeout"}
-    unknown = sorted(set(options) - known)
-    if unknown:  # before anything starts, naming what the mode takes
-        raise ConfigError(f"options of mode {mode!r} must be among {sorted(known)}, got "
-                          f"{unknown} (storage_units, restore, config and metrics_port "
-                          f"are tq.init's own)")
+    _check_options(mode, cls, options)
     owner = cls(n_units, lease_timeout=config.lease_timeout, **options)
     try:
         backend = RemoteBackend(owner.address, config, owner.curve_server_key,
@@ -134,6 +130,17 @@ def _start_servers(mode: str, n_units: int, restore: str | None, config: StreamC
         owner.close()
         raise
     return Connection(backend, config, mode), owner
+
+
+def _check_options(mode: str, cls: type, options: dict[str, Any]) -> None:
+    """Options ``cls`` (the mode's deployment) does not take are refused before anything
+    starts, naming what the mode takes."""
+    known = set(inspect.signature(cls).parameters) - {"n_units", "restore", "lease_timeout"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"options of mode {mode!r} must be among {sorted(known)}, got "
+                          f"{unknown} (storage_units, restore, config and metrics_port "
+                          f"are tq.init's own)")
 
 
 def connect(address: str | None = None, config: StreamConfig | None = None,

@@ -1,4 +1,4 @@
-"""Embedded deployment: controller and memory storage units in this process."""
+"""Embedded deployment: the controller and the storage units in this process."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 
-from tq_stream.backends.memory import MemoryUnit
+from tq_stream.backends.kinds import make_unit
 from tq_stream.controller import Controller
 from tq_stream.deploy import snapshot
 from tq_stream.errors import StateError
@@ -17,14 +17,21 @@ if TYPE_CHECKING:
 
 
 class EmbeddedBackend:
-    """Owns an in-process Controller and ``n_units`` MemoryUnits (a ``Backend`` of a
-    ``Connection``, and the ``Owner`` of its Stream)."""
+    """Owns an in-process Controller and ``n_units`` storage units (a ``Backend`` of a
+    ``Connection``, and the ``Owner`` of its Stream).
+
+    Args:
+        n_units: storage units.
+        restore: a checkpoint folder to start from (``tq.init``'s ``restore``).
+        storage: the units' kind (``tq_stream.backends.kinds.KINDS``), "memory" by default.
+    """
 
     address: str | None = None  # nothing to connect to from elsewhere
     curve_server_key: bytes | None = None
 
-    def __init__(self, n_units: int = 1, restore: str | None = None) -> None:
-        self._units: list[StorageUnit] = [MemoryUnit() for _ in range(n_units)]
+    def __init__(self, n_units: int = 1, restore: str | None = None,
+                 storage: str = "memory") -> None:
+        self._units: list[StorageUnit] = [make_unit(storage) for _ in range(n_units)]
         self._ctrl = Controller(n_units, free=self._free)
         if restore is not None:
             snapshot.restore(restore, self._ctrl, self._units)

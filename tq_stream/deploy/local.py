@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from tq_stream.backends.kinds import storage_or_shm
 from tq_stream.config import DEFAULT_LEASE_TIMEOUT
 from tq_stream.connection.owner_watch import owner_of_this_process
 from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT
@@ -177,7 +178,11 @@ class LocalDeployment:
         n_units: storage unit processes.
         sampler_modules: modules (besides tq_stream.samplers) whose Sampler classes
             the controller may import for tasks.
-        shm: keep dense slabs in shared memory for same-host reads.
+        storage: the storage units' kind (``tq_stream.backends.kinds.KINDS``): "shm"
+            (the default: dense slabs in shared memory, read and written in place by
+            processes on this host) or "memory" (on each unit's heap).
+        shm: the older spelling of ``storage``, kept working: True means "shm", False
+            "memory".
         transport: "unix" (unix stream sockets, the lowest latency; the default),
             "tcp" (zmq on loopback, random ports; the default with ``curve``) or
             "ipc" (zmq on unix sockets). ``curve=True`` needs "tcp" or "ipc".
@@ -199,7 +204,8 @@ class LocalDeployment:
             checkpoint (needs ``checkpoint_interval``); clients reconnect by themselves.
     """
 
-    def __init__(self, n_units: int, sampler_modules: Sequence[str] = (), shm: bool = True,
+    def __init__(self, n_units: int, sampler_modules: Sequence[str] = (),
+                 storage: str | None = None, shm: bool | None = None,
                  transport: str | None = None, curve: bool = False,
                  start_method: str = "fork", start_timeout: float = START_TIMEOUT,
                  max_message: int | None = None,
@@ -209,6 +215,7 @@ class LocalDeployment:
                  restart_controller: bool = False,
                  lease_timeout: float = DEFAULT_LEASE_TIMEOUT) -> None:
         check_positive("storage_units", n_units)
+        storage = storage_or_shm(storage, shm)
         check_timeout("unit_timeout", unit_timeout)
         if checkpoint_interval is not None:
             check_timeout("checkpoint_interval", checkpoint_interval)
@@ -252,7 +259,7 @@ class LocalDeployment:
             self._ckpt_dir = tempfile.mkdtemp(prefix="tq_ckpt_")
             checkpoint_path = os.path.join(self._ckpt_dir, "controller.tqmeta")
         self.checkpoint_path = checkpoint_path
-        base = {"shm": shm, "curve_secret": secret,
+        base = {"storage": storage, "curve_secret": secret,
                 "curve_server": (self.curve_server_key or b"").decode(),
                 "owner_token": self.owner_token, "max_message": max_message,
                 "owner": self.owner}

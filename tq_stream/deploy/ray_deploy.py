@@ -33,6 +33,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tq_stream.backends.kinds import storage_or_shm
 from tq_stream.config import DEFAULT_LEASE_TIMEOUT
 from tq_stream.connection import ray_owner
 from tq_stream.connection.owner_watch import owner_of_this_process
@@ -80,7 +81,7 @@ class _Service:
     """The body of every tq_stream actor: serve one role in this process (zmq for
     other nodes, a unix socket for this one)."""
 
-    def __init__(self, role: str, units: int, sampler_modules: Sequence[str], shm: bool,
+    def __init__(self, role: str, units: int, sampler_modules: Sequence[str], storage: str,
                  curve_secret: str, curve_server: str, owner_token: str,
                  max_message: int | None, loopback: bool,
                  unit_timeout: float | None = None, address: str | None = None,
@@ -95,8 +96,8 @@ class _Service:
         ``annotations``: the driver's text that ``info`` tells (``RayDeployment``)."""
         import ray
 
+        from tq_stream import hosts
         from tq_stream.deploy.server import serve
-        from tq_stream.deploy.services import host_id
 
         sweep_folders()
         ip = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
@@ -109,12 +110,12 @@ class _Service:
         elif not curve_secret:
             self._dir = tempfile.mkdtemp(prefix=f"{_FOLDER}{os.getpid()}_")
         self._server, self._stop, local = serve(
-            role, address or f"tcp://{ip}:0", units, tuple(sampler_modules), shm,
+            role, address or f"tcp://{ip}:0", units, tuple(sampler_modules), storage,
             curve_secret.encode() or None, curve_server.encode() or None,
             local_dir=self._dir, owner_token=owner_token, max_message=max_message,
             allow_insecure=True,  # RayDeployment checked the bind (see its Args)
             unit_timeout=unit_timeout, checkpoint=checkpoint, owner=owner)
-        self._info = {"address": self._server.address, "pid": os.getpid(), "host": host_id(),
+        self._info = {"address": self._server.address, "pid": os.getpid(), "host": hosts.host_id(),
                       "node": ray.get_runtime_context().get_node_id(), "local": local,
                       "curve_server_key": curve_server,  # public: lets tq.connect() by name
                       "annotations": dict(annotations or {})}
@@ -135,7 +136,9 @@ class RayDeployment:
         n_units: storage unit actors (spread one per node).
         name, namespace: actor names are ``<name>_controller``, ``<name>_unit<i>``.
         sampler_modules: modules whose Sampler classes the controller may import.
-        shm: keep dense slabs in shared memory for same-host reads.
+        storage: the storage units' kind (``tq_stream.backends.kinds.KINDS``), "shm" by
+            default (see LocalDeployment).
+        shm: the older spelling of ``storage`` (True: "shm", False: "memory").
         curve: require CURVE encryption on every socket.
         nodes: node ids to place units on (default: every alive node).
         start_timeout: seconds the actors may take to start; after that every actor
@@ -163,7 +166,8 @@ class RayDeployment:
 
     def __init__(self, n_units: int, name: str = DEFAULT_NAME,
                  namespace: str = DEFAULT_NAMESPACE, sampler_modules: Sequence[str] = (),
-                 shm: bool = True, curve: bool = False,
+                 storage: str | None = None, shm: bool | None = None,
+                 curve: bool = False,
                  nodes: Sequence[str] | None = None, start_timeout: float = 120.0,
                  max_message: int | None = None, allow_insecure_tcp: bool = False,
                  unit_timeout: float | None = None, restart_units: bool = False,
@@ -185,6 +189,7 @@ class RayDeployment:
         if restart_controller and checkpoint_interval is None:
             raise ConfigError("restart_controller=True needs checkpoint_interval (seconds "
                               "between checkpoints of the controller), got None")
+        storage = storage_or_shm(storage, shm)
         self.annotations = check_annotations(annotations)
         self._actors: list[Any] = []
         self._infos: list[dict[str, Any]] = []
@@ -226,7 +231,7 @@ class RayDeployment:
                            "servers' tcp ports can read and write rows%s",
                            "" if loopback else " (allow_insecure_tcp: on every node)")
         actor = ray.remote(num_cpus=0, max_concurrency=4)(_Service)
-        args = (shm, secret, server, self.owner_token, max_message, loopback)
+        args = (storage, secret, server, self.owner_token, max_message, loopback)
         self._name, self._namespace, self._actor_class = name, namespace, actor
         self._unit_args = ("unit", 1, (), *args)
         self._ctrl_args = ("controller", n_units, tuple(sampler_modules), *args, unit_timeout)
@@ -278,6 +283,15 @@ class RayDeployment:
     @property
     def controller_node(self) -> str:
         return str(self._infos[-1]["node"])
+
+    def actors(self) -> list[Any]:
+        """The actors: the units in index order, then the controller (a copy; a restart
+        replaces an actor)."""
+        return list(self._actors)
+
+    def dead_units(self) -> list[int]:
+        """The units the controller declared lost (their heartbeats stopped)."""
+        return list(self._backend.controller().dead_units())
 
     def _checkpoint_options(self, interval: float | None, path: str | None,
                             curve: bool) -> tuple[dict[str, Any], dict[str, Any], str]:

@@ -34,7 +34,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from tq_stream.errors import WaitTimeout, format_seconds
 
@@ -131,18 +131,34 @@ def kill(actor: Any) -> None:
         ray.kill(actor, no_restart=True)
 
 
+class Watched(Protocol):
+    """What ``RayWatch`` needs of the deployment it watches (``RayDeployment``)."""
+
+    def actors(self) -> list[Any]:
+        """The actors: the units in index order, then the controller."""
+        ...
+
+    def dead_units(self) -> list[int]:
+        """The units the controller declared lost."""
+        ...
+
+    def restart_unit(self, i: int, timeout: float | None = None,
+                     elsewhere: bool = False) -> dict[str, int]: ...
+
+    def restart_controller(self, timeout: float | None = None) -> dict[str, Any]: ...
+
+
 class RayWatch:
     """Looks at a RayDeployment's actors every ``WATCH_INTERVAL`` seconds from a daemon
     thread and re-creates the dead ones (see the module docstring).
 
     Args:
-        deployment: the RayDeployment (``_actors``, ``restart_unit``,
-            ``restart_controller``, ``_backend``).
+        deployment: the actors' owner, which re-creates them.
         units: re-create dead storage units.
         controller: re-create a dead controller from its checkpoint.
     """
 
-    def __init__(self, deployment: Any, units: bool, controller: bool) -> None:
+    def __init__(self, deployment: Watched, units: bool, controller: bool) -> None:
         self._deployment = deployment
         self._units = units
         self._controller = controller
@@ -160,7 +176,7 @@ class RayWatch:
 
     def _look(self) -> None:
         d = self._deployment
-        actors = list(d._actors)
+        actors = d.actors()
         if not actors:
             return
         dead, answered = probe(actors)
@@ -177,7 +193,7 @@ class RayWatch:
         # Lost per the controller, no word from Ray: its node may be gone unnoticed yet.
         silent: set[int] = set()
         with contextlib.suppress(Exception):  # a controller restarting: Ray's word only
-            silent = set(d._backend.controller().dead_units()) - answered - lost
+            silent = set(d.dead_units()) - answered - lost
         for i in sorted(lost | silent):
             if self._stop.is_set():
                 return

@@ -44,34 +44,24 @@ WORKERS = {"controller": 128, "unit": 16}  # threads running one server's reques
 # consumers than the cap are parked without a thread (``transport.wait_slots``).
 WAIT_CAPS = {"controller": {"consume": 96, "produce": 16}}
 
-# Segments of emptied partitions a served unit keeps for their next rows (ShmUnit):
-# streaming consumers that keep up empty a partition after nearly every row.
-SHM_KEEP_BYTES = 16 << 20
-
 
 def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = (),
-                  shm: bool = True, timeout: float = DEFAULT_TIMEOUT,
+                  storage: str = "shm", timeout: float = DEFAULT_TIMEOUT,
                   curve_server_key: bytes | None = None,
                   owner_token: str | None = None, unit_timeout: float | None = None,
                   checkpoint: tuple[str | None, float | None] = (None, None),
                   owner: dict[str, Any] | None = None) -> tuple[Any, Any]:
-    """The handler for ``role`` and a cleanup callable (``unit_timeout``: seconds a
-    controller waits for a silent unit before it is lost; None: the default; ``owner``:
-    the process that restarts the servers, which the controller's ``ping`` reports)."""
-    from tq_stream.deploy import services
+    """The handler for ``role`` and a cleanup callable (``storage``: a unit's kind in
+    ``tq_stream.backends.kinds``; ``unit_timeout``: seconds a controller waits for a
+    silent unit before it is lost; None: the default; ``owner``: the process that
+    restarts the servers, which the controller's ``ping`` reports)."""
     from tq_stream.deploy.services import ControllerService, UnitService
 
     if role == "unit":
-        if shm:
-            from tq_stream.backends.shm import ShmUnit
+        from tq_stream.backends.kinds import make_unit
 
-            unit: Any = ShmUnit(keep_bytes=SHM_KEEP_BYTES)
-        else:
-            from tq_stream.backends.memory import MemoryUnit
-
-            unit = MemoryUnit()
-        # the host it reports is looked up per ping (a Ray test fakes nodes there)
-        return UnitService(unit, lambda: services.host_id()), unit.close
+        unit = make_unit(storage)
+        return UnitService(unit), unit.close
     from tq_stream.transport.rpc import rpc_client
 
     def client(address: str) -> Any:
@@ -102,7 +92,7 @@ def log_warnings_to_stderr() -> None:
 
 
 def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, ...] = (),
-          shm: bool = True, curve_secret_key: bytes | None = None,
+          storage: str = "shm", curve_secret_key: bytes | None = None,
           curve_server_key: bytes | None = None, local_dir: str | None = None,
           owner_token: str | None = None, max_message: int | None = None,
           allow_insecure: bool = False, unit_timeout: float | None = None,
@@ -119,7 +109,7 @@ def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, .
     from tq_stream.transport.rpc import rpc_server
 
     log_warnings_to_stderr()
-    service, cleanup = build_service(role, units, sampler_modules, shm,
+    service, cleanup = build_service(role, units, sampler_modules, storage,
                                      curve_server_key=curve_server_key,
                                      owner_token=owner_token, unit_timeout=unit_timeout,
                                      checkpoint=checkpoint, owner=owner)
@@ -141,7 +131,7 @@ def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, .
             servers[0].close(timeout=STOP_GRACE)
             raise
         local = servers[1].address
-        if hasattr(service, "local_address"):
+        if role == "controller":
             service.local_address = local  # a controller tells same-host clients (ping)
 
     def stop() -> None:
@@ -212,7 +202,7 @@ def run_child(cfg: dict[str, Any], out: Any) -> int:
     _die_with_parent()  # after the handlers: an early parent-death signal is not lost
     server, stop, _ = serve(
         cfg["role"], cfg.get("address", "tcp://127.0.0.1:0"), cfg.get("units", 1),
-        tuple(cfg.get("sampler_modules", ())), cfg.get("shm", True),
+        tuple(cfg.get("sampler_modules", ())), cfg.get("storage", "shm"),
         (cfg.get("curve_secret") or "").encode() or None,
         (cfg.get("curve_server") or "").encode() or None,
         owner_token=cfg.get("owner_token"), max_message=cfg.get("max_message"),
@@ -220,10 +210,10 @@ def run_child(cfg: dict[str, Any], out: Any) -> int:
         checkpoint=(cfg.get("checkpoint_path"), cfg.get("checkpoint_interval")),
         owner=cfg.get("owner"))
     try:
-        from tq_stream.deploy.services import host_id
+        from tq_stream import hosts
 
         out.write(json.dumps({"address": server.address, "pid": os.getpid(),
-                              "host": host_id()}) + "\n")
+                              "host": hosts.host_id()}) + "\n")
         out.flush()
         _wait_for_stop(wakeup_fd, cfg.get("parent_fd", -1))
     finally:

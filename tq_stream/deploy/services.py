@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from tq_stream import hosts
 from tq_stream.controller import Controller
 from tq_stream.controller.reservations import DEFAULT_WRITE_LEASE
 from tq_stream.controller.units import UNIT_LOST  # noqa: F401  (re-exported)
 from tq_stream.deploy.grants import GrantFailed, SlotGrants, placed
 from tq_stream.deploy.meta_checkpoint import Recovery
 from tq_stream.deploy.unit_service import UnitService as UnitService  # re-exported
-from tq_stream.deploy.unit_service import host_id as host_id  # tests fake nodes here
 from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT, UnitWatch, process_alive
 from tq_stream.errors import AuthError, ConfigError, StateError
 from tq_stream.handling import ANSWERED, Reply, WouldBlock, may_block
@@ -66,13 +66,6 @@ class _EpochReply:
     def give(self, result: dict[str, Any], then: Callable[[], None] | None = None) -> bool:
         result["units_epoch"] = self.epoch()  # a dict of this call's own
         return self.reply.give(result, then)
-
-
-def nearest(info: dict[str, Any]) -> str:
-    """The address to call a server at from this process: its unix ``local`` address
-    when it has one and runs on this host, else its ``address``."""
-    local = info.get("local")
-    return local if local and info.get("host") == host_id() else info["address"]
 
 
 class ControllerService(Controller, Recovery):
@@ -164,7 +157,7 @@ class ControllerService(Controller, Recovery):
         if len(units) != self.n_units:
             raise ConfigError(f"units must list {self.n_units} storage units, got {len(units)}")
         self._unit_addresses = list(units)
-        self._unit_clients = [self._make_client(nearest(u)) for u in units]
+        self._unit_clients = [self._make_client(hosts.nearest(u)) for u in units]
         self._units_epoch = units_epoch(units)
         self._grants.forget_all()
         self._reconcile(self._unit_clients)  # after a restart from a checkpoint
@@ -178,7 +171,7 @@ class ControllerService(Controller, Recovery):
         with self._cond:
             info = self._unit_addresses[unit] if unit < len(self._unit_addresses) else {}
         pid = int(info.get("pid", -1))
-        if info.get("host") != host_id() or pid <= 0:
+        if info.get("host") != hosts.host_id() or pid <= 0:
             return True  # another host: the missed heartbeats decide
         return not process_alive(pid)
 
@@ -341,9 +334,9 @@ class ControllerService(Controller, Recovery):
         """Unit ``unit`` now serves as ``info`` (lock held): a new client if it moved."""
         old = self._unit_addresses[unit]
         self._unit_addresses[unit] = info
-        if nearest(info) != nearest(old):
+        if hosts.nearest(info) != hosts.nearest(old):
             retired, self._unit_clients[unit] = (self._unit_clients[unit],
-                                                 self._make_client(nearest(info)))
+                                                 self._make_client(hosts.nearest(info)))
             self._unit_clients = list(self._unit_clients)  # the watch reads a copy
             retired.close()
         if self._watch is not None:
@@ -369,7 +362,7 @@ class ControllerService(Controller, Recovery):
         return list(self._unit_addresses)
 
     def ping(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "host": host_id(), "units": len(self._unit_addresses),
+        return {"pid": os.getpid(), "host": hosts.host_id(), "units": len(self._unit_addresses),
                 "local": self.local_address, "recovery": self.recovery,
                 "dead_units": sorted(self._units.dead), "units_epoch": self._units_epoch,
                 "owner": self._owner}

@@ -10,14 +10,14 @@ rows only in slots the controller granted it (``tq_stream.deploy.grants``).
 from __future__ import annotations
 
 import os
-import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from tq_stream.backends.base import StorageUnit
+from tq_stream import hosts
+from tq_stream.backends.base import ListsRows, StorageUnit
 from tq_stream.backends.shared import SharedSlabs
 from tq_stream.backends.slots import check_slots
 from tq_stream.columns import Ragged
@@ -25,16 +25,6 @@ from tq_stream.deploy.grants import SlotLimits
 from tq_stream.errors import ConfigError
 from tq_stream.handling import WouldBlock, may_block
 from tq_stream.transport.dispatch import rpc_stats
-
-
-def host_id() -> str:
-    """Identifies this machine: clients with the same id may use shared memory."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
 
 
 def _slots(value: Any) -> np.ndarray:
@@ -81,9 +71,8 @@ class UnitService:
     INLINE_BYTES = 1 << 20  # a put carrying more bytes than this runs on a worker
     INLINE_ROWS = 64  # a get of more rows than this runs on a worker
 
-    def __init__(self, unit: StorageUnit, host: Callable[[], str] | None = None) -> None:
+    def __init__(self, unit: StorageUnit) -> None:
         self.unit = unit
-        self.host_id = host_id if host is None else host  # what ``ping`` reports
         # its same-host abilities (a MemoryUnit has none: clients then use put and get)
         self.shared = unit if isinstance(unit, SharedSlabs) else None
         self.limits = SlotLimits()
@@ -118,8 +107,7 @@ class UnitService:
 
     def held(self) -> dict[str, Any]:
         """Written slots and their tokens per partition (see ``MemoryUnit.held``)."""
-        fn = getattr(self.unit, "held", None)
-        return {} if fn is None else fn()
+        return self.unit.held() if isinstance(self.unit, ListsRows) else {}
 
     def layout(self, partition: str, fields: Sequence[str],
                writable: bool = False) -> dict[str, Any]:
@@ -129,7 +117,8 @@ class UnitService:
         return self.shared.layout(partition, list(fields), bool(writable))
 
     def ping(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "host": self.host_id(), "nbytes": self.unit.nbytes()}
+        # the host is looked up per ping (a Ray test fakes nodes there)
+        return {"pid": os.getpid(), "host": hosts.host_id(), "nbytes": self.unit.nbytes()}
 
     def save_rows(self, request: dict[str, Any]) -> dict[str, Any]:
         """Write this unit's checkpoint file (see ``tq_stream.backends.unit_files``)."""
