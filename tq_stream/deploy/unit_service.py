@@ -24,6 +24,7 @@ from tq_stream.columns import Ragged
 from tq_stream.deploy.grants import SlotLimits
 from tq_stream.errors import ConfigError
 from tq_stream.handling import WouldBlock, may_block
+from tq_stream.multiragged import MultiRagged
 from tq_stream.transport.dispatch import rpc_stats
 
 
@@ -56,7 +57,8 @@ def _payload(columns: Any) -> int:
     """Bytes of the tensors in received columns (views of the request's frames)."""
     total = 0
     for col in columns.values() if isinstance(columns, dict) else ():
-        for t in (col.values, col.offsets) if isinstance(col, Ragged) else (col,):
+        for t in (col.values, col.offsets) if isinstance(col, Ragged) else \
+                (col.values, col.shapes) if isinstance(col, MultiRagged) else (col,):
             if isinstance(t, torch.Tensor):
                 total += t.numel() * t.element_size()
     return total
