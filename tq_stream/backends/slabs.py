@@ -157,9 +157,12 @@ class RaggedArena:
             self.values = new
 
     def _compact(self) -> None:
+        # Into new memory, never in place: a same-host reader may hold views of rows
+        # (``MultiRaggedArena.locate``), whose bytes must not change under it.
         slots = np.flatnonzero(self.length >= 0)
         gathered = self._gather(slots)
         lengths = self.length[slots]
+        self.values = self._alloc(tuple(self.values.shape), self.dtype)
         self.values[: gathered.shape[0]].copy_(gathered)
         self.start[slots] = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(slots) else 0
         self.end = int(gathered.shape[0])
@@ -234,6 +237,13 @@ class MultiRaggedArena:
     def get(self, slots: np.ndarray) -> MultiRagged:
         flat = self.elems.get(slots)
         return MultiRagged(flat.values, torch.from_numpy(self.shapes[slots]), self.dims)
+
+    def locate(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where the rows of ``slots`` lie in ``values``: their first elements and
+        shapes (KeyConflictError for a slot that holds no row). Rows are appended and
+        never moved in place, so a row's bytes stay where they are while it lives."""
+        _check_written(self.elems.length, slots)
+        return self.elems.start[slots], self.shapes[slots]
 
     def free(self, slots: np.ndarray) -> None:
         self.elems.free(slots)

@@ -69,7 +69,7 @@ class UnitService:
     are checked to be 1-D int arrays (slots in ``[0, MAX_SLOT)``) before they reach it,
     and a write may name only slots the controller granted (``grant``, admin)."""
 
-    RPC_METHODS = frozenset({"put", "get", "free", "drop", "nbytes", "ping", "layout",
+    RPC_METHODS = frozenset({"put", "get", "free", "drop", "nbytes", "ping", "layout", "spans",
                              "prepare_write", "finish_write", "save_rows", "load_rows", "stats",
                              "grant", "held"})
     # Owner-only: what changes placement or every row, and what touches files or lists
@@ -129,6 +129,14 @@ class UnitService:
         if self.shared is None:
             return {}
         return self.shared.layout(partition, list(fields), bool(writable))
+
+    def spans(self, partition: str, slots: object, fields: Sequence[str],
+              generations: object = None) -> dict[str, Any]:
+        """Where rows of multi-ragged fields lie in shared memory (empty without it)."""
+        slots = _slots(slots)
+        if self.shared is None:
+            return {}
+        return self.shared.spans(partition, slots, list(fields), _tokens(generations, slots))
 
     def ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": self.host_id(), "nbytes": self.unit.nbytes()}
