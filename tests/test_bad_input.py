@@ -206,7 +206,7 @@ def test_bad_capacity(stream):
     ({"fields": []}, r"fields must be a non-empty list.*got \[\]"),
     ({"fields": "x"}, "fields must be a non-empty list.*got 'x'"),
     ({"timeout": 0}, "timeout must be a number of seconds > 0, got 0"),
-    ({"ragged": "list"}, "ragged must be 'nested' or 'padded', got 'list'"),
+    ({"ragged": "jagged"}, r"ragged must be one of \['nested', 'padded', 'list'\], got 'jagged'"),
     ({"prefetch": 0}, "prefetch must be an int >= 1, got 0"),
 ])
 def test_bad_dataset_arguments(stream, kwargs, match):

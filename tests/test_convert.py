@@ -115,8 +115,10 @@ def test_to_tensordict_out():
     assert td.get("o").tolist() == ["a", "b"]
     padded = to_tensordict(cols, 2, ragged="padded")
     assert padded["r"].shape == (2, 3)
+    rows = to_tensordict(cols, 2, ragged="list").get("r").tolist()
+    assert [r.shape[0] for r in rows] == [1, 3]
     with pytest.raises(ConfigError, match="ragged must be"):
-        to_tensordict(cols, 2, ragged="list")
+        to_tensordict(cols, 2, ragged="jagged")
 
 
 # ------------------------------------------------------------------ nested fields

@@ -344,7 +344,7 @@ def ext(code: int, payload) -> msgspec.msgpack.Ext:
         ([header("xyz", 1, 1, None)], "not a tq_stream message"),
         ([header("tqs", 99, 1, None)], "version 99"),
         # a bad envelope is named even when its body would fail to decode too
-        ([header("tqs", 3, 1, ext(6, ["<f4", [0, 2**63], b""]))], "format version 3"),
+        ([header("tqs", 4, 1, ext(6, ["<f4", [0, 2**63], b""]))], "format version 4"),
         ([header("tqs", 1, 2, ext(6, ["<f4", [0, 2**63], b""]))], "announces 2 frames"),
         ([header("tqs", "1", 1, None)], "malformed"),
         ([header("tqs", 1, 2, None)], "announces 2 frames, got 1"),
@@ -543,4 +543,5 @@ def test_messages_of_format_version_1_are_still_read():
     body = {"index": msgspec.msgpack.Ext(7, b"q" + (5).to_bytes(8, "little")), "n": 1}
     got = decode([msgspec.msgpack.encode(["tqs", 1, 1, body])])
     assert got["index"].tolist() == [5] and got["n"] == 1
-    assert msgspec.msgpack.decode(bytes(encode({"a": 1})[0]))[1] == VERSION == 2
+    assert decode([msgspec.msgpack.encode(["tqs", 2, 1, body])])["n"] == 1  # nor does 2's
+    assert msgspec.msgpack.decode(bytes(encode({"a": 1})[0]))[1] == VERSION == 3

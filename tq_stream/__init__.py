@@ -28,6 +28,7 @@ if _typing.TYPE_CHECKING:
     from tq_stream.deploy import connect, init
     from tq_stream.kv import KV
     from tq_stream.meta import BatchMeta
+    from tq_stream.multiragged import MultiRagged
     from tq_stream.stream import Stream
     from tq_stream.writer import Writer
 
@@ -36,6 +37,7 @@ __all__ = [
     "BatchMeta",
     "Client",
     "FieldSchema",
+    "MultiRagged",
     "Ragged",
     "Stream",
     "StreamConfig",
@@ -57,6 +59,7 @@ _HOME = {  # public name -> the module that defines it
     "BatchMeta": "tq_stream.meta",
     "Client": "tq_stream.client",
     "FieldSchema": "tq_stream.columns",
+    "MultiRagged": "tq_stream.multiragged",
     "Ragged": "tq_stream.columns",
     "Stream": "tq_stream.stream",
     "StreamConfig": "tq_stream.config",

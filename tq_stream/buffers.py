@@ -136,3 +136,24 @@ def gather_rows(src: torch.Tensor, slots: np.ndarray,
     for pos, first, n in parts:
         out[pos : pos + n].copy_(src[first : first + n])
     return out
+
+
+def take_spans(values: torch.Tensor, offsets: np.ndarray,
+               pos: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+    """Spans ``pos`` of ``values`` (span i is ``values[offsets[i]:offsets[i+1]]``) in one
+    gather, and the offsets of the result (from 0)."""
+    starts = offsets[:-1][pos]
+    return gather_spans(values, starts, offsets[1:][pos] - starts)
+
+
+def gather_spans(values: torch.Tensor, starts: np.ndarray,
+                 lengths: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+    """``values[starts[i]:starts[i] + lengths[i]]`` for each i, one after the other, in
+    one gather (no Python loop over spans), and the offsets of the result (from 0)."""
+    out = np.zeros(len(starts) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    # element j of output span i is values[starts[i] + j]: np.repeat is several times
+    # faster than torch.repeat_interleave here
+    index = np.repeat(starts - out[:-1], lengths) + np.arange(out[-1], dtype=np.int64)
+    taken = indexable(values).index_select(0, torch.from_numpy(index))
+    return taken.view(values.dtype), out

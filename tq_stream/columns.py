@@ -6,11 +6,14 @@ storage) as exactly one of:
 - ``torch.Tensor`` of shape ``[n, *shape]``: a fixed-shape field;
 - ``Ragged(values, offsets)``: a variable-length field; row i is
   ``values[offsets[i]:offsets[i+1]]`` (ragged along the first per-row dim);
+- ``MultiRagged(values, shapes, dims)``: rows ragged in several dims (images,
+  video), see ``tq_stream.multiragged``;
 - ``list`` of n plain Python values (str, int, float, bool, bytes, None,
   lists/dicts of those): a non-tensor field.
 
 ``FieldSchema`` records what the first write of a field fixed: its kind, dtype
-and per-row shape (for ragged fields, the shape after the ragged dim).
+and per-row shape (for ragged fields, the shape after the ragged dim; for
+multi-ragged fields every dim, -1 where it varies per row).
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from tq_stream.buffers import indexable
+from tq_stream.buffers import indexable, take_spans
 from tq_stream.errors import SchemaError
+from tq_stream.multiragged import MultiRagged, fits, from_dense, from_ragged, pattern
 
-Kind = Literal["dense", "ragged", "object"]
+Kind = Literal["dense", "ragged", "multiragged", "object"]
 
-Column = Any  # torch.Tensor | Ragged | list; a type alias kept loose for msgspec-free layers
+Column = Any  # torch.Tensor | Ragged | MultiRagged | list; a type alias kept loose for
+# msgspec-free layers
 
 # The exact types of the plain scalars an object column holds (immutable, so shared as
 # they are); a set of a column's types is checked against it in C.
@@ -116,9 +121,10 @@ class FieldSchema:
     """What a field's first write fixed.
 
     Attributes:
-        kind: "dense", "ragged" or "object".
+        kind: "dense", "ragged", "multiragged" or "object".
         dtype: torch dtype name ("float32", ...), "" for object fields.
-        shape: per-row shape for dense; per-row shape after the ragged dim for ragged.
+        shape: per-row shape for dense; per-row shape after the ragged dim for ragged;
+            per-row shape with -1 for each dim that varies per row for multiragged.
     """
 
     kind: Kind
@@ -128,6 +134,8 @@ class FieldSchema:
     def describe(self) -> str:
         if self.kind == "object":
             return "object"
+        if self.kind == "multiragged":
+            return f"{self.kind} {self.dtype}{pattern(self.shape)}"
         dims = ", ".join(str(d) for d in self.shape)
         head = "*, " if self.kind == "ragged" else ""
         return f"{self.kind} {self.dtype}[{head}{dims}]".replace(", ]", "]")
@@ -186,6 +194,8 @@ def schema_of(column: Column) -> FieldSchema:
     if isinstance(column, Ragged):
         values = column.values
         return FieldSchema("ragged", dtype_name(values.dtype), tuple(values.shape[1:]))
+    if isinstance(column, MultiRagged):
+        return FieldSchema("multiragged", dtype_name(column.values.dtype), column.dims)
     return FieldSchema("object")
 
 
@@ -193,6 +203,10 @@ def coercible(fixed: FieldSchema, given: FieldSchema) -> bool:
     """True if a column of schema ``given`` may be converted to ``fixed`` (see ``coerce``)."""
     if fixed.dtype != given.dtype:
         return False
+    if fixed.kind == "multiragged":  # rows of any kind may fit: their shapes decide
+        if given.kind == "ragged":
+            return fits(fixed.shape, (-1, *given.shape))
+        return given.kind in ("dense", "multiragged") and fits(fixed.shape, given.shape)
     if fixed.kind == "ragged" and given.kind == "dense":
         return bool(given.shape) and given.shape[1:] == fixed.shape
     if fixed.kind == "dense" and given.kind == "ragged":
@@ -204,13 +218,16 @@ def coerce(column: Column, fixed: FieldSchema) -> Column | None:
     """``column`` converted to the ``fixed`` schema of its field, or None if it does not fit.
 
     A dense ``[n, L, *tail]`` tensor becomes ragged rows of length ``L``; ragged rows
-    that all have length ``L`` become a dense ``[n, L, *tail]`` tensor.
+    that all have length ``L`` become a dense ``[n, L, *tail]`` tensor; dense, ragged
+    or multi-ragged rows whose shapes fit a multi-ragged field become its rows.
     """
     given = schema_of(column)
     if given == fixed:
         return column
     if not coercible(fixed, given):
         return None
+    if fixed.kind == "multiragged":
+        return _as_multiragged(column).with_dims(fixed.shape)
     if isinstance(column, torch.Tensor):
         n, length = column.shape[0], column.shape[1]
         offsets = torch.arange(n + 1, dtype=torch.int64) * length
@@ -224,6 +241,24 @@ def coerce(column: Column, fixed: FieldSchema) -> Column | None:
     return values.reshape(len(column), length, *values.shape[1:])
 
 
+def _as_multiragged(column: Column) -> MultiRagged:
+    if isinstance(column, torch.Tensor):
+        return from_dense(column, (-1,) * (column.dim() - 1))
+    if isinstance(column, Ragged):
+        lo, hi = int(column.offsets[0]), int(column.offsets[-1])
+        return from_ragged(column.values[lo:hi], column.lengths, (-1,) * column.values.dim())
+    assert isinstance(column, MultiRagged)
+    return column
+
+
+def misfit(column: Column, fixed: FieldSchema) -> str:
+    """What of ``column`` keeps it from its field's ``fixed`` schema (``coerce`` gave None)."""
+    if fixed.kind == "multiragged":
+        return _as_multiragged(column).misfit(fixed.shape) or schema_of(column).describe()
+    lengths = sorted(set(column.lengths.tolist())) if isinstance(column, Ragged) else []
+    return f"ragged rows of lengths {lengths[:8]}"
+
+
 def column_len(column: Column) -> int:
     return column.shape[0] if isinstance(column, torch.Tensor) else len(column)
 
@@ -234,22 +269,16 @@ def take(column: Column, positions: torch.Tensor) -> Column:
         return indexable(column).index_select(0, positions).view(column.dtype)
     if isinstance(column, Ragged):
         return _take_ragged(column, positions)
+    if isinstance(column, MultiRagged):
+        return column.take(positions)
     return [column[i] for i in positions.tolist()]
 
 
 def _take_ragged(column: Ragged, positions: torch.Tensor) -> Ragged:
     """Rows ``positions`` of ``column`` in one gather (no Python loop over rows)."""
     pos = positions.numpy().astype(np.int64, copy=False)
-    bounds = column.offsets.numpy()
-    starts = bounds[:-1][pos]
-    lengths = bounds[1:][pos] - starts
-    offsets = np.zeros(len(pos) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    # element j of output row i is values[starts[i] + j]: np.repeat is several times
-    # faster than torch.repeat_interleave here
-    index = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
-    values = indexable(column.values).index_select(0, torch.from_numpy(index))
-    return Ragged(values.view(column.values.dtype), torch.from_numpy(offsets))
+    values, offsets = take_spans(column.values, column.offsets.numpy(), pos)
+    return Ragged(values, torch.from_numpy(offsets))
 
 
 def span(column: Column, start: int, stop: int) -> Column:
@@ -259,6 +288,8 @@ def span(column: Column, start: int, stop: int) -> Column:
     if isinstance(column, Ragged):
         offsets = column.offsets[start : stop + 1]
         return Ragged(column.values[int(offsets[0]) : int(offsets[-1])], offsets - offsets[0])
+    if isinstance(column, MultiRagged):
+        return column.span(start, stop)
     return column[start:stop]
 
 
@@ -274,6 +305,8 @@ def concat(columns: list[Column]) -> Column:
             parts.append(c.offsets[1:] - c.offsets[0] + base)
             base += int(c.offsets[-1] - c.offsets[0])
         return Ragged(values, torch.cat(parts))
+    if isinstance(first, MultiRagged):
+        return MultiRagged.concat(columns)
     out: list[Any] = []
     for c in columns:
         out.extend(c)

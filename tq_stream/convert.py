@@ -3,8 +3,12 @@
 In: a ``TensorDict`` with batch size ``[n]``, or a dict of field -> value where
 a value is a tensor ``[n, ...]`` (dense), a jagged nested tensor (ragged), a
 list of n tensors (ragged along their first dim; a list of 0-d tensors is
-dense), or a list of n plain values. A single row (``keys`` a str) is a dict of
-field -> one row's value; a row's tensor counts as a list of one tensor.
+dense; tensors of one ndim >= 2 whose shapes differ after the first dim, or a
+strided nested tensor of such rows, are multi-ragged, every dim varying), a
+``MultiRagged`` column (``MultiRagged.from_list(rows, fixed_dims=...)`` says
+which dims every row shares), or a list of n plain values. A single row
+(``keys`` a str) is a dict of field -> one row's value; a row's tensor counts as
+a list of one tensor.
 
 The kind of a column follows the form of the input, never the lengths that
 happen to be in one batch: a list of equal-length tensors is still ragged.
@@ -14,7 +18,9 @@ tensor into a ragged field, or ragged rows all of length ``L`` into a dense
 ``[L, ...]`` field.
 
 Out: a ``TensorDict`` of batch size ``[n]``; ragged fields come back as jagged
-nested tensors (or padded dense tensors), object fields as ``NonTensorStack``.
+nested tensors (or padded dense tensors, or lists of rows), multi-ragged fields as
+strided nested tensors (or padded, or lists of rows), object fields as
+``NonTensorStack``.
 
 Nested: a nested TensorDict (or a dict of fields inside a batch dict) is stored as
 flat fields ``"obs.image"``; fields with a ``"."`` come back nested (``fieldpath``).
@@ -40,6 +46,7 @@ from tq_stream.columns import (
     schema_of,
 )
 from tq_stream.errors import ConfigError, SchemaError, check_name
+from tq_stream.multiragged import MultiRagged
 
 _PLAIN = (str, int, float, bool, bytes, type(None))
 def _check_plain(field: str, value: Any, depth: int = 0) -> None:
@@ -79,8 +86,11 @@ def _from_list(field: str, rows: list) -> Column:
         rows = [r.detach().cpu() for r in rows]
         tails = {(r.dtype, tuple(r.shape[1:]), r.dim() == 0) for r in rows}
         if len(tails) != 1:
-            raise SchemaError(f"field {field!r} rows must share dtype and shape after the "
-                              f"first dim, got {sorted(map(str, tails))[:4]}")
+            if len({(r.dtype, r.dim()) for r in rows}) == 1 and rows[0].dim() >= 2:
+                return MultiRagged.from_list(rows, field=field)  # e.g. images [3, H, W]
+            raise SchemaError(f"field {field!r} rows must share dtype and ndim (and, to be "
+                              f"ragged in the first dim only, the shape after it), got "
+                              f"{sorted(map(str, tails))[:4]}")
         if rows[0].dim() == 0:
             return torch.stack(rows)
         return Ragged.from_list([r.contiguous() for r in rows])
@@ -92,12 +102,11 @@ def _from_list(field: str, rows: list) -> Column:
     return list(rows)
 
 
-def _from_nested(field: str, value: torch.Tensor) -> Ragged:
-    """A nested tensor as a Ragged column with offsets from 0 (views and holes resolved)."""
+def _from_nested(field: str, value: torch.Tensor) -> Column:
+    """A nested tensor as a Ragged column with offsets from 0 (views and holes resolved);
+    a strided one whose rows differ after the first dim as a MultiRagged column."""
     if value.layout != torch.jagged:
-        rows = [r.detach().cpu() for r in value.unbind()]
-        _from_list(field, rows)  # checks the rows share dtype and shape after the first dim
-        return Ragged.from_list([r.contiguous() for r in rows])
+        return _from_list(field, list(value.unbind()))
     if getattr(value, "_ragged_idx", 1) != 1:
         raise SchemaError(f"field {field!r} must be ragged in the dim after the batch dim, "
                           f"got a nested tensor ragged in dim {value._ragged_idx}")
@@ -114,7 +123,9 @@ def _from_nested(field: str, value: torch.Tensor) -> Ragged:
 
 def to_column(field: str, value: Any, n: int) -> Column:
     """Normalize one field's values for ``n`` rows."""
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, MultiRagged):
+        col = _checked(field, value)
+    elif isinstance(value, torch.Tensor):
         _check_tensor(field, value)
         if value.is_nested:
             col: Column = _from_nested(field, value)
@@ -143,6 +154,15 @@ def to_column(field: str, value: Any, n: int) -> Column:
             f"field {field!r} must have {n} rows (one per key), got {column_len(col)}"
         )
     return col
+
+
+def _checked(field: str, value: MultiRagged) -> MultiRagged:
+    """A user's MultiRagged column, checked, its tensors on the CPU."""
+    bad = value.problem()
+    if bad:
+        raise SchemaError(f"field {field!r} must be a well-formed MultiRagged column: {bad}")
+    _check_tensor(field, value.values)
+    return MultiRagged(value.values.detach().cpu().contiguous(), value.shapes.cpu(), value.dims)
 
 
 def _is_nested(value: Any) -> bool:
@@ -228,7 +248,7 @@ def single_row(data: Any) -> dict[str, Column]:
         if isinstance(value, torch.Tensor) and value.is_nested:
             raise SchemaError(f"field {name!r} of one row must be a plain tensor (its row), "
                               f"got a nested tensor; use a list of keys to put many rows")
-        out[name] = to_column(name, [value], 1)
+        out[name] = to_column(name, value if isinstance(value, MultiRagged) else [value], 1)
     return out
 
 
@@ -236,6 +256,20 @@ def schemas_of(columns: Mapping[str, Column]) -> dict[str, dict]:
     return {f: {"kind": "dense", "dtype": dtype_name(c.dtype), "shape": list(c.shape[1:])}
             if type(c) is torch.Tensor else schema_of(c).to_dict()  # dense: the common case
             for f, c in columns.items()}
+
+
+RAGGED = ("nested", "padded", "list")  # how ragged and multi-ragged fields are read
+SHAPE = "_shape"  # ragged="padded": the rows' shapes of multi-ragged field f, as f + SHAPE
+
+
+def check_ragged(ragged: str) -> str:
+    if ragged not in RAGGED:
+        raise ConfigError(f"ragged must be one of {list(RAGGED)}, got {ragged!r}")
+    return ragged
+
+
+def _rows(rows: list[torch.Tensor]) -> NonTensorStack:
+    return NonTensorStack(*[NonTensorData(r) for r in rows])
 
 
 def to_value(column: Column, schema: FieldSchema | None = None, ragged: str = "nested") -> Any:
@@ -246,19 +280,39 @@ def to_value(column: Column, schema: FieldSchema | None = None, ragged: str = "n
         if ragged == "padded":
             return column.to_padded()
         if ragged == "list":
-            return NonTensorStack(*[NonTensorData(column.row(i)) for i in range(len(column))])
+            return _rows([column.row(i) for i in range(len(column))])
+        return column.to_nested()
+    if isinstance(column, MultiRagged):
+        if ragged == "padded":
+            return column.to_padded()
+        if ragged == "list":
+            return _rows(column.rows())  # views of the values read
         return column.to_nested()
     return NonTensorStack.from_list(column) if column else NonTensorStack()
 
 
 def to_tensordict(columns: Mapping[str, Column], n: int, ragged: str = "nested") -> TensorDict:
-    """Assemble columns of ``n`` rows into a TensorDict of batch size ``[n]``."""
-    if ragged not in ("nested", "padded"):
-        raise ConfigError(f"ragged must be 'nested' or 'padded', got {ragged!r}")
+    """Assemble columns of ``n`` rows into a TensorDict of batch size ``[n]``.
+
+    ``ragged``: ragged and multi-ragged fields as nested tensors ("nested": jagged for
+    ragged fields, strided for multi-ragged ones), dense tensors padded with zeros at
+    the end of each dim ("padded"; a multi-ragged field ``f`` also gives its rows'
+    shapes, int64 ``[n, ndim]``, as ``f + "_shape"``), or a list of one tensor per row
+    ("list"; a multi-ragged field's rows are views of the bytes read).
+    """
+    check_ragged(ragged)
     td = TensorDict({}, batch_size=[n])
     if any(fieldpath.SEP in name for name in columns):
         fieldpath.check_paths(columns)
     for name, col in columns.items():
-        key = tuple(name.split(fieldpath.SEP)) if fieldpath.SEP in name else name
-        td.set(key, to_value(col, ragged=ragged))
+        td.set(_key(name), to_value(col, ragged=ragged))
+        if ragged == "padded" and isinstance(col, MultiRagged):
+            if name + SHAPE in columns:
+                raise SchemaError(f"field {name!r} read with ragged='padded' gives its rows' "
+                                  f"shapes as {name + SHAPE!r}, a field read too")
+            td.set(_key(name + SHAPE), col.shapes)
     return td
+
+
+def _key(name: str) -> str | tuple[str, ...]:
+    return tuple(name.split(fieldpath.SEP)) if fieldpath.SEP in name else name

@@ -16,6 +16,8 @@ ext code   payload (msgpack)
 6 ndarray  ``[numpy dtype str, shape, bytes]``: a small array inside the header
 7 ints     a small 1-D int64 or int32 array: ``b"q"`` or ``b"i"``, then its raw
            little-endian bytes (not msgpack)
+8 multi-   ``[ext tensor values, ext tensor shapes, dims]``: a
+  ragged   ``tq_stream.multiragged.MultiRagged`` (checked whole on decode)
 =========  ====================================================================
 
 ``encode(obj, inline=n)`` puts tensors and arrays of at most ``n`` bytes in the
@@ -27,7 +29,7 @@ makes them about twice as cheap to encode and to decode as code 6.
 Supported values: dict (str keys), list, tuple, str, int, float, bool, None,
 bytes, and as leaves ``torch.Tensor`` (strided, any common dtype incl.
 bfloat16/float8), ``numpy.ndarray`` (bool/int/uint/float/complex dtypes) and
-``tq_stream.columns.Ragged``. bytearray/memoryview leaves come back as bytes,
+``tq_stream.columns.Ragged`` and ``MultiRagged``. bytearray/memoryview leaves come back as bytes,
 dict/list/tuple subclasses (OrderedDict, namedtuple) as the plain type, enum
 members as their value. numpy scalars are refused (use ``.item()``). Anything
 else raises SerializationError: nothing is ever pickled.
@@ -56,15 +58,17 @@ import torch
 
 from tq_stream.columns import SCALARS, Ragged, flat_plain
 from tq_stream.errors import SerializationError
+from tq_stream.multiragged import MultiRagged
 
 __all__ = ["VERSION", "decode", "encode"]
 
-VERSION = 2  # 2: ext 7 added (a reader of 1 only then says so, instead of "unknown ext")
-_READS = frozenset({1, VERSION})  # what 1 wrote is read as before
+VERSION = 3  # 2: ext 7 added, 3: ext 8 (an older reader then says so, not "unknown ext")
+_READS = frozenset({1, 2, VERSION})  # what 1 and 2 wrote is read as before
 _MAGIC = "tqs"
 _EXT_TENSOR, _EXT_NDARRAY, _EXT_RAGGED, _EXT_TUPLE = 1, 2, 3, 4
 _EXT_SMALL_TENSOR, _EXT_SMALL_NDARRAY = 5, 6
 _EXT_INTS = 7  # a small 1-D int64/int32 array inline: a dtype letter, then its raw bytes
+_EXT_MULTIRAGGED = 8
 _INT_CODES = {"<i8": b"q", "<i4": b"i"}  # numpy dtype str -> its letter in an ext 7 value
 _INT_DTYPES = {ord(c): np.dtype(name) for name, c in _INT_CODES.items()}
 _INT_LETTERS = {np.dtype(name): c for name, c in _INT_CODES.items()}  # cheaper than .str
@@ -108,6 +112,7 @@ _INT = msgspec.msgpack.Decoder(int)
 _BUFFER_DESC = msgspec.msgpack.Decoder(tuple[str, list[int], int, int])
 _SMALL_DESC = msgspec.msgpack.Decoder(tuple[str, list[int], bytes])
 _PAIR = msgspec.msgpack.Decoder(tuple[msgspec.msgpack.Ext, msgspec.msgpack.Ext])
+_MULTI = msgspec.msgpack.Decoder(tuple[msgspec.msgpack.Ext, msgspec.msgpack.Ext, list[int]])
 
 
 def _describe(value: Any) -> str:
@@ -199,6 +204,13 @@ def _prepare(obj: Any, buffers: list[memoryview], depth: int) -> Any:
             raise SerializationError(f"Ragged values and offsets must be tensors, got {obj!r}")
         pair = [_tensor_ext(obj.values, buffers), _tensor_ext(obj.offsets, buffers)]
         return msgspec.msgpack.Ext(_EXT_RAGGED, _ENCODER.encode(pair))
+    if isinstance(obj, MultiRagged):
+        bad = obj.problem()
+        if bad:
+            raise SerializationError(f"MultiRagged must be well-formed to be sent: {bad}")
+        parts = [_tensor_ext(obj.values, buffers), _tensor_ext(obj.shapes, buffers),
+                 list(obj.dims)]
+        return msgspec.msgpack.Ext(_EXT_MULTIRAGGED, _ENCODER.encode(parts))
     if isinstance(obj, np.generic):
         raise SerializationError(
             f"cannot serialize numpy scalar {_describe(obj)}; convert it with .item() or "
@@ -210,7 +222,8 @@ def _prepare(obj: Any, buffers: list[memoryview], depth: int) -> Any:
         return obj  # subclasses of plain types; msgspec writes them as the base type
     raise SerializationError(
         f"cannot serialize {_describe(obj)}: supported are dict (str keys), list, tuple, str, "
-        "int, float, bool, None, bytes, torch.Tensor, numpy.ndarray and Ragged (no pickle)"
+        "int, float, bool, None, bytes, torch.Tensor, numpy.ndarray, Ragged and MultiRagged "
+        "(no pickle)"
     )
 
 
@@ -400,6 +413,8 @@ class _BodyReader:
             if not isinstance(values, torch.Tensor) or not isinstance(offsets, torch.Tensor):
                 raise SerializationError("ragged value must hold two tensors")
             return Ragged(values, offsets)
+        if code == _EXT_MULTIRAGGED:
+            return self._multiragged(data)
         if code == _EXT_SMALL_TENSOR:
             dtype, shape, raw = self._small(data, _TORCH_DTYPES)
             if not raw:
@@ -414,6 +429,18 @@ class _BodyReader:
                 raise SerializationError(f"tuple payload must be an array, got {_describe(items)}")
             return tuple(items)
         raise SerializationError(f"unknown ext type {code} in header")
+
+    def _multiragged(self, data: memoryview) -> MultiRagged:
+        values_ext, shapes_ext, dims = _MULTI.decode(data)
+        values, shapes = (self.ext_hook(e.code, memoryview(e.data))
+                          for e in (values_ext, shapes_ext))
+        if not isinstance(values, torch.Tensor) or not isinstance(shapes, torch.Tensor):
+            raise SerializationError("multi-ragged value must hold two tensors")
+        col = MultiRagged(values, shapes, tuple(dims))
+        bad = col.problem()
+        if bad:
+            raise SerializationError(f"malformed multi-ragged value: {bad}")
+        return col
 
     @staticmethod
     def _ints(data: memoryview) -> np.ndarray:

@@ -25,7 +25,7 @@ import torch
 
 from tq_stream.backends.base import occupancy
 from tq_stream.checks import check_keys, check_tags
-from tq_stream.columns import Column, FieldSchema, coerce, take
+from tq_stream.columns import Column, FieldSchema, coerce, misfit, take
 from tq_stream.connection import placement
 from tq_stream.convert import schemas_of, single_row, to_columns
 from tq_stream.errors import (
@@ -53,9 +53,8 @@ def _coerced(cols: dict[str, Column], fixed: dict[str, Any]) -> dict[str, Column
         want = FieldSchema.from_dict(schema)
         col = coerce(cols[name], want)
         if col is None:
-            lengths = sorted(set(getattr(cols[name], "lengths", torch.zeros(0)).tolist()))
             raise SchemaError(f"field {name!r} must be {want.describe()} (fixed by its first "
-                              f"write), got ragged rows of lengths {lengths[:8]}")
+                              f"write), got {misfit(cols[name], want)}")
         out[name] = col
     return out
 

@@ -1,7 +1,8 @@
 """Same-host abilities: what some storage units can do beyond ``StorageUnit``'s contract.
 
 - ``SharedSlabs``: the unit's dense slabs live in shared memory (``ShmUnit``; over RPC,
-  its client ``RemoteUnit``). A reader on its host maps them (``layout``); a writer
+  its client ``RemoteUnit``). A reader on its host maps them (``layout``; the rows
+  of multi-ragged fields: ``spans``); a writer
   copies rows into them between ``prepare_write`` and ``finish_write``
   (``tq_stream.backends.direct``).
 - ``GathersInto``: a unit client that copies dense rows into tensors it is handed
@@ -29,6 +30,11 @@ class SharedSlabs(Protocol):
     def layout(self, partition: str, fields: Sequence[str],
                writable: bool = False) -> dict[str, Any]:
         """Where ``partition``'s dense ``fields`` live ({} when it keeps none shared)."""
+        ...
+
+    def spans(self, partition: str, slots: np.ndarray, fields: Sequence[str],
+              generations: np.ndarray | None = None) -> dict[str, Any]:
+        """Where rows of multi-ragged ``fields`` lie in shared memory ({} for none)."""
         ...
 
     def prepare_write(self, partition: str, slots: np.ndarray, generations: np.ndarray | None,

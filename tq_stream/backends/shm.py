@@ -32,7 +32,7 @@ import torch
 
 from tq_stream.backends.direct import DirectWrites
 from tq_stream.backends.memory import MemoryUnit
-from tq_stream.backends.slabs import DenseSlab, fence
+from tq_stream.backends.slabs import DenseSlab, MultiRaggedArena, fence
 from tq_stream.errors import StateError
 from tq_stream.forksafe import ForkSafeLock
 
@@ -366,6 +366,34 @@ class ShmUnit(DirectWrites, MemoryUnit):
         if writable:
             reply.update(flags=flags, live=live)
         return reply
+
+    def spans(self, partition: str, slots: np.ndarray, fields: Sequence[str],
+              generations: np.ndarray | None = None) -> dict[str, Any]:
+        """Where the rows ``slots`` of ``partition``'s multi-ragged ``fields`` lie in
+        shared memory, for a same-host reader that views them (``SameHostUnit``).
+
+        Returns:
+            ``{field: {"arena": {"shm", "dtype", "shape"}, "start": first element
+            per row, "shapes": int64 [n, ndim], "dims"}}``; fields of other kinds are
+            left out. Raises as ``get`` for rows cleared since their meta was read.
+        """
+        slots = np.asarray(slots, dtype=np.int64)
+        out: dict[str, Any] = {}
+        with self._lock:
+            part = self._parts.get(partition)
+            if part is None:
+                return out
+            if generations is not None:
+                part.gen.check(partition, slots, generations)
+            for f in fields:
+                store = part.fields.get(f)
+                arena = self._describe(store.values) \
+                    if isinstance(store, MultiRaggedArena) else None
+                if isinstance(store, MultiRaggedArena) and arena is not None:
+                    start, shapes = store.locate(slots)
+                    out[f] = {"arena": arena, "start": start, "shapes": shapes,
+                              "dims": list(store.dims)}
+        return out
 
     def _describe(self, data: torch.Tensor) -> dict[str, Any] | None:
         seg = self._segments.get(data.data_ptr())

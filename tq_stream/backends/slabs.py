@@ -4,6 +4,8 @@
   one ``index_select`` into one output buffer.
 - ``RaggedArena``: values appended to an arena tensor, a (start, length) per
   slot; freed space is reclaimed by compaction once it exceeds the live part.
+- ``MultiRaggedArena``: rows ragged in several dims; their elements in a
+  ``RaggedArena`` of one dim, their shapes per slot.
 - ``ObjectSlots``: a numpy object array of plain Python values.
 
 Every store grows by doubling, can report its bytes, and knows which slots hold a
@@ -26,6 +28,7 @@ from tq_stream.buffers import gather_rows, indexable, scatter_rows
 from tq_stream.columns import SCALARS, Column, Ragged, dtype_from_name, schema_of
 from tq_stream.errors import KeyConflictError, StateError
 from tq_stream.forksafe import ForkSafeLock
+from tq_stream.multiragged import MultiRagged
 
 Alloc = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
 _MIN_ROWS = 16
@@ -154,9 +157,12 @@ class RaggedArena:
             self.values = new
 
     def _compact(self) -> None:
+        # Into new memory, never in place: a same-host reader may hold views of rows
+        # (``MultiRaggedArena.locate``), whose bytes must not change under it.
         slots = np.flatnonzero(self.length >= 0)
         gathered = self._gather(slots)
         lengths = self.length[slots]
+        self.values = self._alloc(tuple(self.values.shape), self.dtype)
         self.values[: gathered.shape[0]].copy_(gathered)
         self.start[slots] = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(slots) else 0
         self.end = int(gathered.shape[0])
@@ -199,6 +205,51 @@ class RaggedArena:
 
     def nbytes(self) -> int:
         return self.values.numel() * self.values.element_size() + self.start.nbytes * 2
+
+
+class MultiRaggedArena:
+    """Rows ragged in several dims (``MultiRagged``): each row's elements, flat, in a
+    ``RaggedArena`` of one dim (a start and length per slot), its shape in
+    ``shapes[slot]``.
+
+    Invariant: ``shapes[s]`` is the shape of the row in slot s while s holds one.
+    """
+
+    def __init__(self, dtype: torch.dtype, dims: tuple[int, ...], alloc: Alloc = heap_alloc):
+        self.elems = RaggedArena(dtype, (), alloc)
+        self.dims = dims
+        self.shapes = np.zeros((_MIN_ROWS, len(dims)), dtype=np.int64)
+
+    @property
+    def values(self) -> torch.Tensor:
+        """The arena's memory (a shared-memory unit keeps its segment)."""
+        return self.elems.values
+
+    def put(self, slots: np.ndarray, values: MultiRagged) -> None:
+        self.elems.put(slots, Ragged(values.values, values.offsets))
+        cap, need = self.shapes.shape[0], self.elems.start.shape[0]
+        if need > cap:
+            grown = np.zeros((need, len(self.dims)), dtype=np.int64)
+            grown[:cap] = self.shapes
+            self.shapes = grown
+        self.shapes[slots] = values.shapes.numpy()
+
+    def get(self, slots: np.ndarray) -> MultiRagged:
+        flat = self.elems.get(slots)
+        return MultiRagged(flat.values, torch.from_numpy(self.shapes[slots]), self.dims)
+
+    def locate(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where the rows of ``slots`` lie in ``values``: their first elements and
+        shapes (KeyConflictError for a slot that holds no row). Rows are appended and
+        never moved in place, so a row's bytes stay where they are while it lives."""
+        _check_written(self.elems.length, slots)
+        return self.elems.start[slots], self.shapes[slots]
+
+    def free(self, slots: np.ndarray) -> None:
+        self.elems.free(slots)
+
+    def nbytes(self) -> int:
+        return self.elems.nbytes() + self.shapes.nbytes
 
 
 def _own(value: object) -> object:
@@ -259,7 +310,7 @@ class ObjectSlots:
         return self.data.nbytes
 
 
-Store = DenseSlab | RaggedArena | ObjectSlots
+Store = DenseSlab | RaggedArena | MultiRaggedArena | ObjectSlots
 
 UNSET = -1  # the token of a slot that is free, or being written right now
 _FENCE = ForkSafeLock()  # a writer in a forked child fences too
@@ -356,4 +407,6 @@ def store_for(column: Column, alloc: Alloc = heap_alloc, flag_alloc: Alloc | Non
         return DenseSlab(dtype_from_name(schema.dtype), schema.shape, alloc, flag_alloc)
     if schema.kind == "ragged":
         return RaggedArena(dtype_from_name(schema.dtype), schema.shape, alloc)
+    if schema.kind == "multiragged":
+        return MultiRaggedArena(dtype_from_name(schema.dtype), schema.shape, alloc)
     return ObjectSlots()

@@ -18,6 +18,7 @@ import torch
 from tq_stream.backends.shared import GathersInto
 from tq_stream.buffers import POOL
 from tq_stream.columns import Column, Ragged, concat, dtype_from_name, span, take
+from tq_stream.multiragged import MultiRagged
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_PID = -1
@@ -138,7 +139,7 @@ def load(units: Sequence[Any], partition: str, unit: np.ndarray, slot: np.ndarra
                     continue  # the unit gathered straight into the output
                 res[torch.from_numpy(pos)] = c
             out[f] = res
-        elif isinstance(cols[0], Ragged):
+        elif isinstance(cols[0], Ragged | MultiRagged):
             out[f] = take(concat(cols), torch.from_numpy(order))
         else:
             joined = concat(cols)

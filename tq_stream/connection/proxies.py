@@ -320,6 +320,13 @@ class RemoteUnit(StorageUnit):
             args["writable"] = True
         return self._rpc.call("layout", args)
 
+    def spans(self, partition: str, slots: np.ndarray, fields: Sequence[str],
+              generations: np.ndarray | None = None) -> dict[str, Any]:
+        return self._rpc.call("spans", {"partition": partition, "slots": np.asarray(slots),
+                                        "fields": list(fields),
+                                        "generations": _array(generations)},
+                              timeout=self._timeout)
+
     def prepare_write(self, partition: str, slots: np.ndarray, generations: np.ndarray | None,
                       fields: Mapping[str, Any]) -> dict[str, Any]:
         return self._rpc.call("prepare_write", {"partition": partition, "slots": slots,

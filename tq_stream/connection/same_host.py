@@ -14,9 +14,10 @@ import torch
 from tq_stream.backends.base import StorageUnit
 from tq_stream.backends.shm import ShmReader
 from tq_stream.backends.slabs import UNSET, fence
-from tq_stream.buffers import gather_rows, scatter_rows
+from tq_stream.buffers import gather_rows, gather_spans, scatter_rows
 from tq_stream.columns import Column, dtype_from_name, dtype_name
 from tq_stream.errors import ConfigError, StateError, WaitTimeout
+from tq_stream.multiragged import MultiRagged
 
 if TYPE_CHECKING:
     from tq_stream.connection.proxies import RemoteUnit
@@ -170,6 +171,19 @@ def _raw_bytes_of(col: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> bool:
         not col.is_conj() and not col.is_neg()
 
 
+def _arena_rows(arena: torch.Tensor, where: dict[str, Any]) -> MultiRagged:
+    """The rows ``where`` (``ShmUnit.spans``) places in ``arena``: a view of it when they
+    lie there one after the other, else gathered."""
+    start = np.asarray(where["start"], dtype=np.int64)
+    shapes = torch.as_tensor(np.asarray(where["shapes"], dtype=np.int64))
+    lengths = shapes.prod(1).numpy() if shapes.shape[1] else np.ones(len(start), np.int64)
+    if np.array_equal(start[1:], start[:-1] + lengths[:-1]):
+        values = arena[int(start[0]) : int(start[0]) + int(lengths.sum())]
+    else:
+        values, _ = gather_spans(arena, start, lengths)
+    return MultiRagged(values, shapes, tuple(where["dims"]))
+
+
 def _words(a: np.ndarray) -> memoryview:
     """An int64 array as a memoryview of its words (one item read or written in C)."""
     return memoryview(a).cast("B").cast("q")
@@ -212,6 +226,10 @@ class SameHostUnit(StorageUnit):
     - Dense puts of ``DIRECT_BYTES`` or more are copied in between two small calls
       (``prepare_write`` / ``finish_write``); ragged and object fields of the same put
       go over the socket.
+    - Multi-ragged fields (images, video) are read in the unit's shared memory once a
+      read found them so: one small call (``spans``) says where the rows lie, and
+      rows written one after the other come back as views of the unit's arena (no
+      copy); their bytes stay as they are while the rows live.
     - Everything else goes over the socket to the unit process.
     """
 
@@ -221,6 +239,8 @@ class SameHostUnit(StorageUnit):
         self._writes: dict[tuple[str, tuple[str, ...]], _Layout] = {}  # writable layouts
         self._shm = True  # False once the unit says it has no shared memory
         self._direct = True  # False once the unit refuses direct writes
+        # (partition, field) a read found multi-ragged: read from shared memory since
+        self._multi: set[tuple[str, str]] = set()
 
     DIRECT_BYTES = 1 << 20  # puts of dense fields at least this large skip the socket
     SHARED_ROWS = 64  # smaller puts of new dense rows make no call at all
@@ -292,9 +312,40 @@ class SameHostUnit(StorageUnit):
                 out = {}  # a put or clear touched the slots: the unit decides (locked)
             break
         rest = [f for f in fields if f not in out]
+        if rest and self._shm and len(slots):
+            out.update(self._views(partition, slots, rest, generations))
+            rest = [f for f in fields if f not in out]
         if rest:
-            out.update(self._remote.get(partition, slots, rest, generations))
+            got = self._remote.get(partition, slots, rest, generations)
+            if len(self._multi) >= MAX_LAYOUTS:
+                self._multi.clear()
+            self._multi.update((partition, f) for f, c in got.items()
+                               if isinstance(c, MultiRagged))
+            out.update(got)
         return {f: out[f] for f in fields}
+
+    def _views(self, partition: str, slots: np.ndarray, fields: Sequence[str],
+               generations: np.ndarray | None) -> dict[str, Column]:
+        """Multi-ragged fields (known from an earlier read) read in the unit's shared
+        memory: views of its arena when the rows lie there one after the other (a batch
+        read as it was written), else one copy out of it; {} for what the unit does not
+        place (it then answers ``get``)."""
+        multi = [f for f in fields if (partition, f) in self._multi]
+        if not multi:
+            return {}
+        out: dict[str, Column] = {}
+        try:
+            for f, where in self._remote.spans(partition, slots, multi, generations).items():
+                out[f] = _arena_rows(_READER.view(where["arena"]["shm"], dtype_from_name(
+                    where["arena"]["dtype"]), tuple(where["arena"]["shape"])), where)
+            # Rows are never moved in their arena while they live, but a segment may be
+            # given to a new store once its rows are all freed: their tokens tell.
+            if out and generations is not None and \
+                    not self._layout(partition, [], fresh=False).current(slots, generations):
+                return {}
+        except StateError:  # a segment went (the arena grew), or the rows were cleared
+            return {}  # the unit answers, under its lock
+        return out
 
     def get_into(self, partition: str, slots: np.ndarray, fields: Sequence[str],
                  generations: np.ndarray | None,

@@ -32,6 +32,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from tq_stream.client import Client
 from tq_stream.config import DEFAULT_PREFETCH
 from tq_stream.connection.connection import Connection
+from tq_stream.convert import check_ragged
 from tq_stream.datasets import exit_stop, worker_imports
 from tq_stream.datasets.batch import attach_meta, batch_meta, loader_step
 from tq_stream.datasets.length import epoch_end, known_steps
@@ -106,7 +107,9 @@ class StreamingDataset(IterableDataset[TensorDict]):
         lease_timeout: seconds rows stay leased before they are handed out again.
         drop_last: when the partition is closed, drop a short last step
             (counted as discarded, reason "tail") instead of handing it out.
-        ragged: "nested" (jagged nested tensors) or "padded" for ragged fields.
+        ragged: how ragged and multi-ragged fields are read: "nested" (jagged, or
+            strided for multi-ragged fields), "padded" or "list" (see
+            ``convert.to_tensordict``).
         prefetch: batches fetched ahead in the background (>= 1).
         rows_per_epoch: declare an epoch of this many rows (all ranks together): an
             iteration ends after ``len(dataset)`` steps (see ``datasets.length``);
@@ -165,9 +168,7 @@ class StreamingDataset(IterableDataset[TensorDict]):
         self.lease_timeout = self.connection.config.lease_timeout if lease_timeout is None \
             else check_timeout("lease_timeout", lease_timeout)
         self.drop_last = bool(drop_last)
-        if ragged not in ("nested", "padded"):
-            raise ConfigError(f"ragged must be 'nested' or 'padded', got {ragged!r}")
-        self.ragged = ragged
+        self.ragged = check_ragged(ragged)
         self.prefetch = check_positive("prefetch", prefetch)
         self.rows_per_epoch = None if rows_per_epoch is None else \
             check_positive("rows_per_epoch", rows_per_epoch)

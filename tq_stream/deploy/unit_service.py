@@ -24,6 +24,7 @@ from tq_stream.columns import Ragged
 from tq_stream.deploy.grants import SlotLimits
 from tq_stream.errors import ConfigError
 from tq_stream.handling import WouldBlock, may_block
+from tq_stream.multiragged import MultiRagged
 from tq_stream.transport.dispatch import rpc_stats
 
 
@@ -46,7 +47,8 @@ def _payload(columns: Any) -> int:
     """Bytes of the tensors in received columns (views of the request's frames)."""
     total = 0
     for col in columns.values() if isinstance(columns, dict) else ():
-        for t in (col.values, col.offsets) if isinstance(col, Ragged) else (col,):
+        for t in (col.values, col.offsets) if isinstance(col, Ragged) else \
+                (col.values, col.shapes) if isinstance(col, MultiRagged) else (col,):
             if isinstance(t, torch.Tensor):
                 total += t.numel() * t.element_size()
     return total
@@ -57,7 +59,7 @@ class UnitService:
     are checked to be 1-D int arrays (slots in ``[0, MAX_SLOT)``) before they reach it,
     and a write may name only slots the controller granted (``grant``, admin)."""
 
-    RPC_METHODS = frozenset({"put", "get", "free", "drop", "nbytes", "ping", "layout",
+    RPC_METHODS = frozenset({"put", "get", "free", "drop", "nbytes", "ping", "layout", "spans",
                              "prepare_write", "finish_write", "save_rows", "load_rows", "stats",
                              "grant", "held"})
     # Owner-only: what changes placement or every row, and what touches files or lists
@@ -115,6 +117,14 @@ class UnitService:
         if self.shared is None:
             return {}
         return self.shared.layout(partition, list(fields), bool(writable))
+
+    def spans(self, partition: str, slots: object, fields: Sequence[str],
+              generations: object = None) -> dict[str, Any]:
+        """Where rows of multi-ragged fields lie in shared memory (empty without it)."""
+        slots = _slots(slots)
+        if self.shared is None:
+            return {}
+        return self.shared.spans(partition, slots, list(fields), _tokens(generations, slots))
 
     def ping(self) -> dict[str, Any]:
         # the host is looked up per ping (a Ray test fakes nodes there)
