@@ -35,11 +35,13 @@ def closed_constant_version(stream: tq.Stream, part: str, num_workers: int = 0,
 
 
 def train_at_version_5(stream: tq.Stream, part: str, blocks: Any, timeout: float,
-                       step_seconds: float, num_workers: int = 0,
+                       step_seconds: float, num_workers: int = 0, pace: int | None = None,
                        **loader: Any) -> list[int]:
     """Rows of ``blocks`` in a closed partition, read 4 per step (prefetch 3,
     max_staleness=1) by a trainer at version 5 that never changes it and trains each
-    step ``step_seconds``. Returns the versions of the rows trained, in order."""
+    step ``step_seconds``; with ``pace`` it declares a version change every ``pace``
+    steps (``set_admission``), which steps formed ahead are predicted with. Returns the
+    versions of the rows trained, in order."""
     stream.create_partition(part, consumers=["actor"])
     put_versions(stream, part, blocks)
     stream.close_partition(part)
@@ -47,6 +49,9 @@ def train_at_version_5(stream: tq.Stream, part: str, blocks: Any, timeout: float
                              timeout=timeout,
                              sampler=tq.samplers.StalenessSampler(max_staleness=1))
     dl = tq.StreamingDataLoader(ds, num_workers=num_workers, **loader)
+    if pace is not None:
+        ds.register()
+        stream.set_admission(part, "actor", steps_per_version=pace)
     dl.set_version(5)
     trained: list[int] = []
     for batch in dl:
@@ -133,13 +138,13 @@ def async_groups_constant_version(stream: tq.Stream, part: str, num_workers: int
 def held_for_turn(stream: tq.Stream, part: str, step_seconds: float, timeout: float,
                   num_workers: int = 0, **loader: Any) -> list[int]:
     """A step held for its turn while the trainer trains the ones before it: versions
-    5, 6, 7 and 4 (4 rows each), the trainer at version 5 (never changed),
-    max_staleness=1, prefetch 3. Step 3 gets the version-4 rows, which are in the bound
-    now but not at the version predicted for its turn (8): it waits for the trainer to
-    reach it, about 3 training steps of ``step_seconds``. Returns the versions of the
-    rows trained, in order."""
+    5, 6, 7 and 4 (4 rows each), the trainer at version 5 (never changed, though it
+    declared one change per step), max_staleness=1, prefetch 3. Step 3 gets the
+    version-4 rows, which are in the bound now but not at the version predicted for
+    its turn (8): it waits for the trainer to reach it, about 3 training steps of
+    ``step_seconds``. Returns the versions of the rows trained, in order."""
     return train_at_version_5(stream, part, [(5, 4), (6, 4), (7, 4), (4, 4)], timeout,
-                              step_seconds, num_workers, **loader)
+                              step_seconds, num_workers, pace=1, **loader)
 
 
 def formed_by_a_reader_ahead(stream: tq.Stream, part: str, num_workers: int = 0,
@@ -197,3 +202,32 @@ def dp_rank_ahead(stream: tq.Stream, part: str) -> tuple[dict[int, list[int]], d
             if step == 2:
                 break
     return lags, stream.stats()[part]["tasks"]["actor"]
+
+
+def backlog_every_3_steps(stream: tq.Stream, part: str, prefetch: int, num_workers: int = 0,
+                          **loader: Any) -> tuple[list[str], list[str], list[int],
+                                                  dict[str, int]]:
+    """60 rows at versions 0..4 (12 each) in a closed partition; the trainer at version
+    1, one version more every 3 steps of 4 rows, max_staleness=1, no ``set_admission``:
+    every row is within the bound at its turn. Returns the keys trained, the keys
+    written, the lags at yield and the discards."""
+    stream.create_partition(part, consumers=["actor"])
+    keys = [f"k{i}" for i in range(60)]
+    stream.writer(part).put(keys, {"x": torch.zeros(60, 1)},
+                            tags=[{"version": i // 12} for i in range(60)])
+    stream.close_partition(part)
+    ds = tq.StreamingDataset(stream, part, "actor", ["x"], batch_size=4, prefetch=prefetch,
+                             timeout=10, sampler=tq.samplers.StalenessSampler(max_staleness=1))
+    dl = tq.StreamingDataLoader(ds, num_workers=num_workers, **loader)
+    version = 1
+    dl.set_version(version)
+    trained: list[str] = []
+    lags: list[int] = []
+    for step, batch in enumerate(dl, 1):
+        meta = tq.batch_meta(batch)
+        trained += meta.keys
+        lags += [version - t["version"] for t in meta.tags]
+        if step % 3 == 0:
+            version += 1
+            dl.set_version(version)
+    return trained, keys, lags, dict(stream.stats()[part]["tasks"]["actor"]["discarded"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from staleness_cases import (
     async_groups_constant_version,
+    backlog_every_3_steps,
     closed_constant_version,
     every_n_steps,
     held_for_turn,
@@ -14,6 +15,7 @@ from staleness_cases import (
 
 from tq_stream.errors import TurnNotReached, WaitTimeout
 
+P = "train"
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -105,3 +107,17 @@ def test_versions_are_kept_per_step_for_ranks_behind_and_a_restart_rolls_back():
     assert [state.version_for(s) for s in range(4)] == [0, 0, 0, 0]
     state.set_version(7, at_step=None)  # Stream.set_version: for every step from now on
     assert [state.version_for(s) for s in range(3)] == [7, 7, 7]
+
+
+@pytest.mark.parametrize("prefetch", [1, 2])
+def test_a_trainer_changing_its_version_every_3_steps_loses_no_row_in_the_bound(stream,
+                                                                               prefetch):
+    """Replay (a README-only user): see ``staleness_cases.backlog_every_3_steps``. Steps
+    formed ahead were formed for a version predicted to rise every step: they took
+    newer rows and left older ones behind until those really went stale (44 trained,
+    16 discarded). Now a version change is predicted at the pace the trainer showed
+    (none before its first change): every row is trained, none discarded."""
+    trained, keys, lags, discarded = backlog_every_3_steps(stream, P, prefetch)
+    assert max(lags) <= 1, sorted(set(lags))
+    assert sorted(trained) == sorted(keys)
+    assert discarded == {}

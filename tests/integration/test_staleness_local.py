@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from staleness_cases import (
     async_groups_constant_version,
+    backlog_every_3_steps,
     closed_constant_version,
     every_n_steps,
     held_for_turn,
@@ -73,3 +74,13 @@ def test_a_trainer_jumping_versions_gets_no_stale_prefetched_batch(local_stream)
     assert lags and max(lags) <= 1, sorted(set(lags))
     stale = st["discarded"].get("stale", 0)
     assert len(lags) + stale == len(versions)
+
+
+def test_a_trainer_changing_its_version_every_3_steps_loses_no_row_in_the_bound(local_stream):
+    """The embedded replay (tests/test_staleness_versions.py) with 2 DataLoader workers:
+    a README-only user saw 36 rows trained and 24 discarded."""
+    trained, keys, lags, discarded = backlog_every_3_steps(
+        local_stream, "every3", 2, num_workers=2, multiprocessing_context="fork")
+    assert max(lags) <= 1, sorted(set(lags))
+    assert sorted(trained) == sorted(keys)
+    assert discarded == {}

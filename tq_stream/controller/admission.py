@@ -9,7 +9,8 @@ lets producers start ``n`` more rows only while every such task allows it:
     n <= sampler.admission_limit(held, rows_per_version)
 
 ``rows_per_version`` is the task's global batch (batch_size x dp_size) times
-its ``steps_per_version`` (1 unless set with ``set_admission``). The wait is
+its steps per version change (``TaskState.every``: set with ``set_admission``, else
+the pace of the consumer's ``set_version`` calls, else 1). The wait is
 woken by acks, discards and version updates; it is bounded by ``timeout``.
 Producers that write without ``reserve`` are not counted.
 
@@ -57,7 +58,7 @@ class Admission:
                 continue
             consumed = task.acked + sum(task.discards.values())
             rows_per_version = (task.config.batch_size * task.config.dp_size
-                                * task.steps_per_version)
+                                * (task.every() or 1))
             left = task.sampler.admission_limit(max(0, admitted - consumed), rows_per_version)
             if left is not None and (room is None or left < room):
                 room, who = left, name

@@ -75,7 +75,7 @@ def _task_state(task: TaskState) -> dict[str, Any]:
                   for s, r in task.steps.items()],
         "next_step": task.next_step, "ended": task.ended, "version": task.version,
         "version_step": task.version_step,
-        "steps_per_version": task.steps_per_version,
+        "steps_per_version": task.steps_per_version, "cadence": task.cadence,
         "discards": dict(task.discards), "handed_out": task.handed_out, "acked": task.acked,
         "takeovers": task.takeovers.state_dict(),
         "counters": {"renewed": task.renewed, "expired": task.expired,
@@ -181,7 +181,9 @@ def _load_task(name: str, s: dict[str, Any], part: PartitionMeta) -> TaskState:
                     for r, q, s_, c, e in st["claims"]})
     task.next_step, task.ended, task.version = s["next_step"], s["ended"], s["version"]
     task.version_step = s["version_step"]
-    task.steps_per_version = int(s.get("steps_per_version", 1))
+    spv, cadence = s.get("steps_per_version"), s.get("cadence")
+    task.steps_per_version = None if spv is None else int(spv)
+    task.cadence = None if cadence is None else int(cadence)
     task.discards = Counter(s["discards"])
     task.takeovers.load_state_dict(s.get("takeovers", {}))  # none in an earlier checkpoint
     task.handed_out, task.acked = s["handed_out"], s["acked"]

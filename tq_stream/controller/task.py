@@ -119,7 +119,10 @@ class TaskState:
         self.version: int | None = None
         self.version_step: int | None = None  # the first step read under ``version``
         self.position: int | None = None  # the step the consumer reads now (``reading``)
-        self.steps_per_version = 1
+        # steps per version change: set_admission's (None: not set), else the pace seen
+        # last in set_version (``cadence``; None before a change was seen)
+        self.steps_per_version: int | None = None
+        self.cadence: int | None = None
         # versions set for steps before ``version_step`` (step -> version, at its change,
         # also from a DP rank or peer behind): ``version_for`` (pruned to open steps)
         self.history: dict[int, int] = {}
@@ -270,18 +273,28 @@ class TaskState:
     def version_at(self, step: int) -> int | None:
         """The consumer's version when it reads ``step``. Up to the step it reads now
         (``position``), that is its version; a later step, formed ahead of its turn, is
-        given the highest version the consumer may hold by then: its next change comes
-        after ``position`` and ``steps_per_version`` steps after the last one, then one
-        every ``steps_per_version`` steps. A prediction: a step formed for it only
-        leaves out rows that may be stale at its turn, it never discards them."""
+        given the version the consumer will hold by then at its pace (``every``: its
+        next change that many steps after the last one, and not before ``position``).
+        Without a pace (none declared, no change seen yet) no change is predicted. A prediction: a
+        step formed for it leaves out rows that would be stale at its turn, it never
+        discards them; a trainer that changes its version faster than predicted finds
+        the batch behind at its yield, and the share is checked again then
+        (``turns.py``). Predicting slower than the trainer costs that check; predicting
+        faster would leave out rows still in the bound until they really went stale."""
         if self.version is None or self.version_step is None:
             return self.version
         now = max(self.version_step, self.position if self.position is not None else -1)
-        if step <= now:
+        every = self.every()
+        if step <= now or every is None:
             return self.version
-        first = max(now + 1, self.version_step + self.steps_per_version)
+        first = max(now + 1, self.version_step + every)
         return self.version if step < first else \
-            self.version + 1 + (step - first) // self.steps_per_version
+            self.version + 1 + (step - first) // every
+
+    def every(self) -> int | None:
+        """Steps per version change: declared (``set_admission``), else the pace of
+        the last change seen; None if neither is known."""
+        return self.steps_per_version if self.steps_per_version is not None else self.cadence
 
     def awaits_turn(self, step: int | None, session: str, now: float,
                     patience: float) -> bool:
@@ -317,6 +330,9 @@ class TaskState:
             elif self.version is not None:
                 self.history[self.version_step] = self.version
                 self._prune_history()
+                if version > self.version:  # the pace of its changes, for version_at
+                    self.cadence = max(1, (at_step - self.version_step)
+                                       // (version - self.version))
         else:
             self.history = {}
         self.version, self.version_step = version, at_step
