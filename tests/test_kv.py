@@ -101,3 +101,22 @@ def test_set_tags_merges_into_existing_rows(stream):
     assert row["tags"] == {"uid": "g", "version": 1, "reward": 0.5}
     with pytest.raises(KeyConflictError, match="missing"):
         stream.set_tags("default", ["nope"], [{"reward": 1.0}])
+
+
+def test_a_str_where_a_list_of_keys_or_fields_goes_is_refused_naming_the_argument(stream):
+    """A README-only user: ``put_batch("xy", ...)`` made rows 'x' and 'y', and
+    ``get(key, fields="reward")`` asked for field 'r' (a str read as its characters)."""
+    import torch
+
+    from tq_stream.errors import ConfigError
+
+    stream.kv.put("k", {"reward": torch.tensor(1.0)})
+    with pytest.raises(ConfigError, match="keys must be a list of str, got str"):
+        stream.kv.put_batch("xy", {"reward": torch.zeros(2)})
+    assert [r["key"] for r in stream.kv.list()] == ["k"]  # nothing else was made
+    with pytest.raises(ConfigError, match=r"fields must be a list of str \(one name: "
+                                          r"\['reward'\]\), got str 'reward'"):
+        stream.kv.get("k", fields="reward")
+    with pytest.raises(ConfigError, match="fields must be a list of str"):
+        stream.kv.get_batch(["k"], fields="reward")
+    assert stream.kv.get("k", fields=["reward"])["reward"].item() == 1.0

@@ -39,6 +39,20 @@ def check_keys(keys: Any) -> list[str]:
     return out
 
 
+def check_fields(fields: Any) -> list[str] | None:
+    """Field names to read: None (every written field) or a list of str. A single str
+    is refused (it would be read as its characters)."""
+    if fields is None:
+        return None
+    if isinstance(fields, str) or not isinstance(fields, Sequence):
+        raise ConfigError(f"fields must be a list of str (one name: [{fields!r}]), got "
+                          f"{type(fields).__name__} {fields!r:.80}")
+    bad = [f for f in fields if not isinstance(f, str) or not f]
+    if bad:
+        raise ConfigError(f"fields must be non-empty str, got {bad[:5]!r}")
+    return list(fields)
+
+
 def check_tags(tags: Any, n: int) -> list[dict[str, TagValue]] | None:
     """Validate ``tags`` for a put of ``n`` rows: None or n dicts of JSON-like scalars."""
     if tags is None:

@@ -8,7 +8,9 @@
     │   ├── ClosedError        use after close(), or a write to a closed partition
     │   │   └── DeploymentGone a deployment whose owner died or closed it: nothing serves
     │   ├── LeaseError         ack/release of rows this consumer does not hold
-    │   │   └── LeaseTakenOver a write or ack by a reader whose lease lapsed and went to another
+    │   │   ├── LeaseTakenOver a write or ack by a reader whose lease lapsed and went to another
+    │   │   └── ReplicaClash   a read of a share its replica acked (two TP/PP peers reading as
+    │   │                      one replica; also a ConfigError: it names replica=)
     │   └── LengthUnknownError len() of an open stream (also a TypeError)
     ├── WaitTimeout            a bounded wait expired (also a TimeoutError)
     │   ├── Unreachable        no server accepted the connection: the request was never sent
@@ -67,6 +69,12 @@ class LeaseTakenOver(LeaseError):
     """A ``put_data`` or ``ack`` through a BatchMeta whose lease lapsed (its process stopped
     renewing it: paused, frozen, cut off) and was handed to another reader since: that
     reader's work counts, this one's is refused (nothing of it was written or acked)."""
+
+
+class ReplicaClash(LeaseError, ConfigError):
+    """A read of a step's share that its (rank, replica) acked already: two TP/PP peers
+    reading as one replica (``replicas=`` / ``replica=`` missing), or a loop reading a
+    step it trained. A LeaseError and a ConfigError (the fix is an argument)."""
 
 
 class LengthUnknownError(StateError, TypeError):

@@ -18,7 +18,7 @@ from tensordict import TensorDict
 
 from tq_stream import fieldpath
 from tq_stream.backends.base import occupancy
-from tq_stream.checks import check_keys
+from tq_stream.checks import check_fields, check_keys
 from tq_stream.connection import placement
 from tq_stream.connection.connection import Connection
 from tq_stream.convert import to_tensordict
@@ -51,7 +51,7 @@ class KV:
                   partition: str = DEFAULT_PARTITION, timeout: float | None = None) -> list[str]:
         """Set fields of many rows: ``data`` is a TensorDict ``[n]`` or dict of fields.
         Returns the keys skipped as rows lost with their storage unit (``Writer.put``)."""
-        return Writer(self._conn, partition).put(list(keys), data, tags=tags,
+        return Writer(self._conn, partition).put(check_keys(keys), data, tags=tags,
                                                   timeout=timeout)
 
     def meta(self, keys: Sequence[str], fields: Sequence[str] | None = None,
@@ -60,7 +60,7 @@ class KV:
         keys = check_keys(keys)
         d = self._conn.controller().lookup(
             partition=check_name("partition", partition), keys=keys,
-            fields=None if fields is None else list(fields))
+            fields=check_fields(fields))
         return BatchMeta.from_dict(d)
 
     def get_batch(self, keys: Sequence[str], fields: Sequence[str] | None = None,

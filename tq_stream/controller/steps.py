@@ -48,7 +48,7 @@ from tq_stream.controller import events, turns
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task import ACKED, LEASED, Claim, StepRecord, TaskState
 from tq_stream.controller.waiters import Waiters
-from tq_stream.errors import LeaseError, StateError
+from tq_stream.errors import LeaseError, ReplicaClash, StateError
 from tq_stream.samplers.base import Candidates, Selection
 from tq_stream.samplers.sequential import SequentialSampler
 
@@ -217,7 +217,7 @@ class StepLogic:
         if rec is None and state.ended and step >= state.next_step - 1:
             rec = state.steps[state.next_step - 1]
         if rec is None:
-            raise LeaseError(
+            raise ReplicaClash(
                 f"step must not be already acked by every rank, got step={step} of task "
                 f"{state.name!r}; rank {dp_rank} resumes at step "
                 f"{state.first_unfinished(dp_rank)['step']} (get_meta(step=None) or a "
@@ -234,12 +234,12 @@ class StepLogic:
         if not len(rec.shares[dp_rank]) and dp_rank in rec.lost:
             return self._lost_meta(part, state, step, dp_rank, replica)
         if rec.share_done(dp_rank, state.full_acks, state.acks):
-            raise LeaseError(
+            raise ReplicaClash(
                 f"step {step} of task {state.name!r} was already acked by every replica of "
                 f"rank {dp_rank}; it must not be read again (rank {dp_rank} resumes at step "
                 f"{state.first_unfinished(dp_rank)['step']}){_peers_hint(state)}")
         if rec.share_done(dp_rank, 1 << replica, state.acks):
-            raise LeaseError(
+            raise ReplicaClash(
                 f"replica {replica} of rank {dp_rank} acked its share of step {step} of task "
                 f"{state.name!r} already; it must not read it again (it resumes at step "
                 f"{state.first_unfinished(dp_rank, replica)['step']}). If two TP/PP peers "
