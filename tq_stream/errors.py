@@ -10,7 +10,7 @@
     │   ├── LeaseError         ack/release of rows this consumer does not hold
     │   │   ├── LeaseTakenOver a write or ack by a reader whose lease lapsed and went to another
     │   │   └── ReplicaClash   a read of a share its replica acked (two TP/PP peers reading as
-    │   │                      one replica; also a ConfigError: it names replica=)
+    │   │                      one replica: it names replicas= and replica=)
     │   └── LengthUnknownError len() of an open stream (also a TypeError)
     ├── WaitTimeout            a bounded wait expired (also a TimeoutError)
     │   ├── Unreachable        no server accepted the connection: the request was never sent
@@ -71,10 +71,10 @@ class LeaseTakenOver(LeaseError):
     reader's work counts, this one's is refused (nothing of it was written or acked)."""
 
 
-class ReplicaClash(LeaseError, ConfigError):
+class ReplicaClash(LeaseError):
     """A read of a step's share that its (rank, replica) acked already: two TP/PP peers
     reading as one replica (``replicas=`` / ``replica=`` missing), or a loop reading a
-    step it trained. A LeaseError and a ConfigError (the fix is an argument)."""
+    step it trained. Its message names ``replicas=`` and ``replica=``."""
 
 
 class LengthUnknownError(StateError, TypeError):
