@@ -39,7 +39,7 @@ def check_keys(keys: Any) -> list[str]:
     return out
 
 
-def check_fields(fields: Any) -> list[str] | None:
+def check_fields(fields: object) -> list[str] | None:
     """Field names to read: None (every written field) or a list of str. A single str
     is refused (it would be read as its characters)."""
     if fields is None:
