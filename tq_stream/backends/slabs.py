@@ -166,6 +166,10 @@ class RaggedArena:
         total = int(lengths.sum())
         if total == 0:
             return self.values[:0].clone()
+        starts = self.start[slots]
+        if (starts[1:] == starts[:-1] + lengths[:-1]).all():  # rows put together: one span
+            lo = int(starts[0])
+            return self.values[lo : lo + total].clone()
         offs = np.cumsum(lengths) - lengths
         idx = np.repeat(self.start[slots] - offs, lengths) + np.arange(total, dtype=np.int64)
         return indexable(self.values).index_select(0, torch.from_numpy(idx)).view(self.dtype)
