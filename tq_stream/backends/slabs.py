@@ -246,8 +246,11 @@ class ObjectSlots:
         top = int(slots.max())
         if top >= cap:
             self.data = np.concatenate([self.data, np.empty(_grown(cap, top + 1) - cap, object)])
-        for s, v in zip(slots.tolist(), _own_all(values), strict=True):
-            self.data[s] = v
+        if len(values) != len(slots):
+            raise ValueError(f"values must have one entry per slot ({len(slots)}), got "
+                             f"{len(values)}")
+        # fromiter keeps each value whole (an array built from nested lists would not)
+        self.data[slots] = np.fromiter(_own_all(values), dtype=object, count=len(values))
         self.written = _mark(self.written, slots, True)
 
     def get(self, slots: np.ndarray) -> list:
