@@ -1,4 +1,5 @@
-"""Controller.list_tags (keys and tags as columns) and keys_of (row index -> key)."""
+"""Controller.list_tags (keys and tags as columns), keys_of (row index -> key) and
+locate (placement and how many rows hold each field, ``KV.locate``)."""
 
 from __future__ import annotations
 
@@ -32,3 +33,16 @@ def test_keys_of_maps_indexes_of_live_rows(stream):
         stream.connection.controller().keys_of(partition="p", index=idx)
     with pytest.raises(KeyConflictError, match="index must name live rows"):
         stream.connection.controller().keys_of(partition="p", index=[10_000])
+
+
+def test_locate_counts_the_rows_holding_each_field(stream):
+    w = stream.writer("p")
+    w.put(["a", "b"], {"x": torch.zeros(2, 1), "s": ["u", "v"]}, tags=[{"n": 1}, {"n": 2}])
+    w.put(["c"], {"x": torch.ones(1, 1)})
+    meta, held = stream.kv.locate(["c", "a", "b"], partition="p")
+    assert meta.keys == ("c", "a", "b") and meta.fields == () and held == {"x": 3, "s": 2}
+    assert set(meta.schemas) == {"x", "s"}
+    got = stream.kv.read(meta, ["x"])
+    assert got["x"][:, 0].tolist() == [1.0, 0.0, 0.0]
+    with pytest.raises(KeyConflictError, match=r"in partition 'p', missing \['z'\]"):
+        stream.kv.locate(["a", "z"], partition="p")

@@ -63,14 +63,29 @@ class KV:
             fields=check_fields(fields))
         return BatchMeta.from_dict(d)
 
+    def locate(self, keys: Sequence[str],
+               partition: str = DEFAULT_PARTITION) -> tuple[BatchMeta, dict[str, int]]:
+        """Where ``keys`` live (a BatchMeta with no fields and no tags) and, for each
+        field some of them hold, how many do: one controller call for a reader that
+        picks its fields from what the rows hold, then ``read``s them."""
+        d = self._conn.controller().locate(partition=check_name("partition", partition),
+                                           keys=check_keys(keys))
+        return BatchMeta.from_dict(d), dict(d["held"])
+
+    def read(self, meta: BatchMeta, fields: Sequence[str],
+             ragged: str = "nested") -> TensorDict:
+        """``fields`` (each written for every row) of ``meta``'s rows as a TensorDict
+        ``[n]``, rows in ``meta`` order."""
+        cols = placement.load(self._conn.units(), meta.partition, meta.unit, meta.slot,
+                              list(fields), occupancy(meta.index, meta.generation),
+                              meta.schemas)
+        return to_tensordict(cols, len(meta), ragged=ragged)
+
     def get_batch(self, keys: Sequence[str], fields: Sequence[str] | None = None,
                   partition: str = DEFAULT_PARTITION, ragged: str = "nested") -> TensorDict:
         """The fields of many rows as a TensorDict ``[n]`` (rows in ``keys`` order)."""
         meta = self.meta(keys, fields, partition)
-        cols = placement.load(self._conn.units(), partition, meta.unit, meta.slot,
-                              meta.fields, occupancy(meta.index, meta.generation),
-                              meta.schemas)
-        return to_tensordict(cols, len(meta), ragged=ragged)
+        return self.read(meta, meta.fields, ragged)
 
     def get(self, key: str, fields: Sequence[str] | None = None,
             partition: str = DEFAULT_PARTITION) -> dict[str, Any]:

@@ -172,6 +172,10 @@ class RaggedArena:
         total = int(lengths.sum())
         if total == 0:
             return self.values[:0].clone()
+        starts = self.start[slots]
+        if (starts[1:] == starts[:-1] + lengths[:-1]).all():  # rows put together: one span
+            lo = int(starts[0])
+            return self.values[lo : lo + total].clone()
         offs = np.cumsum(lengths) - lengths
         idx = np.repeat(self.start[slots] - offs, lengths) + np.arange(total, dtype=np.int64)
         return indexable(self.values).index_select(0, torch.from_numpy(idx)).view(self.dtype)
@@ -293,8 +297,11 @@ class ObjectSlots:
         top = int(slots.max())
         if top >= cap:
             self.data = np.concatenate([self.data, np.empty(_grown(cap, top + 1) - cap, object)])
-        for s, v in zip(slots.tolist(), _own_all(values), strict=True):
-            self.data[s] = v
+        if len(values) != len(slots):
+            raise ValueError(f"values must have one entry per slot ({len(slots)}), got "
+                             f"{len(values)}")
+        # fromiter keeps each value whole (an array built from nested lists would not)
+        self.data[slots] = np.fromiter(_own_all(values), dtype=object, count=len(values))
         self.written = _mark(self.written, slots, True)
 
     def get(self, slots: np.ndarray) -> list:

@@ -13,6 +13,17 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from tq_stream.columns import flat_plain
+
+
+def copied_tags(tags: list[dict]) -> list[dict]:
+    """A deep copy of ``tags``; when every one is a flat dict of scalars (what tags
+    are), one C-level dict copy each instead of ``deepcopy``'s walk."""
+    rows = list(tags)
+    if set(map(type, rows)) == {dict} and flat_plain(rows):
+        return [dict(t) for t in rows]
+    return copy.deepcopy(rows)
+
 
 @dataclass
 class KVBatchMeta:
@@ -37,7 +48,7 @@ class KVBatchMeta:
         if self.fields is not None and len(set(self.fields)) != len(self.fields):
             raise ValueError(f"fields must be distinct, got {self.fields}")
         self.keys = list(self.keys)
-        self.tags = copy.deepcopy(list(self.tags))
+        self.tags = copied_tags(self.tags)
         self.extra_info = copy.deepcopy(self.extra_info)
 
     @property

@@ -189,7 +189,8 @@ def batch_get(rt: Runtime, keys: str | Sequence[str], partition: str,
               select_fields: str | Sequence[str] | None) -> TensorDict:
     """``kv_batch_get``: rows in ``keys`` order; ``select_fields`` or every common field.
 
-    A field stored under one name for all of ``keys`` is one columnar read; one whose
+    A field stored under one name for all of ``keys`` is one columnar read, after one
+    controller call that says which fields the rows hold (``KV.locate``); one whose
     rows were written with different types is read per group and packed row by row.
     """
     keys = as_keys(keys)
@@ -197,6 +198,11 @@ def batch_get(rt: Runtime, keys: str | Sequence[str], partition: str,
     stream = rt.get()
     if fields is not None and TAG_ONLY_FIELD in fields:
         raise ConfigError(f"select_fields must name stored fields, got {TAG_ONLY_FIELD!r}")
+    if keys:
+        meta, held = stream.kv.locate(keys, partition)
+        names = variant_read.single_names(held, len(keys), fields, TAG_ONLY_FIELD)
+        if names is not None:  # the common case: one name per field for every row
+            return variant_read.read_single(stream, meta, names)
     if fields is not None and not rt.schemas.has_variants(partition, fields):
         try:  # the common case: every row has each field under its own name
             return stream.kv.get_batch(keys, fields, partition=partition)

@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import NonTensorStack, TensorDict
 
+from tq_stream import fieldpath
 from tq_stream.compat import values, variants
 from tq_stream.errors import KeyConflictError, SchemaError, StateError
 
 if TYPE_CHECKING:
+    from tq_stream.meta import BatchMeta
     from tq_stream.stream import Stream
 
 Column = torch.Tensor | NonTensorStack  # one field of a read, all rows
@@ -101,6 +103,44 @@ def read(stream: Stream, keys: list[str], partition: str, fields: list[str] | No
         if name not in single:
             out.set(name, _packed(stream, keys, partition, groups[name]))
     return TensorDict({name: out.get(name) for name in fields}, batch_size=[len(keys)])
+
+
+def single_names(held: Mapping[str, int], n: int, fields: list[str] | None,
+                 hidden: str) -> dict[str, str] | None:
+    """Logical -> physical name of each field to read when every one of the ``n`` rows
+    holds it under the same one name (``held``: physical field -> how many of the rows
+    hold it, ``KV.locate``); None when some field needs the row-by-row ``read`` (held
+    under several names, or not by every row) or is a parent path.
+
+    ``fields`` None: the fields every row holds. A field held under one name by only
+    some rows is not one of them; one held under two names may be, row by row.
+    """
+    by: dict[str, list[tuple[str, int]]] = {}
+    for p, count in held.items():
+        if fieldpath.SEP in p:  # nested fields: as ``read`` (and the core) resolve them
+            return None
+        if p != hidden:
+            by.setdefault(variants.logical(p), []).append((p, count))
+    if fields is None:
+        fields = [name for name, ps in by.items() if len(ps) > 1 or ps[0][1] == n]
+    out = {}
+    for name in fields:
+        ps = by.get(name, ())
+        if len(ps) != 1 or ps[0][1] != n:
+            return None
+        out[name] = ps[0][0]
+    return out or None
+
+
+def read_single(stream: Stream, meta: BatchMeta, names: Mapping[str, str]) -> TensorDict:
+    """``read`` of fields every row holds under one name (``single_names``): one
+    columnar read of the rows ``meta`` placed (``KV.locate``)."""
+    whole = stream.kv.read(meta, list(names.values()))
+    if all(name == p for name, p in names.items()):
+        return whole
+    n = len(meta)
+    return TensorDict({name: _decoded(whole.get(p), p, n) for name, p in names.items()},
+                      batch_size=[n])
 
 
 def _groups(name: str, keys: list[str], held: list[dict[str, list[str]]],

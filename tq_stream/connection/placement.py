@@ -78,6 +78,23 @@ def store(units: Sequence[Any], partition: str, unit: np.ndarray, slot: np.ndarr
     _map(put, groups)
 
 
+def _tiles(groups: list[tuple[int, np.ndarray]]) -> list[int] | None:
+    """The groups in batch order when each is a run of consecutive rows (the
+    controller places a put's rows in one block per unit), so their parts joined in
+    that order are the batch: no gather. None when some group is not a run."""
+    if any(int(pos[-1]) - int(pos[0]) != len(pos) - 1 for _, pos in groups):
+        return None
+    return sorted(range(len(groups)), key=lambda i: int(groups[i][1][0]))
+
+
+def _in_batch_order(joined: Column, groups: list[tuple[int, np.ndarray]]) -> Column:
+    """Rows joined group after group, put back in batch order."""
+    order = np.argsort(np.concatenate([pos for _, pos in groups]), kind="stable")
+    if isinstance(joined, Ragged | MultiRagged):
+        return take(joined, torch.from_numpy(order))
+    return [joined[i] for i in order.tolist()]
+
+
 def _destinations(units: Sequence[Any], groups: list, n: int, fields: Sequence[str],
                   schemas: Mapping[str, Any] | None) -> tuple[dict, list]:
     """Pooled outputs for dense fields, and per group the slices of them that rows of
@@ -124,7 +141,7 @@ def load(units: Sequence[Any], partition: str, unit: np.ndarray, slot: np.ndarra
         return unit.get(*args)
 
     parts = _map(fetch, list(range(len(groups))))
-    order = np.argsort(np.concatenate([pos for _, pos in groups]), kind="stable")
+    tiles = _tiles(groups)
     out: dict[str, Column] = {}
     for f in fields:
         cols = [p[f] for p in parts]
@@ -139,9 +156,8 @@ def load(units: Sequence[Any], partition: str, unit: np.ndarray, slot: np.ndarra
                     continue  # the unit gathered straight into the output
                 res[torch.from_numpy(pos)] = c
             out[f] = res
-        elif isinstance(cols[0], Ragged | MultiRagged):
-            out[f] = take(concat(cols), torch.from_numpy(order))
+        elif tiles is not None:
+            out[f] = concat([cols[i] for i in tiles])  # joined in batch order: no gather
         else:
-            joined = concat(cols)
-            out[f] = [joined[i] for i in order.tolist()]
+            out[f] = _in_batch_order(concat(cols), groups)
     return out

@@ -216,6 +216,9 @@ class RemoteController:
         return self._call("lookup", partition=partition, keys=list(keys),
                           fields=None if fields is None else list(fields))
 
+    def locate(self, partition: str, keys: Sequence[str]) -> dict[str, Any]:
+        return self._call("locate", partition=partition, keys=list(keys))
+
     def list_rows(self, partition: str,
                   keys: Sequence[str] | None = None) -> list[dict[str, Any]]:
         only = {} if keys is None else {"keys": list(keys)}

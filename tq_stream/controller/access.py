@@ -44,12 +44,7 @@ class AccessLogic:
         """
         with self._cond:
             part = self._part(partition)
-            idx = part.lookup(list(keys))
-            if (idx < 0).any():
-                missing = [k for k, i in zip(keys, idx.tolist(), strict=True) if i < 0][:5]
-                raise KeyConflictError(
-                    f"keys must exist in partition {partition!r}, missing {missing}"
-                )
+            idx = _existing(part, keys)
             if fields is None:
                 fields = [f for f, r in part.ready.items() if r[idx].all()]
                 if not fields:
@@ -65,6 +60,29 @@ class AccessLogic:
                     raise StateError(f"field {f!r} must be written before it is read; "
                                      f"it is not for keys {bad} of partition {partition!r}")
             return self._placement(part, idx, fields)
+
+    def locate(self, partition: str, keys: Sequence[str]) -> dict[str, Any]:
+        """Where existing ``keys`` live and how many of them hold each field, in one
+        call, for a reader that picks its fields from what its rows hold.
+
+        Returns ``lookup``'s placement without tags or a field check: ``fields`` is
+        empty, ``held`` maps each field some of ``keys`` hold to how many hold it
+        (``len(keys)``: all), ``schemas`` covers those fields.
+        """
+        with self._cond:
+            part = self._part(partition)
+            idx = _existing(part, keys)
+            held = {}
+            for f, r in part.ready.items():
+                count = int(np.count_nonzero(r[idx]))
+                if count:
+                    held[f] = count
+            return {
+                "partition": part.name, "index": idx, "keys": part.keys[idx].tolist(),
+                "unit": part.unit[idx], "slot": part.slot[idx], "generation": part.generation[idx],
+                "fields": [], "held": held,
+                "schemas": {f: part.schemas[f].to_dict() for f in held if f in part.schemas},
+            }
 
     def _placement(self, part: PartitionMeta, idx: np.ndarray,
                    fields: Sequence[str]) -> dict[str, Any]:
@@ -167,3 +185,11 @@ class AccessLogic:
             out[name] = len(rows) if task is None else len(rows) - len(task.finished_rows(rows))
         return out
 
+
+def _existing(part: PartitionMeta, keys: Sequence[str]) -> np.ndarray:
+    """Row index of each of ``keys``; KeyConflictError naming the first missing ones."""
+    idx = part.lookup(list(keys))
+    if (idx < 0).any():
+        missing = [k for k, i in zip(keys, idx.tolist(), strict=True) if i < 0][:5]
+        raise KeyConflictError(f"keys must exist in partition {part.name!r}, missing {missing}")
+    return idx

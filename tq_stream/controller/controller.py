@@ -72,7 +72,8 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic, AccessLogic):
     RPC_METHODS = frozenset({
         "create_partition", "close_partition", "reserve", "commit", "abort",
         "register_task", "get_meta", "ack", "release", "renew", "clear", "lookup",
-        "list_rows", "list_tags", "keys_of", "set_tags", "set_version", "reading", "stats",
+        "locate", "list_rows", "list_tags", "keys_of", "set_tags", "set_version", "reading",
+        "stats",
         "partitions", "admit", "set_admission", "admission", "commit_new", "release_spares",
         "first_unfinished", "cancel", "task_rows", "dead_units",
     })
@@ -83,7 +84,7 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic, AccessLogic):
     # (work proportional to the partition, or a sampler module import).
     RPC_INLINE = frozenset({
         "create_partition", "close_partition", "partitions", "reserve", "commit", "release",
-        "renew", "lookup", "keys_of", "set_tags", "set_version", "reading", "stats",
+        "renew", "lookup", "locate", "keys_of", "set_tags", "set_version", "reading", "stats",
         "admit",
         "set_admission", "admission", "commit_new", "release_spares", "first_unfinished",
         "cancel", "task_rows", "dead_units",
