@@ -8,6 +8,7 @@ place every ``--interval`` seconds until Ctrl-C.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -19,6 +20,7 @@ from rich.text import Text
 from tq_stream.errors import TQError, check_timeout
 from tq_stream.stats import DeploymentStats, PartitionStats, describe
 
+PIPE_WIDTH = 160  # columns of the tables when the output is not a terminal
 DEFAULT_STATUS_TIMEOUT = 10.0  # seconds a call of ``tq-stream status`` waits for a reply
 
 
@@ -127,7 +129,8 @@ def main(address: str, watch: bool = False, interval: float = 2.0,
         curve_server_key: the deployment's CURVE public key, when it requires CURVE.
         timeout: seconds each call to the deployment waits for its reply.
     """
-    console = console or Console()
+    # Not a terminal (a pipe, a log): rich would cut the tables to 80 columns.
+    console = console or Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
     try:
         return _show(address, watch, interval, console, curve_server_key,
                      check_timeout("timeout", timeout))

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from tq_stream.checks import check_tags
 from tq_stream.columns import FieldSchema
-from tq_stream.controller import counts
-from tq_stream.controller.access import AccessLogic
+from tq_stream.controller import access, counts
 from tq_stream.controller.admission import Admission
 from tq_stream.controller.capacity import full_error, full_reason
 from tq_stream.controller.consuming import ConsumingLogic, check_session
@@ -59,7 +59,7 @@ from tq_stream.samplers.sequential import SequentialSampler
 logger = logging.getLogger(__name__)
 
 
-class Controller(ConsumingLogic, StepLogic, SpareLogic, AccessLogic):
+class Controller(ConsumingLogic, StepLogic, SpareLogic):
     """The metadata service of one deployment.
 
     Args:
@@ -139,6 +139,65 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic, AccessLogic):
             part = self._parts.get(partition)
             return counts.task_rows(part, None if part is None else
                                     self._tasks[partition].get(task))
+
+    # ------------------------------------------------------------ rows by key (access.py)
+    def lookup(self, partition: str, keys: Sequence[str],
+               fields: Sequence[str] | None = ()) -> dict[str, Any]:
+        """Placement of existing ``keys`` whose ``fields`` are written (``access.lookup``)."""
+        with self._cond:
+            return access.lookup(self._part(partition), keys, fields)
+
+    def locate(self, partition: str, keys: Sequence[str]) -> dict[str, Any]:
+        """Where ``keys`` live and which fields they hold (``access.locate``)."""
+        with self._cond:
+            return access.locate(self._part(partition), keys)
+
+    def list_rows(self, partition: str,
+                  keys: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Every row (or ``keys``'): key, tags, fields; oldest first (``access.list_rows``)."""
+        with self._cond:
+            return access.list_rows(self._part(partition), keys)
+
+    def list_tags(self, partition: str) -> dict[str, Any]:
+        """Keys and tags of every row as columns (``access.list_tags``)."""
+        with self._cond:
+            return access.list_tags(self._part(partition))
+
+    def keys_of(self, partition: str, index: Sequence[int]) -> list[str]:
+        """Keys of live rows ``index`` (``access.keys_of``)."""
+        with self._cond:
+            return access.keys_of(self._part(partition), index)
+
+    def stats(self) -> dict[str, Any]:
+        """Per partition: ``access.partition_stats`` (keys: ``stats.PartitionStats``)."""
+        with self._cond:
+            return {name: access.partition_stats(part, self._tasks[name], self._timings)
+                    for name, part in self._parts.items()}
+
+    def clear(self, partition: str, keys: Sequence[str] | None = None) -> int:
+        """Free rows (all rows if ``keys`` is None); returns how many were freed."""
+        with self._cond:
+            part = self._part(partition)
+            if keys is None:
+                rows = np.flatnonzero(part.used)
+            else:
+                rows = part.lookup(list(keys))
+                rows = rows[rows >= 0]
+            part.lost.forget(keys)  # a cleared key may be written afresh
+            freed = self._release_rows(part, rows)
+        self._free_slots(partition, freed)
+        return len(rows)
+
+    def set_tags(self, partition: str, keys: Sequence[str], tags: list[dict[str, Any]]) -> None:
+        """Merge ``tags[i]`` into the tags of ``keys[i]``; rows may become ready."""
+        tags_ = check_tags(tags, len(keys))
+        with self._cond:
+            part = self._part(partition)
+            idx = access.existing(part, keys)
+            part.tags.set(idx, tags_ or [])
+            for task in self._tasks[partition].values():  # rows may wait for these tags
+                task.offer(idx, part.ready_for(task.config.fields, idx, task.tags))
+            self._rows_ready(part)
 
     # ------------------------------------------------------------ storage units
     def unit_lost(self, unit: int) -> dict[str, int]:

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from tq_stream.controller import events, turns
+from tq_stream.controller import access, events, turns
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task import ACKED, LEASED, Claim, StepRecord, TaskState
 from tq_stream.controller.waiters import Waiters
@@ -226,7 +226,7 @@ class StepLogic:
         if rec.end:
             if asked_next and self._held_elsewhere(part, state, dp_rank, replica, session):
                 return None  # not the end yet: a share another session holds may come back
-            meta = self._placement(part, np.zeros(0, np.int64), state.config.fields)  # type: ignore[attr-defined]
+            meta = access.placement(part, np.zeros(0, np.int64), state.config.fields)
             # An end meta carries the end step itself, so a reader that asked for a later
             # step learns where the stream ended (multi-partition loaders route by it).
             return {**meta, "task": state.name, "step": state.next_step - 1,
@@ -253,7 +253,7 @@ class StepLogic:
             return self._lost_meta(part, state, step, dp_rank, replica)
         state.claim(step, dp_rank, replica, session, consumer, now)
         share = rec.shares[dp_rank]
-        meta = self._placement(part, share, state.config.fields)  # type: ignore[attr-defined]
+        meta = access.placement(part, share, state.config.fields)
         return {**meta, "task": state.name, "step": step, "dp_rank": dp_rank,
                 "replica": replica, "end": False,
                 "lease_timeout": state.config.lease_timeout,
@@ -264,7 +264,7 @@ class StepLogic:
         """Every row of this share died with its storage unit, or went stale with none
         to replace it: an empty batch says so at once (a loader goes on with its next
         step) instead of a wait."""
-        meta = self._placement(part, np.zeros(0, np.int64), state.config.fields)  # type: ignore[attr-defined]
+        meta = access.placement(part, np.zeros(0, np.int64), state.config.fields)
         return {**meta, "task": state.name, "step": step, "dp_rank": dp_rank,
                 "replica": replica, "end": False, "lost": True}
 
