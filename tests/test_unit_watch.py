@@ -77,3 +77,39 @@ def test_a_unit_that_misses_its_ping_is_silent_until_it_answers():
         assert not watch.silent(0) and service.answers >= 1
     finally:
         watch.stop()
+
+
+class _Counting(_Service):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost: list[int] = []
+
+    def unit_may_be_dead(self, unit: int) -> bool:
+        return True
+
+    def unit_lost(self, unit: int) -> None:
+        self.lost.append(unit)
+
+
+class _Dead:
+    def call(self, method: str, args: Any = None, timeout: float = 0.0) -> dict[str, Any]:
+        raise ConnectionRefusedError("no process serves the unit")
+
+
+def test_a_replacement_that_dies_before_its_first_ping_is_lost_again():
+    """The unit-loss model test: a unit killed, restarted by its owner, and killed again
+    before the watch heard from the new process was never declared lost again (the
+    first outage's mark stayed): puts to it failed at their timeout, reads waited."""
+    service = _Counting()
+    watch = UnitWatch(service, lambda: [_Dead()], timeout=0.2)
+    try:
+        deadline = time.monotonic() + 5.0
+        while service.lost != [0] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert service.lost == [0]
+        watch.replaced(0)  # the owner restarted it; the new process dies at once
+        while service.lost != [0, 0] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert service.lost == [0, 0]
+    finally:
+        watch.stop()

@@ -91,10 +91,12 @@ class UnitWatch:
 
     def replaced(self, unit: int) -> None:
         """A new process serves ``unit`` (at the same address or a new one): its
-        silence so far was the old one's."""
+        silence so far was the old one's, and a silence of its own is a new outage
+        (declared lost again, even before the watch heard from it)."""
         self._serving[unit] = self._serving.get(unit, 0) + 1
         self._last_ok.pop(unit, None)
         self._silent.discard(unit)
+        self._lost.discard(unit)
 
     def silent(self, unit: int) -> bool:
         """True if ``unit`` did not answer its last ping."""
