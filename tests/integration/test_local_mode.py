@@ -453,7 +453,8 @@ def test_large_dense_puts_write_straight_into_shared_memory(local_stream):
         local_stream.kv.clear(first, partition="direct")
         with pytest.raises(tq.errors.KeyConflictError):
             local_stream.kv.get_batch(first, partition="direct")
-        # Mixed rows: the dense field goes straight in, only the others use the socket.
+        # Mixed rows: the dense and ragged fields go straight in, only the object field
+        # uses the socket.
         sent: list[list[str]] = []
         for u in units:
             u._remote.put = (lambda p, s, cols, g=None, _orig=u._remote.put:
@@ -466,7 +467,7 @@ def test_large_dense_puts_write_straight_into_shared_memory(local_stream):
         got = local_stream.kv.get_batch(keys, partition="direct", ragged="padded")
         assert torch.equal(got["x"], dense) and got["text"] == texts
         assert [int(v) for v in got["r"][:, :].max(dim=1).values] == list(range(64))
-        assert sent and all(cols == ["r", "text"] for cols in sent)
+        assert sent and all(cols == ["text"] for cols in sent)
     finally:
         for u in units:
             del u._remote._rpc.call

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tq_stream.backends.arena_writes import appended
 from tq_stream.backends.direct import DirectWrites
 from tq_stream.backends.memory import MemoryUnit
 from tq_stream.backends.slabs import DenseSlab, MultiRaggedArena, fence
@@ -277,7 +278,8 @@ class ShmUnit(DirectWrites, MemoryUnit):
         allocs = self._allocs
         try:
             with self._wcond:  # growing a slab must not move a direct write in progress
-                self._wait_growth(partition, np.asarray(slots, dtype=np.int64), columns)
+                self._wait_growth(partition, np.asarray(slots, dtype=np.int64), columns,
+                                  appended(columns))
                 super().put(partition, slots, columns, generations)
                 if partition in self._warm:  # it holds rows again
                     with self._lock:

@@ -147,12 +147,14 @@ class UnitService:
         return {**self.unit.stats(), "pid": os.getpid(), "rpc": rpc_stats()}
 
     def prepare_write(self, partition: str, slots: Any, generations: Any,
-                      fields: dict[str, Any]) -> dict[str, Any]:
+                      fields: dict[str, Any],
+                      arenas: dict[str, Any] | None = None) -> dict[str, Any]:
         """Start a same-host direct write (see ``tq_stream.backends.direct``)."""
         shared = self._shared_slabs()
         slots = _slots(slots)
         self.limits.check(partition, slots)
-        return shared.prepare_write(partition, slots, _tokens(generations, slots), fields)
+        return shared.prepare_write(partition, slots, _tokens(generations, slots), fields,
+                                    arenas)
 
     def finish_write(self, partition: str, ticket: int, ok: bool = True) -> None:
         self._shared_slabs().finish_write(partition, ticket, ok)
