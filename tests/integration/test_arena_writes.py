@@ -12,6 +12,7 @@ from test_images import images, same
 from tq_fixtures import local_stream, unit
 
 from tq_stream.backends.arena_writes import ArenaWrite
+from tq_stream.backends.segments import ShmReader
 from tq_stream.backends.shm import ShmUnit, shm_available
 from tq_stream.columns import Ragged
 from tq_stream.errors import ConfigError
@@ -90,20 +91,49 @@ def test_bad_arena_writes_are_refused_naming_the_field(unit, raw, rule):
     assert "p" not in unit._parts
 
 
-def test_an_arena_does_not_move_under_an_open_write(unit):
+def values_of(n: int, fill: int) -> Ragged:
+    """One row of ``n`` values [2] of ``fill``."""
+    return Ragged(torch.full((n, 2), fill, dtype=torch.int64), torch.tensor([0, n]))
+
+
+def test_an_arena_grows_in_place_under_an_open_write(unit):
     unit.put("p", np.arange(2), {"r": ragged(2)}, np.arange(2))
-    cap = unit._parts["p"].fields["r"].values.shape[0]
-    big = Ragged(torch.zeros(cap, 2, dtype=torch.int64), torch.tensor([0, cap]))
-    w = ArenaWrite.of(ragged(1, seed=4))
+    store = unit._parts["p"].fields["r"]
+    name, cap = unit._describe(store.values)["shm"], store.values.shape[0]
+    reader = ShmReader()
+    old = reader.view(name, torch.int64, (cap, 2))  # a same-host reader's mapping
+    row = values_of(3, 7)
+    w = ArenaWrite.of(row)
     plan = unit.prepare_write("p", np.array([2]), np.array([2]), {}, {"r": w.wire()})
-    with inline(), pytest.raises(WouldBlock):  # it would wait: not on an IO thread
-        unit.put("p", np.array([3]), {"r": big}, np.array([3]))
-    assert unit._parts["p"].fields["r"].values.shape[0] == cap
+    with inline():  # no wait: the arena grows in its own segment, nothing is copied
+        unit.put("p", np.array([3]), {"r": values_of(cap, 9)}, np.array([3]))
+    assert store.values.shape[0] > cap and unit._describe(store.values)["shm"] == name
+    at = plan["arenas"]["r"]["at"]
+    old[at : at + 3].copy_(row.values)  # the open write lands through the old mapping
     unit.finish_write("p", plan["ticket"], True)
-    unit.put("p", np.array([3]), {"r": big}, np.array([3]))  # grows now
-    assert unit._parts["p"].fields["r"].values.shape[0] > cap
-    got = unit.get("p", np.arange(4), ["r"])["r"]
-    assert torch.equal(got.values[-cap:], big.values)
+    got = unit.get("p", np.array([2, 3]), ["r"], np.array([2, 3]))["r"]
+    assert torch.equal(got.values, torch.cat([row.values, values_of(cap, 9).values]))
+    wide = reader.view(name, torch.int64, tuple(store.values.shape))  # mapped again
+    assert torch.equal(wide[at : at + 3], row.values)
+
+
+def test_an_arena_does_not_compact_under_an_open_write(unit):
+    unit.put("p", np.array([0]), {"r": values_of(1, 1)}, np.array([1]))
+    unit.put("p", np.array([1]), {"r": values_of(70_000, 2)}, np.array([5]))
+    unit.free("p", np.array([1]))  # garbage beyond the live values: the next growth compacts
+    store = unit._parts["p"].fields["r"]
+    plan = unit.prepare_write("p", np.array([2]), np.array([2]), {},
+                              {"r": ArenaWrite.of(values_of(1, 3)).wire()})
+    before = store.values
+    with inline(), pytest.raises(WouldBlock):  # it would wait: not on an IO thread
+        unit.put("p", np.array([3]), {"r": values_of(store.values.shape[0], 4)},
+                 np.array([3]))
+    assert store.values is before
+    unit.finish_write("p", plan["ticket"], True)
+    unit.put("p", np.array([3]), {"r": values_of(store.values.shape[0], 4)}, np.array([3]))
+    assert store.values.data_ptr() != before.data_ptr()  # compacted into new memory
+    got = unit.get("p", np.array([0, 3]), ["r"])["r"]
+    assert torch.equal(got.values[:1], values_of(1, 1).values)
 
 
 def spy_calls(units):

@@ -15,7 +15,8 @@ import torch
 from backend_contract import BackendContract
 from tq_fixtures import segments_of, start_local, unit, wait_until
 
-from tq_stream.backends.shm import SHM_DIR, ShmReader, ShmUnit, shm_available, sweep_stale
+from tq_stream.backends.segments import ShmReader
+from tq_stream.backends.shm import SHM_DIR, ShmUnit, shm_available, sweep_stale
 from tq_stream.columns import Ragged
 from tq_stream.errors import KeyConflictError, StateError
 

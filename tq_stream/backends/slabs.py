@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -32,6 +33,19 @@ from tq_stream.multiragged import MultiRagged
 
 Alloc = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
 _MIN_ROWS = 16
+
+
+@runtime_checkable
+class GrowsInPlace(Protocol):
+    """An allocator that also grows a tensor it made without moving or copying its bytes
+    (a shared-memory unit extends the segment's file: ``ShmUnit``); an arena grown so
+    keeps its memory, and a reader's or writer's mapping of it stays right."""
+
+    def __call__(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
+
+    def grow(self, tensor: torch.Tensor, rows: int) -> torch.Tensor:
+        """``tensor`` (as this allocator made it) with ``rows`` rows, the first ones its."""
+        ...
 
 
 def heap_alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -146,13 +160,21 @@ class RaggedArena:
             self.start = np.concatenate([self.start, np.zeros(n - cap, np.int64)])
             self.length = np.concatenate([self.length, np.full(n - cap, -1, np.int64)])
 
+    def _compacts(self, extra: int) -> bool:
+        """True if appending ``extra`` values compacts the arena first."""
+        return self.end - self.live > max(self.live, 1 << 16) and \
+            self.end + extra > self.values.shape[0]
+
     def _ensure_values(self, extra: int) -> None:
-        garbage = self.end - self.live
-        if garbage > max(self.live, 1 << 16) and self.end + extra > self.values.shape[0]:
+        if self._compacts(extra):
             self._compact()
         cap = self.values.shape[0]
         if self.end + extra > cap:
-            new = self._alloc((_grown(cap, self.end + extra), *self.tail), self.dtype)
+            rows = _grown(cap, self.end + extra)
+            if isinstance(self._alloc, GrowsInPlace):  # no byte copied, none moves
+                self.values = self._alloc.grow(self.values, rows)
+                return
+            new = self._alloc((rows, *self.tail), self.dtype)
             new[: self.end].copy_(self.values[: self.end])
             self.values = new
 
@@ -181,9 +203,10 @@ class RaggedArena:
         return indexable(self.values).index_select(0, torch.from_numpy(idx)).view(self.dtype)
 
     def moves_for(self, extra: int) -> bool:
-        """True if appending ``extra`` values moves the arena to new memory (it grows,
-        and may compact first): a same-host writer must not be copying into it then."""
-        return self.end + extra > self.values.shape[0]
+        """True if appending ``extra`` values moves the arena to new memory (it compacts,
+        or grows by a copy): a same-host writer must not be copying into it then."""
+        return self._compacts(extra) or (self.end + extra > self.values.shape[0] and
+                                         not isinstance(self._alloc, GrowsInPlace))
 
     def reserve(self, slots: np.ndarray, offsets: np.ndarray, total: int) -> int:
         """Place rows as ``put`` does, without their values: row i of ``slots`` is

@@ -13,7 +13,7 @@ import torch
 
 from tq_stream.backends.arena_writes import ArenaWrite
 from tq_stream.backends.base import StorageUnit
-from tq_stream.backends.shm import ShmReader
+from tq_stream.backends.segments import ShmReader
 from tq_stream.backends.slabs import UNSET, fence
 from tq_stream.buffers import gather_rows, gather_spans, scatter_rows
 from tq_stream.columns import Column, Ragged, dtype_from_name, dtype_name
