@@ -454,11 +454,11 @@ def test_large_dense_puts_write_straight_into_shared_memory(local_stream):
         with pytest.raises(tq.errors.KeyConflictError):
             local_stream.kv.get_batch(first, partition="direct")
         # Mixed rows: the dense and ragged fields go straight in, only the object field
-        # uses the socket.
+        # uses the socket (with the finish_write).
         sent: list[list[str]] = []
         for u in units:
-            u._remote.put = (lambda p, s, cols, g=None, _orig=u._remote.put:
-                             sent.append(sorted(cols)) or _orig(p, s, cols, g))
+            u._remote.finish_write = (lambda p, t, ok=True, cols=None, _o=u._remote.finish_write:
+                                      sent.append(sorted(cols or {})) or _o(p, t, ok, cols))
         keys = [f"m{i}" for i in range(64)]
         dense = torch.randn(64, 8192)
         ragged = [torch.arange(i + 1) for i in range(64)]
@@ -471,7 +471,7 @@ def test_large_dense_puts_write_straight_into_shared_memory(local_stream):
     finally:
         for u in units:
             del u._remote._rpc.call
-            u._remote.__dict__.pop("put", None)
+            u._remote.__dict__.pop("finish_write", None)
 
 
 def test_a_failed_start_raises_its_own_error_and_leaves_nothing(monkeypatch, tmp_path):

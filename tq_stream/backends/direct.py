@@ -9,8 +9,10 @@ Protocol (two small calls around one copy):
    retry) and a *write ticket* is opened; the reply is the slabs' layout (segment,
    dtype, shape) and each arena's, with where in it the rows' values go (``at``).
 2. The writer copies its rows into the mapped segments.
-3. ``finish_write(partition, ticket, ok)``: the tokens are published (``ok``) or left
-   UNSET (a failed copy: the rows stay unreadable), and the ticket is closed.
+3. ``finish_write(partition, ticket, ok, columns)``: the tokens are published (``ok``)
+   or left UNSET (a failed copy: the rows stay unreadable), and the ticket is closed;
+   the rows' other fields (``columns``: object fields) are then put as by ``put``,
+   which saves the writer a call.
 
 Invariant: a slab or arena never moves (grows or compacts into a new segment) while
 a ticket of its partition is open — a growth waits (bounded) until the tickets
@@ -156,8 +158,10 @@ class DirectWrites:
         return {"ticket": ticket, "fields": {f: layout[f] for f in fields},
                 "arenas": {f: {**layout[f], "at": at[f]} for f in writes}}
 
-    def finish_write(self, partition: str, ticket: int, ok: bool = True) -> None:
-        """Publish (``ok``) or abandon the rows of ``ticket``; wakes waiting growths."""
+    def _close_ticket(self, partition: str, ticket: int,
+                      ok: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """Publish (``ok``) or abandon the rows of ``ticket``; wakes waiting growths.
+        Returns the ticket's slots and tokens."""
         with self._wcond:
             entry = self._tickets.pop(int(ticket), None)
             self._wcond.notify_all()
@@ -167,6 +171,7 @@ class DirectWrites:
             part = self._parts.get(partition)  # type: ignore[attr-defined]
             if ok and part is not None:
                 part.gen.end(entry[1], entry[2])
+        return entry[1], entry[2]
 
 
 def _moves(stores: Mapping[str, Store], top: int, fields: Collection[str],

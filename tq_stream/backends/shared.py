@@ -44,8 +44,10 @@ class SharedSlabs(Protocol):
         the rows of ragged ``arenas`` (``tq_stream.backends.arena_writes``)."""
         ...
 
-    def finish_write(self, partition: str, ticket: int, ok: bool = True) -> None:
-        """Publish (``ok``) or abandon the rows of a ``prepare_write``'s ticket."""
+    def finish_write(self, partition: str, ticket: int, ok: bool = True,
+                     columns: dict[str, Column] | None = None) -> None:
+        """Publish (``ok``) or abandon the rows of a ``prepare_write``'s ticket; then put
+        their other fields ``columns`` (if ``ok``)."""
         ...
 
 

@@ -38,6 +38,7 @@ from tq_stream.backends.direct import DirectWrites
 from tq_stream.backends.memory import MemoryUnit
 from tq_stream.backends.segments import SHM_DIR, Segment
 from tq_stream.backends.slabs import DenseSlab, MultiRaggedArena, fence
+from tq_stream.columns import Column
 
 PREFIX = "tq_"
 _COUNTER = itertools.count()  # per process, shared by its units: names never collide
@@ -264,6 +265,14 @@ class ShmUnit(DirectWrites, MemoryUnit):
         finally:
             if self._allocs != allocs:  # a slab grew: its old segment is garbage now
                 self._collect()
+
+    def finish_write(self, partition: str, ticket: int, ok: bool = True,
+                     columns: dict[str, Column] | None = None) -> None:
+        """End a direct write (``tq_stream.backends.direct``), then put the rows' other
+        fields ``columns`` (if ``ok``), as ``put`` would."""
+        slots, tokens = self._close_ticket(partition, ticket, ok)
+        if ok and columns:
+            self.put(partition, slots, columns, tokens)
 
     def free(self, partition: str, slots: np.ndarray) -> None:
         super().free(partition, slots)

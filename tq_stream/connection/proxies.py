@@ -339,8 +339,12 @@ class RemoteUnit(StorageUnit):
             args["arenas"] = dict(arenas)
         return self._rpc.call("prepare_write", args)
 
-    def finish_write(self, partition: str, ticket: int, ok: bool = True) -> None:
-        self._rpc.call("finish_write", {"partition": partition, "ticket": ticket, "ok": ok})
+    def finish_write(self, partition: str, ticket: int, ok: bool = True,
+                     columns: dict[str, Column] | None = None) -> None:
+        args: dict[str, Any] = {"partition": partition, "ticket": ticket, "ok": ok}
+        if columns:
+            args["columns"] = dict(columns)
+        self._rpc.call("finish_write", args, timeout=self._timeout)
 
     def nbytes(self) -> int:
         return self._rpc.call("nbytes", {}, timeout=self._timeout)

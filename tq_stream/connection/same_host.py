@@ -276,12 +276,8 @@ class SameHostUnit(StorageUnit):
                       if w is not None}
             try:
                 # Dense and ragged fields straight into shared memory; object fields
-                # (if any) still travel over the socket, after them.
+                # (if any) still travel over the socket, with the finish_write.
                 if self._put_direct(partition, slots, tensors, arenas, columns, generations):
-                    rest = {f: c for f, c in columns.items()
-                            if f not in tensors and f not in arenas}
-                    if rest:
-                        self._remote.put(partition, slots, rest, generations)
                     return
             except ConfigError:
                 self._direct = False  # this unit takes no direct writes: use the socket
@@ -293,9 +289,10 @@ class SameHostUnit(StorageUnit):
         """Copy rows straight into the unit's shared memory between ``prepare_write`` and
         ``finish_write`` (see ``tq_stream.backends.direct``): dense ``tensors`` into
         their slabs, the values of ragged ``arenas`` where the unit placed their rows;
-        False if a segment was gone before it could be mapped (the write is abandoned:
-        put through the unit)."""
+        the other ``columns`` go with ``finish_write``. False if a segment was gone
+        before it could be mapped (the write is abandoned: put through the unit)."""
         fields = {f: [dtype_name(c.dtype), list(c.shape[1:])] for f, c in tensors.items()}
+        rest = {f: c for f, c in columns.items() if f not in tensors and f not in arenas}
         plan = self._remote.prepare_write(partition, slots, generations, fields,
                                           {f: w.wire() for f, w in arenas.items()})
         ok = False
@@ -313,10 +310,7 @@ class SameHostUnit(StorageUnit):
                 end.copy_(arenas[f].values(columns[f]))
             ok = True
         finally:
-            # An arena's segment is written once per put, at its end: not kept mapped
-            # here (a grown arena's old segment would stay in memory while mapped).
-            _READER.forget({lay["shm"] for lay in placed.values()})
-            self._remote.finish_write(partition, plan["ticket"], ok)
+            self._remote.finish_write(partition, plan["ticket"], ok, rest if ok else None)
         return True
 
     def get(self, partition: str, slots: np.ndarray, fields: Sequence[str],

@@ -156,8 +156,15 @@ class UnitService:
         return shared.prepare_write(partition, slots, _tokens(generations, slots), fields,
                                     arenas)
 
-    def finish_write(self, partition: str, ticket: int, ok: bool = True) -> None:
-        self._shared_slabs().finish_write(partition, ticket, ok)
+    def finish_write(self, partition: str, ticket: int, ok: bool = True,
+                     columns: dict[str, Any] | None = None) -> None:
+        """End a same-host direct write; ``columns``: the rows' other fields, put after."""
+        if columns is not None and not isinstance(columns, dict):
+            raise ConfigError(f"columns must be a dict of field -> column, got "
+                              f"{type(columns).__name__}")
+        if not may_block() and _payload(columns) > self.INLINE_BYTES:
+            raise WouldBlock  # before the ticket closes: the call runs again on a worker
+        self._shared_slabs().finish_write(partition, ticket, ok, columns)
 
     def _shared_slabs(self) -> SharedSlabs:
         if self.shared is None:
