@@ -162,8 +162,10 @@ class UnitService:
         if columns is not None and not isinstance(columns, dict):
             raise ConfigError(f"columns must be a dict of field -> column, got "
                               f"{type(columns).__name__}")
-        if not may_block() and _payload(columns) > self.INLINE_BYTES:
-            raise WouldBlock  # before the ticket closes: the call runs again on a worker
+        if not may_block() and _payload(columns):
+            # Tensors may grow a slab, which may wait: on a worker, before the ticket closes
+            # (a writer sends object fields only, stored inline).
+            raise WouldBlock
         self._shared_slabs().finish_write(partition, ticket, ok, columns)
 
     def _shared_slabs(self) -> SharedSlabs:
