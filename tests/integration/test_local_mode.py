@@ -453,11 +453,12 @@ def test_large_dense_puts_write_straight_into_shared_memory(local_stream):
         local_stream.kv.clear(first, partition="direct")
         with pytest.raises(tq.errors.KeyConflictError):
             local_stream.kv.get_batch(first, partition="direct")
-        # Mixed rows: the dense field goes straight in, only the others use the socket.
+        # Mixed rows: the dense and ragged fields go straight in, only the object field
+        # uses the socket (with the finish_write).
         sent: list[list[str]] = []
         for u in units:
-            u._remote.put = (lambda p, s, cols, g=None, _orig=u._remote.put:
-                             sent.append(sorted(cols)) or _orig(p, s, cols, g))
+            u._remote.finish_write = (lambda p, t, ok=True, cols=None, _o=u._remote.finish_write:
+                                      sent.append(sorted(cols or {})) or _o(p, t, ok, cols))
         keys = [f"m{i}" for i in range(64)]
         dense = torch.randn(64, 8192)
         ragged = [torch.arange(i + 1) for i in range(64)]
@@ -466,11 +467,11 @@ def test_large_dense_puts_write_straight_into_shared_memory(local_stream):
         got = local_stream.kv.get_batch(keys, partition="direct", ragged="padded")
         assert torch.equal(got["x"], dense) and got["text"] == texts
         assert [int(v) for v in got["r"][:, :].max(dim=1).values] == list(range(64))
-        assert sent and all(cols == ["r", "text"] for cols in sent)
+        assert sent and all(cols == ["text"] for cols in sent)
     finally:
         for u in units:
             del u._remote._rpc.call
-            u._remote.__dict__.pop("put", None)
+            u._remote.__dict__.pop("finish_write", None)
 
 
 def test_a_failed_start_raises_its_own_error_and_leaves_nothing(monkeypatch, tmp_path):

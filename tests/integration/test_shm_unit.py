@@ -13,11 +13,14 @@ import numpy as np
 import pytest
 import torch
 from backend_contract import BackendContract
-from tq_fixtures import segments_of, start_local, wait_until
+from tq_fixtures import segments_of, start_local, unit, wait_until
 
-from tq_stream.backends.shm import SHM_DIR, ShmReader, ShmUnit, shm_available, sweep_stale
+from tq_stream.backends.segments import ShmReader
+from tq_stream.backends.shm import SHM_DIR, ShmUnit, shm_available, sweep_stale
 from tq_stream.columns import Ragged
 from tq_stream.errors import KeyConflictError, StateError
+
+__all__ = ["unit"]  # the fixture, imported for pytest
 
 pytestmark = [
     pytest.mark.integration,
@@ -30,17 +33,6 @@ ME = os.getpid()
 
 def one(*s: int) -> np.ndarray:
     return np.asarray(s, dtype=np.int64)
-
-
-@pytest.fixture
-def unit():
-    before = set(segments_of([ME]))
-    u = ShmUnit()
-    try:
-        yield u
-    finally:
-        u.close()
-        assert set(segments_of([ME])) <= before, "ShmUnit.close left segments behind"
 
 
 class TestShmContract(BackendContract):

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import tq_stream as tq
-from tq_stream.backends.shm import PREFIX, SHM_DIR
+from tq_stream.backends.shm import PREFIX, SHM_DIR, ShmUnit
 
 # Integration tests wait on real processes: generous per-call timeouts, bounded tests.
 CONFIG = tq.StreamConfig(timeout=30.0)
@@ -44,6 +44,19 @@ def local_stream() -> Iterator[tq.Stream]:
         stream.close()
         assert wait_gone(pids, 10.0) == [], "servers outlived close()"
         assert segments_of(pids) == [], "close() left shared-memory segments"
+
+
+@pytest.fixture
+def unit() -> Iterator[ShmUnit]:
+    """A shared-memory unit in this process; at teardown it left no segments."""
+    me = os.getpid()
+    before = set(segments_of([me]))
+    u = ShmUnit()
+    try:
+        yield u
+    finally:
+        u.close()
+        assert set(segments_of([me])) <= before, "ShmUnit.close left segments behind"
 
 
 def segments_of(pids: Sequence[int]) -> list[str]:

@@ -2,32 +2,38 @@
 
 Protocol (two small calls around one copy):
 
-1. ``prepare_write(partition, slots, generations, fields)``: under the unit's lock
-   the dense slabs of ``fields`` are created or grown to hold ``slots``, the slots'
-   tokens are set UNSET (readers retry) and a *write ticket* is opened; the reply is
-   the slabs' layout (segment, dtype, shape).
+1. ``prepare_write(partition, slots, generations, fields, arenas)``: under the unit's
+   lock the dense slabs of ``fields`` are created or grown to hold ``slots``, the rows
+   of ``arenas`` (ragged and multi-ragged fields, ``tq_stream.backends.arena_writes``)
+   are reserved at the end of their arenas, the slots' tokens are set UNSET (readers
+   retry) and a *write ticket* is opened; the reply is the slabs' layout (segment,
+   dtype, shape) and each arena's, with where in it the rows' values go (``at``).
 2. The writer copies its rows into the mapped segments.
-3. ``finish_write(partition, ticket, ok)``: the tokens are published (``ok``) or left
-   UNSET (a failed copy: the rows stay unreadable), and the ticket is closed.
+3. ``finish_write(partition, ticket, ok, columns)``: the tokens are published (``ok``)
+   or left UNSET (a failed copy: the rows stay unreadable), and the ticket is closed;
+   the rows' other fields (``columns``: object fields) are then put as by ``put``,
+   which saves the writer a call.
 
-Invariant: a slab never moves (grows into a new segment) while a ticket of its
-partition is open — a growth waits (bounded) until the tickets close, or expire
-after ``TICKET_TTL`` seconds (a writer that died), so no copy lands in a segment
-that was already replaced.
+Invariant: a slab or arena never moves (grows or compacts into a new segment) while
+a ticket of its partition is open — a growth waits (bounded) until the tickets
+close, or expire after ``TICKET_TTL`` seconds (a writer that died), so no copy lands
+in a segment that was already replaced.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
 
-from tq_stream.backends.slabs import DenseSlab
-from tq_stream.columns import dtype_from_name
+from tq_stream.backends.arena_writes import ArenaWrite
+from tq_stream.backends.slabs import DenseSlab, MultiRaggedArena, RaggedArena, Store
+from tq_stream.columns import dtype_from_name, dtype_name
 from tq_stream.errors import ConfigError, StateError, WaitTimeout
 from tq_stream.handling import WouldBlock, may_block
 
@@ -49,23 +55,24 @@ class DirectWrites:
             del self._tickets[t]  # its writer died: its slots stay UNSET (unreadable)
         return any(v[0] == partition for v in self._tickets.values())
 
-    def _must_grow(self, partition: str, slots: np.ndarray, fields: Any) -> bool:
+    def _must_grow(self, partition: str, slots: np.ndarray, fields: Collection[str],
+                   appends: Mapping[str, int]) -> bool:
         part = self._parts.get(partition)  # type: ignore[attr-defined]
         if part is None or not len(slots):
             return False
-        top = int(slots.max())
-        return any(isinstance(s, DenseSlab) and top >= s.data.shape[0]
-                   for f, s in part.fields.items() if f in fields)
+        return _moves(part.fields, int(slots.max()), fields, appends)
 
-    def _wait_growth(self, partition: str, slots: np.ndarray, fields: Any) -> None:
-        """Called with the lock held: wait until growing these slabs moves no open write.
+    def _wait_growth(self, partition: str, slots: np.ndarray, fields: Collection[str],
+                     appends: Mapping[str, int]) -> None:
+        """Called with the lock held: wait until growing these slabs (to hold ``slots``
+        of ``fields``) and arenas (by ``appends`` values) moves no open write.
 
         Raises:
             WouldBlock: it would wait, on a server's IO thread (``may_block()`` False):
                 that thread must stay free to run the ``finish_write`` that ends the wait.
         """
         deadline = time.monotonic() + GROWTH_WAIT
-        while self._must_grow(partition, slots, fields) and self._open_on(partition):
+        while self._must_grow(partition, slots, fields, appends) and self._open_on(partition):
             if not may_block():
                 raise WouldBlock
             left = deadline - time.monotonic()
@@ -88,35 +95,59 @@ class DirectWrites:
             self._wcond.wait(min(left, 1.0))
 
     def prepare_write(self, partition: str, slots: np.ndarray, generations: Any,
-                      fields: Mapping[str, Any]) -> dict[str, Any]:
-        """Ready dense slabs of ``fields`` (name -> [dtype, shape]) for ``slots``."""
+                      fields: Mapping[str, Any],
+                      arenas: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Ready dense slabs of ``fields`` (name -> [dtype, shape]) for ``slots``, and
+        place their rows of ragged fields ``arenas`` (name -> ``ArenaWrite.wire()``).
+
+        Returns:
+            ``{"ticket", "fields": {name: layout}, "arenas": {name: layout plus "at"}}``.
+        """
         slots = np.asarray(slots, dtype=np.int64)
+        writes = {name: ArenaWrite.parse(name, raw, len(slots))
+                  for name, raw in (arenas or {}).items()}
         with self._wcond:
             self._check_open()  # type: ignore[attr-defined]
-            self._wait_growth(partition, slots, fields)
+            self._wait_growth(partition, slots, fields,
+                              {name: w.total for name, w in writes.items()})
             part = self._parts.get(partition)  # type: ignore[attr-defined]
             if part is None:
                 part = self._new_partition(partition)  # type: ignore[attr-defined]
+            alloc_for = functools.partial(self._alloc_for, partition)  # type: ignore[attr-defined]
+            dense: list[DenseSlab] = []
             for name, (dtype, shape) in fields.items():
                 store = part.fields.get(name)
                 if store is None:
                     store = part.fields[name] = DenseSlab(
-                        dtype_from_name(dtype), tuple(shape),
-                        self._alloc_for(partition, name),  # type: ignore[attr-defined]
-                        self._alloc_for(partition, name, "flags"))  # type: ignore[attr-defined]
+                        dtype_from_name(dtype), tuple(shape), alloc_for(name),
+                        alloc_for(name, "flags"))
                 if not (isinstance(store, DenseSlab) and store.shape == tuple(shape)
                         and str(store.dtype).removeprefix("torch.") == dtype):
                     raise ConfigError(f"field {name!r} must be a dense slab of "
                                       f"{dtype}{list(shape)} to be written directly")
-                store._ensure(int(slots.max()))
-            layout = {}
-            for name in fields:
+                dense.append(store)
+            for name, write in writes.items():
+                store = part.fields.get(name)
+                if store is None:
+                    store = part.fields[name] = write.new_store(alloc_for(name))
+                if not write.fits(store):
+                    raise ConfigError(f"field {name!r} must be a {write.kind} arena of "
+                                      f"{dtype_name(write.dtype)}{list(write.shape)} to be "
+                                      f"written directly")
+            # Every field checked before any row is placed: a refused write places none.
+            at = {name: write.place(part.fields[name], slots) for name, write in writes.items()}
+            for slab in dense:
+                slab.ensure(int(slots.max()))
+            layout: dict[str, Any] = {}
+            for name in (*fields, *writes):
                 store = part.fields[name]
-                desc = self._describe(store.data)  # type: ignore[attr-defined]
+                desc = self._describe(  # type: ignore[attr-defined]
+                    store.data if isinstance(store, DenseSlab) else store.values)
                 if desc is None:
                     raise ConfigError(f"field {name!r} has no shared-memory slab")
                 layout[name] = desc
-                store.written[slots] = True
+                if isinstance(store, DenseSlab):
+                    store.written[slots] = True
             part.gen.begin(slots)
             part.mark(slots, True)
             ticket = next(self._ticket_ids)
@@ -124,10 +155,13 @@ class DirectWrites:
             self._tickets[ticket] = (partition, slots, tokens,
                                      time.monotonic() + TICKET_TTL)
         self._collect()  # type: ignore[attr-defined]  # a grown slab's old segment goes
-        return {"ticket": ticket, "fields": layout}
+        return {"ticket": ticket, "fields": {f: layout[f] for f in fields},
+                "arenas": {f: {**layout[f], "at": at[f]} for f in writes}}
 
-    def finish_write(self, partition: str, ticket: int, ok: bool = True) -> None:
-        """Publish (``ok``) or abandon the rows of ``ticket``; wakes waiting growths."""
+    def _close_ticket(self, partition: str, ticket: int,
+                      ok: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """Publish (``ok``) or abandon the rows of ``ticket``; wakes waiting growths.
+        Returns the ticket's slots and tokens."""
         with self._wcond:
             entry = self._tickets.pop(int(ticket), None)
             self._wcond.notify_all()
@@ -137,3 +171,17 @@ class DirectWrites:
             part = self._parts.get(partition)  # type: ignore[attr-defined]
             if ok and part is not None:
                 part.gen.end(entry[1], entry[2])
+        return entry[1], entry[2]
+
+
+def _moves(stores: Mapping[str, Store], top: int, fields: Collection[str],
+           appends: Mapping[str, int]) -> bool:
+    """True if holding slot ``top`` of dense ``fields``, or appending ``appends[f]``
+    values to arena f, moves one of ``stores`` to a new segment."""
+    for f, s in stores.items():
+        if isinstance(s, DenseSlab) and f in fields and top >= s.data.shape[0]:
+            return True
+        if isinstance(s, RaggedArena | MultiRaggedArena) and f in appends and \
+                s.moves_for(appends[f]):
+            return True
+    return False

@@ -51,7 +51,7 @@ class _PartitionStore:
         cap = self.live.shape[0]
         if top > cap:
             new = self._live_alloc((max(top, 2 * cap),), torch.bool).zero_()
-            fence()  # as in DenseSlab._ensure
+            fence()  # as in DenseSlab.ensure
             new[:cap].copy_(self.live_flags)
             self.live_flags, self.live = new, new.numpy()
         self.live[slots] = value

@@ -1,9 +1,9 @@
 """Same-host abilities: what some storage units can do beyond ``StorageUnit``'s contract.
 
-- ``SharedSlabs``: the unit's dense slabs live in shared memory (``ShmUnit``; over RPC,
-  its client ``RemoteUnit``). A reader on its host maps them (``layout``; the rows
-  of multi-ragged fields: ``spans``); a writer
-  copies rows into them between ``prepare_write`` and ``finish_write``
+- ``SharedSlabs``: the unit's dense slabs and arenas live in shared memory (``ShmUnit``;
+  over RPC, its client ``RemoteUnit``). A reader on its host maps them (``layout``; the
+  rows of multi-ragged fields: ``spans``); a writer copies rows into them (dense, ragged
+  and multi-ragged) between ``prepare_write`` and ``finish_write``
   (``tq_stream.backends.direct``).
 - ``GathersInto``: a unit client that copies dense rows into tensors it is handed
   (``SameHostUnit``), so rows of several units land in one output with one copy
@@ -38,12 +38,16 @@ class SharedSlabs(Protocol):
         ...
 
     def prepare_write(self, partition: str, slots: np.ndarray, generations: np.ndarray | None,
-                      fields: Mapping[str, Any]) -> dict[str, Any]:
-        """Ready the slabs of ``fields`` (name -> [dtype, shape]) for ``slots``."""
+                      fields: Mapping[str, Any],
+                      arenas: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Ready the slabs of ``fields`` (name -> [dtype, shape]) for ``slots``, and place
+        the rows of ragged ``arenas`` (``tq_stream.backends.arena_writes``)."""
         ...
 
-    def finish_write(self, partition: str, ticket: int, ok: bool = True) -> None:
-        """Publish (``ok``) or abandon the rows of a ``prepare_write``'s ticket."""
+    def finish_write(self, partition: str, ticket: int, ok: bool = True,
+                     columns: dict[str, Column] | None = None) -> None:
+        """Publish (``ok``) or abandon the rows of a ``prepare_write``'s ticket; then put
+        their other fields ``columns`` (if ``ok``)."""
         ...
 
 

@@ -5,7 +5,10 @@ on the same host asks the unit for a field's ``layout`` (segment name, dtype,
 shape) and gathers rows straight out of the mapped segment: one copy, no
 socket for the bytes. A slab that grows moves to a new segment and the old
 one is unlinked; a reader that still maps it keeps a valid (older) view, which
-holds every row committed before its ``get_meta``. Slots are reused after a
+holds every row committed before its ``get_meta``. A ragged or multi-ragged arena
+grows in place instead: its segment's file is extended and mapped again, nothing is
+copied and no byte moves (``slabs.GrowsInPlace``), so growing it needs no wait for a
+same-host writer copying into it. Slots are reused after a
 clear, so the layout also names the partition's token array (``Generations``,
 a seqlock word per slot): after copying, a reader checks that every slot still
 holds the token of the row it asked for (``ShmReader.current``) and otherwise
@@ -24,19 +27,19 @@ import mmap
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from tq_stream.backends.arena_writes import appended
 from tq_stream.backends.direct import DirectWrites
 from tq_stream.backends.memory import MemoryUnit
+from tq_stream.backends.segments import SHM_DIR, Segment
 from tq_stream.backends.slabs import DenseSlab, MultiRaggedArena, fence
-from tq_stream.errors import StateError
-from tq_stream.forksafe import ForkSafeLock
+from tq_stream.columns import Column
 
-SHM_DIR = "/dev/shm"
 PREFIX = "tq_"
 _COUNTER = itertools.count()  # per process, shared by its units: names never collide
 EPOCH = "epoch"  # names of layout-epoch segments: tq_<pid>_epoch_<n>
@@ -106,43 +109,6 @@ def _bump_epoch(path: str) -> None:
         os.close(fd)
 
 
-class _Segment:
-    """One mapped /dev/shm file."""
-
-    def __init__(self, name: str, size: int, create: bool) -> None:
-        self.name = name
-        # What a unit allocated it for (see ShmUnit): store key, dtype, shape, bytes and
-        # an allocation sequence number.
-        self.key: tuple[str, str] | None = None
-        self.dtype: torch.dtype | None = None
-        self.shape: tuple[int, ...] = ()
-        self.nbytes = size
-        self.seq = 0
-        path = os.path.join(SHM_DIR, name)
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(path, flags, 0o600)
-        try:
-            if create:
-                os.ftruncate(fd, max(size, 1))
-            else:
-                size = os.fstat(fd).st_size
-            self.map = mmap.mmap(fd, max(size, 1))
-        finally:
-            os.close(fd)
-
-    def tensor(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        count = int(np.prod(shape)) if shape else 1
-        flat = torch.frombuffer(self.map, dtype=dtype, count=count) if count else \
-            torch.empty(0, dtype=dtype)
-        return flat.view(shape)
-
-    def unlink(self) -> None:
-        try:
-            os.unlink(os.path.join(SHM_DIR, self.name))
-        except FileNotFoundError:
-            pass
-
-
 class ShmUnit(DirectWrites, MemoryUnit):
     """A MemoryUnit whose dense slabs live in shared memory (see module docstring).
 
@@ -168,8 +134,8 @@ class ShmUnit(DirectWrites, MemoryUnit):
     def __init__(self, keep_bytes: int = 0) -> None:
         sweep_stale()
         self.keep_bytes = keep_bytes
-        self._segments: dict[int, _Segment] = {}  # data_ptr of a slab -> its segment
-        self._idle: dict[tuple[str, str], _Segment] = {}  # kept segments, oldest first
+        self._segments: dict[int, Segment] = {}  # data_ptr of a slab -> its segment
+        self._idle: dict[tuple[str, str], Segment] = {}  # kept segments, oldest first
         self._idle_bytes = 0
         # Emptied partitions whose stores stay for their next rows, oldest first, and
         # their bytes (guarded by ``_lock``; see the class docstring).
@@ -179,7 +145,7 @@ class ShmUnit(DirectWrites, MemoryUnit):
         # The layout epoch: one int64 in its own segment, bumped whenever a segment is
         # created or unlinked, so a reader may reuse a layout while the epoch it was
         # read at is unchanged (``SameHostUnit``).
-        self._epoch_seg = _Segment(f"{PREFIX}{os.getpid()}_{EPOCH}_{next(_COUNTER)}", 16,
+        self._epoch_seg = Segment(f"{PREFIX}{os.getpid()}_{EPOCH}_{next(_COUNTER)}", 16,
                                    create=True)
         # [0]: the layout epoch; [STORES]: bumped before stores may be dropped.
         self._epoch = np.frombuffer(self._epoch_seg.map, dtype=np.int64, count=2)
@@ -189,7 +155,20 @@ class ShmUnit(DirectWrites, MemoryUnit):
 
     def _alloc_for(self, partition: str, field: str, part: str = "") -> Any:
         key = (partition, field, part) if part else (partition, field)
-        return functools.partial(self._alloc_dense, key=key)
+        return _SegmentAlloc(functools.partial(self._alloc_dense, key=key), self._grow_segment)
+
+    def _grow_segment(self, tensor: torch.Tensor, rows: int) -> torch.Tensor:
+        """``tensor`` (a whole segment's) as ``rows`` rows of the same, extended segment:
+        nothing is copied, no segment is made or unlinked (so no new layout epoch), and
+        a same-host reader or writer mapping the old size still sees the same bytes."""
+        shape = (rows, *tensor.shape[1:])
+        with self._seg_lock:
+            seg = self._segments.pop(tensor.data_ptr())
+            seg.extend(int(np.prod(shape)) * tensor.element_size())
+            seg.shape = shape
+            grown = seg.tensor(tensor.dtype, shape)
+            self._segments[grown.data_ptr()] = seg
+        return grown
 
     def _stores_may_go(self) -> None:
         # Before stores are dropped (their segments may be kept and reused by a new
@@ -221,7 +200,7 @@ class ShmUnit(DirectWrites, MemoryUnit):
                 self._epoch[0] += 1
         nbytes = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
         name = f"{PREFIX}{os.getpid()}_{next(_COUNTER)}"
-        seg = _Segment(name, nbytes, create=True)
+        seg = Segment(name, nbytes, create=True)
         seg.key, seg.dtype, seg.shape, seg.nbytes = key, dtype, tuple(shape), nbytes
         seg.seq = next(_COUNTER)
         t = seg.tensor(dtype, shape)
@@ -248,7 +227,7 @@ class ShmUnit(DirectWrites, MemoryUnit):
         with self._lock, self._seg_lock:
             live = self._live_ptrs()
             dead = [self._segments.pop(p) for p in list(self._segments) if p not in live]
-            last: dict[tuple[str, str], _Segment] = {}
+            last: dict[tuple[str, str], Segment] = {}
             for seg in dead:
                 key = seg.key
                 if keep and key is not None and not self._stored(key) \
@@ -277,7 +256,8 @@ class ShmUnit(DirectWrites, MemoryUnit):
         allocs = self._allocs
         try:
             with self._wcond:  # growing a slab must not move a direct write in progress
-                self._wait_growth(partition, np.asarray(slots, dtype=np.int64), columns)
+                self._wait_growth(partition, np.asarray(slots, dtype=np.int64), columns,
+                                  appended(columns))
                 super().put(partition, slots, columns, generations)
                 if partition in self._warm:  # it holds rows again
                     with self._lock:
@@ -285,6 +265,14 @@ class ShmUnit(DirectWrites, MemoryUnit):
         finally:
             if self._allocs != allocs:  # a slab grew: its old segment is garbage now
                 self._collect()
+
+    def finish_write(self, partition: str, ticket: int, ok: bool = True,
+                     columns: dict[str, Column] | None = None) -> None:
+        """End a direct write (``tq_stream.backends.direct``), then put the rows' other
+        fields ``columns`` (if ``ok``), as ``put`` would."""
+        slots, tokens = self._close_ticket(partition, ticket, ok)
+        if ok and columns:
+            self.put(partition, slots, columns, tokens)
 
     def free(self, partition: str, slots: np.ndarray) -> None:
         super().free(partition, slots)
@@ -416,54 +404,16 @@ class ShmUnit(DirectWrites, MemoryUnit):
             self._epoch_seg.unlink()
 
 
-class ShmReader:
-    """A client-side cache of mapped segments (bounded; least recently used evicted)."""
+class _SegmentAlloc:
+    """A store's allocator in a ``ShmUnit``: new segments, and arenas grown in place by
+    extending theirs (``slabs.GrowsInPlace``)."""
 
-    def __init__(self, max_segments: int = 64) -> None:
-        self._maps: OrderedDict[str, _Segment] = OrderedDict()
-        self._max = max_segments
-        self._lock = ForkSafeLock()  # a producer thread's put may hold it at a fork
+    def __init__(self, alloc: Callable[[tuple[int, ...], torch.dtype], torch.Tensor],
+                 grow: Callable[[torch.Tensor, int], torch.Tensor]) -> None:
+        self._alloc, self._grow = alloc, grow
 
-    def view(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        with self._lock:
-            seg = self._maps.get(name)
-            if seg is None:
-                try:
-                    seg = _Segment(name, 0, create=False)
-                except FileNotFoundError:
-                    raise StateError(f"shared-memory segment {name!r} is gone (its slab "
-                                     f"grew or its unit stopped); retry the read") from None
-                self._maps[name] = seg
-                while len(self._maps) > self._max:
-                    self._maps.popitem(last=False)
-            self._maps.move_to_end(name)
-        return seg.tensor(dtype, shape)
+    def __call__(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return self._alloc(shape, dtype)
 
-    def forget(self, names: set[str]) -> None:
-        """Drop the mappings of segments ``names`` (a later view maps them again)."""
-        with self._lock:
-            for name in names:
-                self._maps.pop(name, None)
-
-    def forget_gone(self) -> int:
-        """Drop the mappings of segments their unit has unlinked (grown out, freed, or
-        of a unit that died); returns how many. The memory of such a segment is
-        returned once no tensor over it is left, so a client that once read a large
-        batch does not keep it alive. Cheap enough for every layout change: one
-        ``stat`` per cached segment."""
-        with self._lock:
-            gone = [n for n in self._maps if not os.path.exists(os.path.join(SHM_DIR, n))]
-            for name in gone:
-                del self._maps[name]
-        return len(gone)
-
-    def current(self, layout: dict[str, Any] | None, slots: np.ndarray,
-                generations: np.ndarray) -> bool:
-        """True if every slot holds the row of its token (seqlock check after a copy)."""
-        if layout is None:
-            return False
-        tokens = self.view(layout["shm"], torch.int64, tuple(layout["shape"]))
-        if len(slots) and int(slots.max()) >= tokens.shape[0]:
-            return False
-        seen = tokens.index_select(0, torch.from_numpy(slots))
-        return bool(torch.equal(seen, torch.from_numpy(np.asarray(generations, np.int64))))
+    def grow(self, tensor: torch.Tensor, rows: int) -> torch.Tensor:
+        return self._grow(tensor, rows)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -32,6 +33,19 @@ from tq_stream.multiragged import MultiRagged
 
 Alloc = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
 _MIN_ROWS = 16
+
+
+@runtime_checkable
+class GrowsInPlace(Protocol):
+    """An allocator that also grows a tensor it made without moving or copying its bytes
+    (a shared-memory unit extends the segment's file: ``ShmUnit``); an arena grown so
+    keeps its memory, and a reader's or writer's mapping of it stays right."""
+
+    def __call__(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
+
+    def grow(self, tensor: torch.Tensor, rows: int) -> torch.Tensor:
+        """``tensor`` (as this allocator made it) with ``rows`` rows, the first ones its."""
+        ...
 
 
 def heap_alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -91,7 +105,7 @@ class DenseSlab:
         flags are cut to the slab's capacity, so both always hold the same rows."""
         return self._flag_alloc((n,), torch.bool)[:n].zero_()
 
-    def _ensure(self, max_slot: int) -> None:
+    def ensure(self, max_slot: int) -> None:
         cap = self.data.shape[0]
         if max_slot < cap:
             return
@@ -107,7 +121,7 @@ class DenseSlab:
         self.data, self.flags, self.written = new, flags, flags.numpy()
 
     def put(self, slots: np.ndarray, values: torch.Tensor) -> None:
-        self._ensure(int(slots.max()))
+        self.ensure(int(slots.max()))
         scatter_rows(self.data, slots, values)
         self.written[slots] = True
 
@@ -146,13 +160,21 @@ class RaggedArena:
             self.start = np.concatenate([self.start, np.zeros(n - cap, np.int64)])
             self.length = np.concatenate([self.length, np.full(n - cap, -1, np.int64)])
 
+    def _compacts(self, extra: int) -> bool:
+        """True if appending ``extra`` values compacts the arena first."""
+        return self.end - self.live > max(self.live, 1 << 16) and \
+            self.end + extra > self.values.shape[0]
+
     def _ensure_values(self, extra: int) -> None:
-        garbage = self.end - self.live
-        if garbage > max(self.live, 1 << 16) and self.end + extra > self.values.shape[0]:
+        if self._compacts(extra):
             self._compact()
         cap = self.values.shape[0]
         if self.end + extra > cap:
-            new = self._alloc((_grown(cap, self.end + extra), *self.tail), self.dtype)
+            rows = _grown(cap, self.end + extra)
+            if isinstance(self._alloc, GrowsInPlace):  # no byte copied, none moves
+                self.values = self._alloc.grow(self.values, rows)
+                return
+            new = self._alloc((rows, *self.tail), self.dtype)
             new[: self.end].copy_(self.values[: self.end])
             self.values = new
 
@@ -180,19 +202,34 @@ class RaggedArena:
         idx = np.repeat(self.start[slots] - offs, lengths) + np.arange(total, dtype=np.int64)
         return indexable(self.values).index_select(0, torch.from_numpy(idx)).view(self.dtype)
 
-    def put(self, slots: np.ndarray, values: Ragged) -> None:
+    def moves_for(self, extra: int) -> bool:
+        """True if appending ``extra`` values moves the arena to new memory (it compacts,
+        or grows by a copy): a same-host writer must not be copying into it then."""
+        return self._compacts(extra) or (self.end + extra > self.values.shape[0] and
+                                         not isinstance(self._alloc, GrowsInPlace))
+
+    def reserve(self, slots: np.ndarray, offsets: np.ndarray, total: int) -> int:
+        """Place rows as ``put`` does, without their values: row i of ``slots`` is
+        ``offsets[i]:offsets[i+1]`` (from ``offsets[0]``) of ``total`` values appended
+        at the returned index of ``values``, where the caller copies them (a same-host
+        direct write, ``tq_stream.backends.arena_writes``)."""
         self._ensure_slots(int(slots.max()))
         old = self.length[slots]
         self.live -= int(old[old > 0].sum())
         self.length[slots] = -1
-        vals = values.values.to(self.dtype)
-        self._ensure_values(int(vals.shape[0]))
-        lengths = values.lengths.numpy()
-        self.values[self.end : self.end + vals.shape[0]].copy_(vals)
-        self.start[slots] = self.end + (values.offsets[:-1] - values.offsets[0]).numpy()
+        self._ensure_values(total)
+        at = self.end
+        lengths = offsets[1:] - offsets[:-1]
+        self.start[slots] = at + (offsets[:-1] - offsets[0])
         self.length[slots] = lengths
-        self.end += int(vals.shape[0])
+        self.end += total
         self.live += int(lengths.sum())
+        return at
+
+    def put(self, slots: np.ndarray, values: Ragged) -> None:
+        vals = values.values.to(self.dtype)
+        at = self.reserve(slots, values.offsets.numpy(), int(vals.shape[0]))
+        self.values[at : at + vals.shape[0]].copy_(vals)
 
     def get(self, slots: np.ndarray) -> Ragged:
         _check_written(self.length, slots)
@@ -231,12 +268,30 @@ class MultiRaggedArena:
 
     def put(self, slots: np.ndarray, values: MultiRagged) -> None:
         self.elems.put(slots, Ragged(values.values, values.offsets))
+        self._set_shapes(slots, values.shapes.numpy())
+
+    def moves_for(self, extra: int) -> bool:
+        """``RaggedArena.moves_for`` of the elements."""
+        return self.elems.moves_for(extra)
+
+    def reserve(self, slots: np.ndarray, shapes: np.ndarray) -> int:
+        """Place rows of ``shapes`` (int64 ``[n, ndim]``) as ``put`` does, without their
+        elements: the caller copies them, row after row, to the returned index of
+        ``values`` (``RaggedArena.reserve``)."""
+        lengths = shapes.prod(1) if self.dims else np.ones(len(slots), np.int64)
+        offsets = np.zeros(len(slots) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        at = self.elems.reserve(slots, offsets, int(offsets[-1]))
+        self._set_shapes(slots, shapes)
+        return at
+
+    def _set_shapes(self, slots: np.ndarray, shapes: np.ndarray) -> None:
         cap, need = self.shapes.shape[0], self.elems.start.shape[0]
         if need > cap:
             grown = np.zeros((need, len(self.dims)), dtype=np.int64)
             grown[:cap] = self.shapes
             self.shapes = grown
-        self.shapes[slots] = values.shapes.numpy()
+        self.shapes[slots] = shapes
 
     def get(self, slots: np.ndarray) -> MultiRagged:
         flat = self.elems.get(slots)
@@ -361,7 +416,7 @@ class Generations:
         if int(slots.max()) >= cap:
             new = self._alloc((_grown(cap, int(slots.max()) + 1),), torch.int64)
             new.fill_(UNSET)
-            fence()  # as in DenseSlab._ensure: a new segment bumped the layout epoch
+            fence()  # as in DenseSlab.ensure: a new segment bumped the layout epoch
             new[:cap].copy_(self.data)
             self.retire()
             self.data = new

@@ -331,13 +331,20 @@ class RemoteUnit(StorageUnit):
                               timeout=self._timeout)
 
     def prepare_write(self, partition: str, slots: np.ndarray, generations: np.ndarray | None,
-                      fields: Mapping[str, Any]) -> dict[str, Any]:
-        return self._rpc.call("prepare_write", {"partition": partition, "slots": slots,
-                                                "generations": generations,
-                                                "fields": dict(fields)})
+                      fields: Mapping[str, Any],
+                      arenas: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        args = {"partition": partition, "slots": slots, "generations": generations,
+                "fields": dict(fields)}
+        if arenas:
+            args["arenas"] = dict(arenas)
+        return self._rpc.call("prepare_write", args)
 
-    def finish_write(self, partition: str, ticket: int, ok: bool = True) -> None:
-        self._rpc.call("finish_write", {"partition": partition, "ticket": ticket, "ok": ok})
+    def finish_write(self, partition: str, ticket: int, ok: bool = True,
+                     columns: dict[str, Column] | None = None) -> None:
+        args: dict[str, Any] = {"partition": partition, "ticket": ticket, "ok": ok}
+        if columns:
+            args["columns"] = dict(columns)
+        self._rpc.call("finish_write", args, timeout=self._timeout)
 
     def nbytes(self) -> int:
         return self._rpc.call("nbytes", {}, timeout=self._timeout)

@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from tq_stream.backends.arena_writes import ArenaWrite
 from tq_stream.backends.base import StorageUnit
-from tq_stream.backends.shm import ShmReader
+from tq_stream.backends.segments import ShmReader
 from tq_stream.backends.slabs import UNSET, fence
 from tq_stream.buffers import gather_rows, gather_spans, scatter_rows
-from tq_stream.columns import Column, dtype_from_name, dtype_name
+from tq_stream.columns import Column, Ragged, dtype_from_name, dtype_name
 from tq_stream.errors import ConfigError, StateError, WaitTimeout
 from tq_stream.multiragged import MultiRagged
 
@@ -189,10 +190,13 @@ def _words(a: np.ndarray) -> memoryview:
     return memoryview(a).cast("B").cast("q")
 
 
-def _map(lay: dict[str, Any] | None) -> torch.Tensor | None:
-    if lay is None:
-        return None
+def _mapped(lay: dict[str, Any]) -> torch.Tensor:
+    """The tensor a layout entry (segment, dtype, shape) describes."""
     return _READER.view(lay["shm"], dtype_from_name(lay["dtype"]), tuple(lay["shape"]))
+
+
+def _map(lay: dict[str, Any] | None) -> torch.Tensor | None:
+    return None if lay is None else _mapped(lay)
 
 
 def _map_np(lay: dict[str, Any] | None) -> np.ndarray | None:
@@ -223,8 +227,10 @@ class SameHostUnit(StorageUnit):
       are copied into the slabs here, with their flags and tokens (``_Layout.write``),
       and make no call either; a write that raced a slab move or a dropped store is
       done again by the unit.
-    - Dense puts of ``DIRECT_BYTES`` or more are copied in between two small calls
-      (``prepare_write`` / ``finish_write``); ragged and object fields of the same put
+    - Puts of ``DIRECT_BYTES`` or more of dense, ragged and multi-ragged values are
+      copied in between two small calls (``prepare_write`` / ``finish_write``): dense
+      rows into their slabs, ragged rows at the end of their arenas, where the unit
+      placed them (``tq_stream.backends.arena_writes``); object fields of the same put
       go over the socket.
     - Multi-ragged fields (images, video) are read in the unit's shared memory once a
       read found them so: one small call (``spans``) says where the rows lie, and
@@ -262,39 +268,49 @@ class SameHostUnit(StorageUnit):
             layout = self._write_layout(partition, tuple(columns))
             if layout is not None and layout.write(slots, tensors, generations):
                 return
+        if self._shm and self._direct:
+            size += sum(c.values.nbytes for c in columns.values()
+                        if isinstance(c, Ragged | MultiRagged))
         if self._shm and self._direct and size >= self.DIRECT_BYTES:
+            arenas = {f: w for f, w in ((f, ArenaWrite.of(c)) for f, c in columns.items())
+                      if w is not None}
             try:
-                # Dense fields straight into shared memory; ragged and object fields
-                # (if any) still travel over the socket, after them.
-                if self._put_direct(partition, slots, tensors, generations):
-                    rest = {f: c for f, c in columns.items() if f not in tensors}
-                    if rest:
-                        self._remote.put(partition, slots, rest, generations)
+                # Dense and ragged fields straight into shared memory; object fields
+                # (if any) still travel over the socket, with the finish_write.
+                if self._put_direct(partition, slots, tensors, arenas, columns, generations):
                     return
             except ConfigError:
                 self._direct = False  # this unit takes no direct writes: use the socket
         self._remote.put(partition, slots, columns, generations)
 
-    def _put_direct(self, partition: str, slots: np.ndarray,
-                    columns: dict[str, torch.Tensor], generations: np.ndarray | None) -> bool:
+    def _put_direct(self, partition: str, slots: np.ndarray, tensors: dict[str, torch.Tensor],
+                    arenas: dict[str, ArenaWrite], columns: dict[str, Column],
+                    generations: np.ndarray | None) -> bool:
         """Copy rows straight into the unit's shared memory between ``prepare_write`` and
-        ``finish_write`` (see ``tq_stream.backends.direct``); False if a segment was gone
+        ``finish_write`` (see ``tq_stream.backends.direct``): dense ``tensors`` into
+        their slabs, the values of ragged ``arenas`` where the unit placed their rows;
+        the other ``columns`` go with ``finish_write``. False if a segment was gone
         before it could be mapped (the write is abandoned: put through the unit)."""
-        fields = {f: [dtype_name(c.dtype), list(c.shape[1:])] for f, c in columns.items()}
-        plan = self._remote.prepare_write(partition, slots, generations, fields)
+        fields = {f: [dtype_name(c.dtype), list(c.shape[1:])] for f, c in tensors.items()}
+        rest = {f: c for f, c in columns.items() if f not in tensors and f not in arenas}
+        plan = self._remote.prepare_write(partition, slots, generations, fields,
+                                          {f: w.wire() for f, w in arenas.items()})
         ok = False
+        placed = plan.get("arenas") or {}
         try:
             try:
-                views = {f: _READER.view(lay["shm"], dtype_from_name(lay["dtype"]),
-                                         tuple(lay["shape"]))
-                         for f, lay in plan["fields"].items()}
+                views = {f: _mapped(lay) for f, lay in plan["fields"].items()}
+                ends = {f: _mapped(lay)[int(lay["at"]) : int(lay["at"]) + arenas[f].total]
+                        for f, lay in placed.items()}
             except StateError:
                 return False
             for f, view in views.items():
-                scatter_rows(view, slots, columns[f])
+                scatter_rows(view, slots, tensors[f])
+            for f, end in ends.items():
+                end.copy_(arenas[f].values(columns[f]))
             ok = True
         finally:
-            self._remote.finish_write(partition, plan["ticket"], ok)
+            self._remote.finish_write(partition, plan["ticket"], ok, rest if ok else None)
         return True
 
     def get(self, partition: str, slots: np.ndarray, fields: Sequence[str],

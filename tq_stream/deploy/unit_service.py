@@ -147,15 +147,26 @@ class UnitService:
         return {**self.unit.stats(), "pid": os.getpid(), "rpc": rpc_stats()}
 
     def prepare_write(self, partition: str, slots: Any, generations: Any,
-                      fields: dict[str, Any]) -> dict[str, Any]:
+                      fields: dict[str, Any],
+                      arenas: dict[str, Any] | None = None) -> dict[str, Any]:
         """Start a same-host direct write (see ``tq_stream.backends.direct``)."""
         shared = self._shared_slabs()
         slots = _slots(slots)
         self.limits.check(partition, slots)
-        return shared.prepare_write(partition, slots, _tokens(generations, slots), fields)
+        return shared.prepare_write(partition, slots, _tokens(generations, slots), fields,
+                                    arenas)
 
-    def finish_write(self, partition: str, ticket: int, ok: bool = True) -> None:
-        self._shared_slabs().finish_write(partition, ticket, ok)
+    def finish_write(self, partition: str, ticket: int, ok: bool = True,
+                     columns: dict[str, Any] | None = None) -> None:
+        """End a same-host direct write; ``columns``: the rows' other fields, put after."""
+        if columns is not None and not isinstance(columns, dict):
+            raise ConfigError(f"columns must be a dict of field -> column, got "
+                              f"{type(columns).__name__}")
+        if not may_block() and _payload(columns):
+            # Tensors may grow a slab, which may wait: on a worker, before the ticket closes
+            # (a writer sends object fields only, stored inline).
+            raise WouldBlock
+        self._shared_slabs().finish_write(partition, ticket, ok, columns)
 
     def _shared_slabs(self) -> SharedSlabs:
         if self.shared is None:
