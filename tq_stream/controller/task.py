@@ -16,7 +16,7 @@ rows stay in their share, LEASED to the step, for the next reader of that
 "the next batch for me" (an expired claim's consumer name is kept in ``left``,
 so a restarted worker of that name gets it first). A cancelled session's claims
 are dropped the same way at its cancel. A claim that is there is live, and is
-never handed to another session (steps.py).
+never handed to another session (delivery.py).
 
 Invariants: a row is LEASED iff it belongs to exactly one share of a formed,
 not fully acked step; the ready queue holds exactly the rows that are NEW and
@@ -75,7 +75,7 @@ class StepRecord:
     lost: set[int] = field(default_factory=set)  # ranks whose share lost rows with a unit
     # (rank, replica) -> the consumer name of a claim that expired or whose session was
     # cancelled: a restarted worker
-    # of that name gets the share back first (steps.py ``_next_for``)
+    # of that name gets the share back first (delivery.py ``_next_for``)
     left: dict[tuple[int, int], str] = field(default_factory=dict)
     # per rank, the consumer version its share is within the sampler's bound for (the
     # version predicted for the step's turn when it was formed, or the one it was

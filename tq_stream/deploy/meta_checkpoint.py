@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 
 from tq_stream.backends.base import occupancy
-from tq_stream.controller.journal_replay import replay
 from tq_stream.deploy.ack_journal import AckJournal, journal_files, read_records, rows_of
 from tq_stream.errors import StateError, check_timeout
 from tq_stream.serialization import decode, encode
@@ -135,6 +134,7 @@ class Recovery:
     """Mixin of ControllerService: periodic checkpoints and the restart from one."""
 
     def _init_recovery(self, path: str | None, interval: float | None) -> None:
+        self._journal: AckJournal | None = None
         self._registrations: dict[tuple[str, str], dict[str, Any]] = {}
         self._restored = False
         self.recovery: dict[str, Any] = {}  # what the last restart found (stats)
@@ -144,6 +144,7 @@ class Recovery:
         if path and interval:
             epochs = [e for e, _ in journal_files(path)]
             self._journal = AckJournal(path, max(epochs, default=0) + 1)
+            self.set_journal(self._journal)  # type: ignore[attr-defined]
             self._checkpointer = Checkpointer(path, interval, self._checkpoint_state,
                                               self._checkpoint_written)
             if self._restored:  # the replayed journal goes into a checkpoint at once
@@ -228,18 +229,19 @@ class Recovery:
         total: dict[str, int] = {}
         if epoch is None:  # a checkpoint written without a journal
             return total
-        with self._cond:  # type: ignore[attr-defined]
-            for e, file in journal_files(path):
-                if e >= epoch:
-                    done = replay(self, read_records(file, e), rows_of, file)
-                    for k, v in done.items():
-                        total[k] = total.get(k, 0) + v
+        for e, file in journal_files(path):
+            if e >= epoch:
+                done = self.replay_journal(  # type: ignore[attr-defined]
+                    read_records(file, e), rows_of, file)
+                for k, v in done.items():
+                    total[k] = total.get(k, 0) + v
         return total
 
     def _stop_recovery(self) -> None:
         if self._checkpointer is not None:
             self._checkpointer.stop()
-        if self._journal is not None:  # type: ignore[has-type]
+        if self._journal is not None:
             with self._cond:  # type: ignore[attr-defined]
-                self._journal.close()  # type: ignore[has-type]
+                self.set_journal(None)  # type: ignore[attr-defined]
+                self._journal.close()
                 self._journal = None
