@@ -48,10 +48,7 @@ def _part_state(part: PartitionMeta) -> dict[str, Any]:
         "created": part.created[rows], "next_created": part.next_created,
         "ready": {f: r[rows] for f, r in part.ready.items()},
         "tags": part.tags.state_dict(),
-        "next_row": part._next_row, "free_rows": list(part._free_rows) + spare.tolist(),
-        "pools": [{"next": p.next,
-                   "free": sorted(p.free + part.slot[spare[part.unit[spare] == u]].tolist())}
-                  for u, p in enumerate(part._pools)],
+        **part.free_state(spare),
     }
 
 
@@ -134,7 +131,7 @@ def load_controller(state: Any, n_units: int) -> tuple[dict, dict]:
         part.consumers = None if s["consumers"] is None else tuple(s["consumers"])
         part.versions = {str(k): (int(v), None if at is None else int(at))
                          for k, (v, at) in s["versions"].items()}
-        part._grow_to(int(s["size"]))
+        part.grow_to(int(s["size"]))
         part.fix_schemas({f: FieldSchema.from_dict(d) for f, d in s["schemas"].items()})
         rows = np.asarray(s["rows"], dtype=np.int64)
         part.keys[rows] = s["keys"]
@@ -150,9 +147,7 @@ def load_controller(state: Any, n_units: int) -> tuple[dict, dict]:
         part.tags.load_state_dict(s["tags"])
         part.key_index = dict(zip(s["keys"], rows.tolist(), strict=True))
         part.live = len(rows)
-        part._next_row, part._free_rows = int(s["next_row"]), list(s["free_rows"])
-        for pool, ps in zip(part._pools, s["pools"], strict=True):
-            pool.next, pool.free = int(ps["next"]), sorted(ps["free"])
+        part.load_free_state(s)
         parts[name] = part
     tasks: dict[str, dict[str, TaskState]] = {name: {} for name in parts}
     for name, ts in state["tasks"].items():
