@@ -12,8 +12,8 @@ from tensordict import TensorDict
 
 import tq_stream as tq
 from tq_stream.controller import consuming as _consuming_mod
-from tq_stream.controller import controller as _controller_mod
 from tq_stream.controller import delivery as _delivery_mod
+from tq_stream.controller import registration as _registration_mod
 from tq_stream.controller import reservations as _reservations_mod
 from tq_stream.controller import wait_errors as _wait_errors_mod
 from tq_stream.controller import writes as _writes_mod
@@ -47,8 +47,9 @@ class FakeClock:
 
     def install(self) -> list:
         """Patch the controller modules; returns what ``uninstall`` needs."""
-        saved = [(m, m.time) for m in (_delivery_mod, _controller_mod, _consuming_mod,
-                                          _reservations_mod, _writes_mod, _wait_errors_mod)]
+        saved = [(m, m.time) for m in (_delivery_mod, _consuming_mod,
+                                          _reservations_mod, _writes_mod, _wait_errors_mod,
+                                          _registration_mod)]
         for m, _ in saved:
             m.time = self  # type: ignore[assignment]
         return saved

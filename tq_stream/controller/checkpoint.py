@@ -22,7 +22,8 @@ import numpy as np
 
 from tq_stream.columns import FieldSchema
 from tq_stream.controller.partition import PartitionMeta
-from tq_stream.controller.task import Claim, StepRecord, TaskConfig, TaskState
+from tq_stream.controller.task import Claim, StepRecord, TaskState
+from tq_stream.controller.task_config import TaskConfig
 from tq_stream.errors import ConfigError
 from tq_stream.samplers.base import Sampler
 
@@ -59,9 +60,7 @@ def _task_state(task: TaskState) -> dict[str, Any]:
     else:
         sampler, sampler_state = type(task.sampler).__name__, task.sampler.state_dict()
     return {
-        "config": {"fields": list(c.fields), "batch_size": c.batch_size, "dp_size": c.dp_size,
-                   "replicas": c.replicas, "lease_timeout": c.lease_timeout,
-                   "drop_last": c.drop_last},
+        "config": c.to_dict(),
         "sampler": sampler, "sampler_state": sampler_state,
         "state": task.state, "acks": task.acks,
         "available": task.queue.ordered(),
@@ -160,8 +159,7 @@ def load_controller(state: Any, n_units: int) -> tuple[dict, dict]:
 
 
 def _load_task(name: str, s: dict[str, Any], part: PartitionMeta) -> TaskState:
-    config = TaskConfig(tuple(s["config"]["fields"]), **{
-        k: v for k, v in s["config"].items() if k != "fields"})
+    config = TaskConfig.from_dict(s["config"])
     task = TaskState(name, config, Sampler(), part.size)
     task.restored = (s["sampler"], copy.deepcopy(s["sampler_state"]))
     task.state[: len(s["state"])] = s["state"]

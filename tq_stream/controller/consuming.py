@@ -28,7 +28,8 @@ from tq_stream.controller.book import Book
 from tq_stream.controller.delivery import Delivery
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.reservations import WRITER_TASK
-from tq_stream.controller.task import MAX_REPLICAS, TaskState
+from tq_stream.controller.task import TaskState
+from tq_stream.controller.task_config import MAX_REPLICAS
 from tq_stream.controller.timings import Timings
 from tq_stream.controller.wait_errors import wait_error, waiting_for
 from tq_stream.controller.waiters import Waiter, Waiters

@@ -6,23 +6,24 @@ remote ones behind a transport. One lock guards all metadata; one condition
 variable wakes waiters (consumers waiting for ready rows, writers waiting for
 capacity) whenever rows are committed, acked, released or cleared.
 
-The write protocol is ``reserve`` (validate, allocate rows; may wait for
-capacity) → the writer stores the bytes in the units → ``commit`` (rows become
-visible); a writer that fails in between calls ``abort``.
+It hands each concern to a part, all working on one ``Book`` (partitions, tasks,
+the condition): ``Writes`` (reserve, commit, abort), ``Spares`` (puts on spare
+rows), ``Consuming`` (get_meta, ack, release, renew, cancel) over ``Delivery``
+(the delivery rules), ``Admission``, ``Units`` (lost storage units), and plain
+functions (``access``, ``registration``, ``counts``).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from tq_stream.checks import check_tags
-from tq_stream.controller import access, counts
+from tq_stream.controller import access, counts, registration
 from tq_stream.controller.admission import Admission
 from tq_stream.controller.book import Book, Journal
 from tq_stream.controller.consuming import Consuming
@@ -31,7 +32,7 @@ from tq_stream.controller.frees import FreeFn, Frees, no_free
 from tq_stream.controller.journal_replay import RowsOf, replay
 from tq_stream.controller.reservations import DEFAULT_WRITE_LEASE, Reservations, hold_restored
 from tq_stream.controller.spares import Spares
-from tq_stream.controller.task import TaskConfig, TaskState, check_replicas
+from tq_stream.controller.task_config import DEFAULT_LEASE_TIMEOUT, TaskConfig
 from tq_stream.controller.timings import Timings
 from tq_stream.controller.units import Units
 from tq_stream.controller.waiters import Waiters
@@ -42,7 +43,6 @@ from tq_stream.errors import (
     check_consumers,
     check_name,
     check_positive,
-    check_timeout,
 )
 from tq_stream.handling import Reply
 from tq_stream.samplers.base import Sampler, check_sampler
@@ -228,29 +228,7 @@ class Controller:
             check_positive("capacity", capacity)
         declared = None if consumers is None else check_consumers(consumers)
         with self._cond:
-            part = self._book.part(partition, create=True)
-            if part.capacity != capacity and part.live and capacity is not None \
-                    and capacity < part.live:
-                raise ConfigError(
-                    f"capacity must be >= the {part.live} rows partition {partition!r} "
-                    f"holds, got {capacity}"
-                )
-            if declared is not None and part.consumers not in (None, declared):
-                raise ConfigError(
-                    f"consumers of partition {partition!r} are declared once: had "
-                    f"{list(part.consumers or ())}, got {list(declared)}")
-            if declared is not None:
-                stray = sorted(set(self._tasks[partition]) - set(declared))
-                if stray:
-                    raise ConfigError(
-                        f"consumers must include every task already registered on partition "
-                        f"{partition!r}, missing {stray} from {list(declared)}")
-            part.capacity = capacity
-            if declared is not None and part.consumers is None:
-                part.consumers = declared
-                freed = self._book.finish_rows(part, np.flatnonzero(part.used))
-            else:
-                freed = []
+            freed = registration.declare(self._book, partition, capacity, declared)
         self._book.free_slots(partition, freed)
 
     def close_partition(self, partition: str) -> None:
@@ -334,49 +312,23 @@ class Controller:
 
     # ------------------------------------------------------------------ tasks
     def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
-                      dp_size: int = 1, replicas: int = 1, lease_timeout: float = 300.0,
-                      drop_last: bool = False, sampler: Sampler | None = None) -> None:
-        """Declare a consumer task; every rank calls it with the same arguments."""
+                      dp_size: int = 1, replicas: int = 1,
+                      lease_timeout: float = DEFAULT_LEASE_TIMEOUT, drop_last: bool = False,
+                      sampler: Sampler | None = None) -> None:
+        """Declare a consumer task; every rank calls it with the same arguments
+        (``register`` with their ``TaskConfig``)."""
         check_name("task", task)
-        if not fields or any(not isinstance(f, str) for f in fields):
-            raise ConfigError(f"fields must be a non-empty list of str, got {fields!r}")
-        config = TaskConfig(tuple(fields), check_positive("batch_size", batch_size),
-                            check_positive("dp_size", dp_size),
-                            check_replicas(replicas),
-                            check_timeout("lease_timeout", lease_timeout), bool(drop_last))
+        self.register(partition, task, TaskConfig.checked(
+            fields, batch_size, dp_size, replicas, lease_timeout, drop_last), sampler)
+
+    def register(self, partition: str, task: str, config: TaskConfig,
+                 sampler: Sampler | None = None) -> None:
+        """Declare consumer ``task`` of ``partition`` with ``config`` and ``sampler``
+        (default: SequentialSampler) (``registration.register``)."""
+        check_name("task", task)
         sampler = check_sampler(sampler if sampler is not None else SequentialSampler())
         with self._cond:
-            part = self._book.part(partition, create=True)
-            if part.consumers is not None and task not in part.consumers:
-                raise ConfigError(
-                    f"task must be one of the declared consumers {list(part.consumers)} of "
-                    f"partition {partition!r}, got {task!r}")
-            existing = self._tasks[partition].get(task)
-            if existing is not None and existing.restored is not None:
-                from tq_stream.controller.checkpoint import adopt
-
-                adopt(existing, config, sampler)
-                self._cond.notify_all()
-                return
-            if existing is not None:
-                if existing.config != config:
-                    raise ConfigError(
-                        f"task {task!r} on partition {partition!r} must be registered with the "
-                        f"same settings by every rank: had {existing.config}, got {config}"
-                    )
-                if type(existing.sampler) is not type(sampler):
-                    raise ConfigError(
-                        f"sampler of task {task!r} must be the same class on every rank: had "
-                        f"{type(existing.sampler).__name__}, got {type(sampler).__name__}"
-                    )
-                return
-            state = TaskState(task, config, sampler, part.size)
-            state.last_move = time.time()
-            state.version, state.version_step = part.versions.pop(task, (None, None))
-            rows = part.oldest_first(np.flatnonzero(part.used))
-            state.offer(rows, part.ready_for(config.fields, rows, state.tags))
-            self._tasks[partition][task] = state
-            self._cond.notify_all()
+            registration.register(self._book, partition, task, config, sampler)
 
     def set_version(self, partition: str, task: str, version: int,
                     at_step: int | None = None) -> None:
@@ -395,13 +347,7 @@ class Controller:
         if at_step is not None:
             check_positive("at_step", at_step, allow_zero=True)
         with self._cond:
-            part = self._book.part(partition, create=True)
-            state = self._tasks[partition].get(task)
-            if state is None:  # before the consumer registers (a resumed trainer)
-                part.versions[task] = (version, at_step)
-            else:
-                state.set_version(version, at_step)
-            self._cond.notify_all()
+            registration.set_version(self._book, partition, task, version, at_step)
 
     def reading(self, partition: str, task: str, step: int) -> None:
         """The consumer reads ``step`` now, under the version it set last: a step held
@@ -410,12 +356,7 @@ class Controller:
         it waits for a batch). A call for a step already passed changes nothing."""
         check_positive("step", step, allow_zero=True)
         with self._cond:
-            state = self._book.task(partition, task)[1]
-            before = state.position
-            state.reading(step)
-            if state.position != before:
-                state.last_move = time.time()
-                self._cond.notify_all()
+            registration.reading(self._book, partition, task, step)
 
     def close(self) -> None:
         with self._cond:

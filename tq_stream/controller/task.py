@@ -36,21 +36,10 @@ import numpy as np
 
 from tq_stream.controller.fifo import ReadyQueue
 from tq_stream.controller.takeovers import Takeovers
-from tq_stream.errors import ConfigError, check_positive
+from tq_stream.controller.task_config import TaskConfig
 from tq_stream.samplers.base import Sampler
 
 NEW, LEASED, ACKED, DISCARDED = 0, 1, 2, 3
-MAX_REPLICAS = 62  # replica bits fit an int64
-
-
-def check_replicas(replicas: object) -> int:
-    """``replicas`` if it is an int in [1, MAX_REPLICAS], else ConfigError."""
-    check_positive("replicas", replicas)
-    if replicas > MAX_REPLICAS:  # type: ignore[operator]
-        raise ConfigError(f"replicas must be <= {MAX_REPLICAS}, got {replicas!r}")
-    return replicas  # type: ignore[return-value]
-
-
 @dataclass
 class Claim:
     """Who reads a (step, rank, replica) now, and until when without a renewal;
@@ -88,18 +77,6 @@ class StepRecord:
         if len(share) == 1:  # a batch of one: a scalar test, no numpy reduction
             return int(acks[share[0]]) & full == full
         return bool(((acks[share] & full) == full).all())
-
-
-@dataclass(frozen=True)
-class TaskConfig:
-    """What every rank of a task must agree on."""
-
-    fields: tuple[str, ...]
-    batch_size: int
-    dp_size: int
-    replicas: int
-    lease_timeout: float
-    drop_last: bool
 
 
 class TaskState:

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from tq_stream.backends.base import occupancy
+from tq_stream.controller.task_config import TaskConfig
 from tq_stream.deploy.ack_journal import AckJournal, journal_files, read_records, rows_of
 from tq_stream.errors import StateError, check_timeout
 from tq_stream.serialization import decode, encode
@@ -150,8 +151,11 @@ class Recovery:
             if self._restored:  # the replayed journal goes into a checkpoint at once
                 self._checkpointer.write_now()
 
-    def _remember(self, args: dict[str, Any]) -> None:
-        """A task's registration, replayed by a restarted controller."""
+    def _remember(self, partition: str, task: str, config: TaskConfig,
+                  spec: dict[str, Any] | None) -> None:
+        """A task's registration (``spec``: its sampler's, None: the default), replayed
+        by a restarted controller as ``register_task``'s keyword arguments."""
+        args = {"partition": partition, "task": task, **config.to_dict(), "sampler": spec}
         with self._cond:  # type: ignore[attr-defined]
             self._registrations[(args["partition"], args["task"])] = args
             if self._journal is not None:  # type: ignore[has-type]

@@ -23,6 +23,7 @@ import numpy as np
 from tq_stream import hosts
 from tq_stream.controller import Controller
 from tq_stream.controller.reservations import DEFAULT_WRITE_LEASE
+from tq_stream.controller.task_config import TaskConfig
 from tq_stream.controller.units import UNIT_LOST  # noqa: F401  (re-exported)
 from tq_stream.deploy.grants import GrantFailed, SlotGrants, placed
 from tq_stream.deploy.meta_checkpoint import Recovery
@@ -30,6 +31,7 @@ from tq_stream.deploy.unit_service import UnitService as UnitService  # re-expor
 from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT, UnitWatch, process_alive
 from tq_stream.errors import AuthError, ConfigError, StateError
 from tq_stream.handling import ANSWERED, Reply, WouldBlock, may_block
+from tq_stream.samplers.base import Sampler
 from tq_stream.samplers.spec import from_spec
 from tq_stream.transport.answers import send_given
 from tq_stream.transport.dispatch import OWNER_ARG, rpc_stats
@@ -376,15 +378,13 @@ class ControllerService(Controller, Recovery):
         """The controller process: its pid and the RPC calls it served."""
         return {"pid": os.getpid(), "rpc": rpc_stats()}
 
-    def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
-                      dp_size: int = 1, replicas: int = 1, lease_timeout: float = 300.0,
-                      drop_last: bool = False, sampler: Any = None) -> None:
-        args = {"partition": partition, "task": task, "fields": list(fields),
-                "batch_size": batch_size, "dp_size": dp_size, "replicas": replicas,
-                "lease_timeout": lease_timeout, "drop_last": drop_last, "sampler": sampler}
+    def register(self, partition: str, task: str, config: TaskConfig,
+                 sampler: Sampler | dict[str, Any] | None = None) -> None:
+        """``Controller.register``, with ``sampler`` also a spec (``samplers.spec``); the
+        registration of a default or spec sampler is remembered for a restart."""
+        spec = sampler
         if isinstance(sampler, dict):
             sampler = from_spec(sampler, self._sampler_modules)
-        super().register_task(partition, task, fields, batch_size, dp_size, replicas,
-                              lease_timeout, drop_last, sampler)
-        if sampler is None or isinstance(args["sampler"], dict):
-            self._remember(args)
+        super().register(partition, task, config, sampler)
+        if spec is None or isinstance(spec, dict):
+            self._remember(partition, task, config, spec)
