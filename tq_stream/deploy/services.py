@@ -70,7 +70,7 @@ class _EpochReply:
         return self.reply.give(result, then)
 
 
-class ControllerService(Controller, Recovery):
+class ControllerService(Controller):
     """The Controller, plus what a remote deployment needs around it.
 
     ``units`` are RPC clients of the storage units, attached once they are up;
@@ -111,7 +111,15 @@ class ControllerService(Controller, Recovery):
         # A unix address this controller is also served at, for clients on its host
         # (set by ``deploy.server.serve``; None when there is none).
         self.local_address: str | None = None
-        self._init_recovery(checkpoint_path, checkpoint_interval)
+        # checkpoints and the restart from one (meta_checkpoint.py)
+        self._recovery = Recovery(self, self._cond, self._parts, self._units, owner_token,
+                                  checkpoint_path, checkpoint_interval)
+        self._recovery.start()
+
+    @property
+    def recovery(self) -> dict[str, Any]:
+        """What the last restart from a checkpoint found (``Recovery.found``)."""
+        return self._recovery.found
 
     CALL_TIMEOUT = 5.0  # seconds a free or a grant may wait for its unit (inside a call)
 
@@ -162,7 +170,7 @@ class ControllerService(Controller, Recovery):
         self._unit_clients = [self._make_client(hosts.nearest(u)) for u in units]
         self._units_epoch = units_epoch(units)
         self._grants.forget_all()
-        self._reconcile(self._unit_clients)  # after a restart from a checkpoint
+        self._recovery.reconcile(self._unit_clients)  # after a restart from a checkpoint
         self._attached.set()
         if self._watch is None and self._unit_timeout is not None:
             self._watch = UnitWatch(self, lambda: list(self._unit_clients),
@@ -207,7 +215,7 @@ class ControllerService(Controller, Recovery):
     def close(self) -> None:
         if self._watch is not None:
             self._watch.stop()
-        self._stop_recovery()
+        self._recovery.stop()
         super().close()
 
     # ------------------------------------------------------- placement grants
@@ -387,4 +395,4 @@ class ControllerService(Controller, Recovery):
             sampler = from_spec(sampler, self._sampler_modules)
         super().register(partition, task, config, sampler)
         if spec is None or isinstance(spec, dict):
-            self._remember(partition, task, config, spec)
+            self._recovery.remember(partition, task, config, spec)
