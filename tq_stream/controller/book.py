@@ -4,7 +4,9 @@ It holds the partitions (``PartitionMeta``) and, per partition, its tasks
 (``TaskState``), the condition whose lock guards them all (its waits are woken
 whenever rows are committed, acked, released or cleared), the rows reserved and
 not committed (``reservations.py``), the frees retried in storage (``frees.py``)
-and the ack journal when one is set (``deploy/ack_journal.py``). It keeps the
+and the ack journal when one is set (``deploy/ack_journal.py``), and the clock
+every part reads wall-clock time from (``clock``: leases, reservations, write
+times; waits are bounded by ``time.monotonic``). It keeps the
 rules every part shares: a partition must exist (or is made), a task must be
 registered, rows removed leave every task and share, and a row is freed once
 each declared consumer of its partition acked or discarded it.
@@ -16,6 +18,8 @@ part may keep them.
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -51,8 +55,10 @@ class Book:
     """Partitions, their tasks and what guards them (see the module docstring)."""
 
     def __init__(self, n_units: int, cond: threading.Condition, reservations: Reservations,
-                 frees: Frees) -> None:
+                 frees: Frees, clock: Callable[[], float] = time.time) -> None:
         self.n_units = n_units
+        # wall-clock seconds of leases, reservations, write times (waits use monotonic)
+        self.clock = clock
         self.cond = cond
         self.parts: dict[str, PartitionMeta] = {}
         self.tasks: dict[str, dict[str, TaskState]] = {}
@@ -139,7 +145,7 @@ class Book:
         """Abort the reservations due (or every one of ``session``), lock held
         (``reservations.abort_due``); returns the rows removed."""
         return abort_due(self.reservations, self.parts, lambda part, rows: self.free_slots(
-            part.name, self.release_rows(part, rows)), session)
+            part.name, self.release_rows(part, rows)), self.clock(), session)
 
     def replace(self, parts: dict[str, PartitionMeta],
                 tasks: dict[str, dict[str, TaskState]]) -> None:

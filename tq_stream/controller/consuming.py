@@ -151,15 +151,15 @@ class Consuming:
                     self._timings.waited(part.name, state.name, waiter.since)
                     return meta
                 left = waiter.deadline - time.monotonic()
-                if left <= 0 and state.awaits_turn(step, session, time.time(), timeout):
-                    what = waiting_for(part, state, step, dp_rank)
+                if left <= 0 and state.awaits_turn(step, session, self._book.clock(), timeout):
+                    what = waiting_for(part, state, step, dp_rank, self._book.clock())
                     raise TurnNotReached(
                         f"get_meta waited timeout={format_seconds(timeout)} on partition "
                         f"{part.name!r} for {what}; the trainer is alive on an earlier "
                         f"step and moved on within the timeout: ask again")
                 if left <= 0:
                     raise wait_error(self._delivery, self._book.parts, part, state, waiter.args,
-                                           timeout)
+                                     timeout, self._book.clock())
                 if not registered:
                     self._waiters.add(part.name, waiter)
                     registered = True
@@ -167,7 +167,8 @@ class Consuming:
                         self._book.cond.notify_all()  # others at the end need not wait for us
                 self._timings.wait(self._book.cond, min(left, self._next_wake(state)),
                                    waiter.since, "get_meta", part.name,
-                                   lambda: waiting_for(part, state, step, dp_rank))
+                                   lambda: waiting_for(part, state, step, dp_rank,
+                                                       self._book.clock()))
                 if waiter.meta is not None:  # formed by a commit: sent, or ours to send
                     return ANSWERED if waiter.given else waiter.meta
                 self._book.check_open()
@@ -219,7 +220,7 @@ class Consuming:
 
     def _next_wake(self, state: TaskState) -> float:
         soonest = min(state.soonest_expiry(), self._book.reservations.soonest())
-        return max(0.01, min(60.0, soonest - time.time()))
+        return max(0.01, min(60.0, soonest - self._book.clock()))
 
     def ack(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,
             generation: np.ndarray, replica: int = 0, session: str = "") -> int:
@@ -279,9 +280,9 @@ class Consuming:
         check_session("session", session)
         with self._book.cond:
             if task == WRITER_TASK:
-                return self._book.reservations.renew(partition, session, time.time())
+                return self._book.reservations.renew(partition, session, self._book.clock())
             _, state = self._book.task(partition, task)
-            now = time.time()
+            now = self._book.clock()
             if step is None:
                 return state.renew(session, now)
             rec = state.steps.get(step)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,7 @@ from tq_stream.samplers.base import Sampler, check_sampler
 from tq_stream.samplers.sequential import SequentialSampler
 
 logger = logging.getLogger(__name__)
+Clock = Callable[[], float]
 
 
 class Controller:
@@ -59,14 +61,15 @@ class Controller:
         free: ``free(unit, partition, slots)``, called (outside the lock) when
             rows are freed, so the unit returns their memory.
         timings: what measures waits and logs the slow ones (default: ``Timings()``).
+        clock: wall-clock seconds of leases, reservations and write times (a test's
+            fake clock moves them on; waits are bounded by ``time.monotonic``).
     """
 
     RPC_METHODS = frozenset({
-        "create_partition", "close_partition", "reserve", "commit", "abort",
-        "register_task", "get_meta", "ack", "release", "renew", "clear", "lookup",
-        "locate", "list_rows", "list_tags", "keys_of", "set_tags", "set_version", "reading",
-        "stats",
-        "partitions", "admit", "set_admission", "admission", "commit_new", "release_spares",
+        "create_partition", "close_partition", "reserve", "commit", "abort", "register_task",
+        "get_meta", "ack", "release", "renew", "clear", "lookup", "locate", "list_rows",
+        "list_tags", "keys_of", "set_tags", "set_version", "reading", "stats", "partitions",
+        "admit", "set_admission", "admission", "commit_new", "release_spares",
         "first_unfinished", "cancel", "task_rows", "dead_units",
     })
     # Methods that never wait, so a server may run them on its IO thread: they hold the
@@ -77,11 +80,9 @@ class Controller:
     RPC_INLINE = frozenset({
         "create_partition", "close_partition", "partitions", "reserve", "commit", "release",
         "renew", "lookup", "locate", "keys_of", "set_tags", "set_version", "reading", "stats",
-        "admit",
-        "set_admission", "admission", "commit_new", "release_spares", "first_unfinished",
-        "cancel", "task_rows", "dead_units",
+        "admit", "set_admission", "admission", "commit_new", "release_spares",
+        "first_unfinished", "cancel", "task_rows", "dead_units",
     })
-
     # Methods that may wait long, by who waits (a server caps each class: see
     # ``tq_stream.transport.wait_slots``).
     RPC_WAITS = {"get_meta": "consume", "reserve": "produce", "admit": "produce"}
@@ -90,25 +91,23 @@ class Controller:
     RPC_REPLIES = frozenset({"get_meta"})
 
     def __init__(self, n_units: int = 1, free: FreeFn = no_free,
-                 timings: Timings | None = None) -> None:
+                 timings: Timings | None = None, clock: Clock = time.time) -> None:
         self.n_units = check_positive("n_units", n_units)
         self._cond = threading.Condition(threading.RLock())
-        # metrics: waits, hand-out latency, rates; slow waits logged
-        self._timings = Timings() if timings is None else timings
+        self._timings = Timings() if timings is None else timings  # waits, rates, hand-outs
         self._reservations = Reservations()  # rows reserved, not committed (reservations.py)
-        # partitions, tasks, and the slots freed in storage, retried (book.py, frees.py)
+        # partitions, tasks, slots freed in storage and retried (book.py, frees.py)
         self._book = Book(self.n_units, self._cond, self._reservations,
-                          Frees(free, self._cond))
+                          Frees(free, self._cond), clock)
         self._parts, self._tasks = self._book.parts, self._book.tasks
         self._waiters = Waiters(self._cond)  # get_meta calls waiting (waiters.py)
         # storage units lost and not back, and the loss of their rows (units.py)
         self._units = Units(self.n_units, self._cond, lambda: self._parts,
                             lambda p: self._tasks.get(p, {}), self._book.frees,
                             self._book.release_rows)
-        # producers paced by the staleness window (admission.py)
         self._admission = Admission(self._cond, self._book.part, self._book.task,
                                     lambda p: self._tasks.get(p, {}), self._timings)
-        self._delivery = Delivery(self._book, self._waiters, self._timings)  # delivery.py
+        self._delivery = Delivery(self._book, self._waiters, self._timings)
         self._consuming = Consuming(self._book, self._delivery, self._waiters, self._timings)
         self._writes = Writes(self._book, self._units, self._timings,
                               lambda: self._live_units(), self._consuming.rows_ready)
@@ -206,6 +205,7 @@ class Controller:
         self._units.back(unit)
 
     def dead_units(self) -> list[int]:
+        """Storage units lost and not back."""
         with self._cond:
             return sorted(self._units.dead)
 
@@ -377,8 +377,13 @@ class Controller:
             if self._parts:
                 raise StateError("load_state_dict must be called on an empty controller")
             self._book.replace(*load_controller(state, self.n_units))
-            hold_restored(self._reservations, self._parts)
+            hold_restored(self._reservations, self._parts, self._book.clock())
             self._cond.notify_all()
+
+    def set_clock(self, clock: Clock) -> None:
+        """Read wall-clock seconds from ``clock`` from now on (a test's fake clock)."""
+        with self._cond:
+            self._book.clock = clock
 
     def set_journal(self, journal: Journal | None) -> None:
         """Record every delivery change in ``journal`` before its reply from now on

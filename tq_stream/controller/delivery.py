@@ -105,7 +105,7 @@ class Delivery:
         rows = shares[0] if len(shares) == 1 else np.concatenate(shares)
         written = part.write_time[int(rows[0])] if len(rows) == 1 else part.write_time[rows]
         self._timings.handed_out(part.name, state.name, written,
-                                 time.time())
+                                 self._book.clock())
 
     def _select(self, part: PartitionMeta, state: TaskState) -> bool:
         """Try to form step ``state.next_step``; True if it was formed."""
@@ -169,7 +169,7 @@ class Delivery:
     def try_step(self, part: PartitionMeta, state: TaskState, step: int | None,
                  dp_rank: int, replica: int, session: str,
                   consumer: str) -> dict[str, Any] | None:
-        now = time.time()
+        now = self._book.clock()
         events.expired(part.name, state.name, state.expire(now))
         asked_next = step is None
         if step is None:
@@ -361,7 +361,7 @@ class Delivery:
         """Set ``replica``'s bit on ``rows``; returns the rows that became ACKED."""
         rows = rows[state.state[rows] == LEASED]
         if len(rows):
-            state.last_move = time.time()  # the trainer moved on (``awaits_turn``)
+            state.last_move = self._book.clock()  # the trainer moved on (``awaits_turn``)
         state.acks[rows] |= 1 << replica
         done = rows[state.acks[rows] == state.full_acks]
         state.state[done] = ACKED

@@ -12,8 +12,6 @@ registered too: a resumed trainer), ``reading`` the step it reads now.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from tq_stream.controller.book import Book, Freed
@@ -78,7 +76,7 @@ def register(book: Book, partition: str, task: str, config: TaskConfig,
             )
         return
     state = TaskState(task, config, sampler, part.size)
-    state.last_move = time.time()
+    state.last_move = book.clock()
     state.version, state.version_step = part.versions.pop(task, (None, None))
     rows = part.oldest_first(np.flatnonzero(part.used))
     state.offer(rows, part.ready_for(config.fields, rows, state.tags))
@@ -104,5 +102,5 @@ def reading(book: Book, partition: str, task: str, step: int) -> None:
     before = state.position
     state.reading(step)
     if state.position != before:
-        state.last_move = time.time()
+        state.last_move = book.clock()
         book.cond.notify_all()

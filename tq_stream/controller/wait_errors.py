@@ -10,7 +10,6 @@ partition never written to (a misspelt name).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -28,8 +27,8 @@ from tq_stream.errors import ConfigError, WaitTimeout, format_seconds
 from tq_stream.stats import describe
 
 
-def waiting_for(part: PartitionMeta, state: TaskState, step: int | None,
-                dp_rank: int) -> str:
+def waiting_for(part: PartitionMeta, state: TaskState, step: int | None, dp_rank: int,
+                now: float) -> str:
     """What a waiting get_meta lacks, e.g. "task 't' step 0 (rank 0): 1 complete
     group of 4 ready (4 rows), 2 needed per step"."""
     cfg = state.config
@@ -44,7 +43,7 @@ def waiting_for(part: PartitionMeta, state: TaskState, step: int | None,
     hint += reform_hint(part, state, step, dp_rank)
     turn = state.version_at(state.next_step)
     if turn != state.version:
-        still = format_seconds(max(0.0, time.time() - state.last_move))
+        still = format_seconds(max(0.0, now - state.last_move))
         hint += (f"; step {state.next_step} is formed ahead of its turn for version "
                  f"{turn} (the consumer set {state.version} and reads step "
                  f"{state.position}), so rows that may be stale by then wait for it "
@@ -62,11 +61,10 @@ def waiting_for(part: PartitionMeta, state: TaskState, step: int | None,
 
 
 def wait_error(delivery: Delivery, parts: Mapping[str, PartitionMeta], part: PartitionMeta,
-               state: TaskState, args: tuple, timeout: float) -> Exception:
+               state: TaskState, args: tuple, timeout: float, now: float) -> Exception:
     """The error a ``get_meta`` that waited ``timeout`` seconds ends with (``args``:
-    its step, dp_rank, replica, session, consumer)."""
+    its step, dp_rank, replica, session, consumer; ``now``: wall-clock seconds)."""
     step, dp_rank, replica, session, _consumer = args
-    now = time.time()
     if step is None and state.ended:
         held = delivery.held_elsewhere(part, state, dp_rank, replica, session)
         if held:
@@ -107,7 +105,7 @@ def wait_error(delivery: Delivery, parts: Mapping[str, PartitionMeta], part: Par
                 f"written to: {written[:20]}): check the name, or start its producer")
     return WaitTimeout(
         f"get_meta waited timeout={format_seconds(timeout)} on partition {part.name!r} for "
-        f"{waiting_for(part, state, step, dp_rank)}{hint}")
+        f"{waiting_for(part, state, step, dp_rank, now)}{hint}")
 
 
 def reform_hint(part: PartitionMeta, state: TaskState, step: int | None,

@@ -141,7 +141,7 @@ class Writes:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise full_error(part, timeout)
-                wake = min(left, max(0.01, self._book.reservations.soonest() - time.time()))
+                wake = min(left, max(0.01, self._book.reservations.soonest() - self._book.clock()))
                 self._timings.wait(self._book.cond, wake, deadline - timeout, "capacity",
                                    partition, lambda: full_reason(part))
                 self._book.check_open()
@@ -150,7 +150,7 @@ class Writes:
                 idx[new] = part.allocate(new_keys, self.place(unit, n_new))
                 self._book.grow_tasks(part)
                 self._book.reservations.add(partition, idx[new], part.generation[idx[new]],
-                                       session, lease, timeout, time.time())
+                                       session, lease, timeout, self._book.clock())
             fixed = {f: part.schemas[f].to_dict() for f in schemas_ if f in part.schemas}
             out = {"index": idx, "unit": part.unit[idx], "slot": part.slot[idx],
                    "generation": part.generation[idx], "new": new, "schemas": fixed}
@@ -166,8 +166,10 @@ class Writes:
 
     def _check_holder(self, partition: str, held: tuple | None) -> float | None:
         """A write through a BatchMeta: see ``TaskState.check_writer``."""
-        return None if held is None else \
-            self._book.task(partition, held[0])[1].check_writer(held[1], held[2], time.time())
+        if held is None:
+            return None
+        state = self._book.task(partition, held[0])[1]
+        return state.check_writer(held[1], held[2], self._book.clock())
 
     def place(self, unit: int, n: int) -> np.ndarray:
         if 0 <= unit < self._book.n_units and unit not in self._units.dead:
@@ -206,7 +208,7 @@ class Writes:
             part.ready[f][index] = True
         if part.lost:  # a lost row's key made afresh: a later put adds to this row
             part.lost.forget(part.keys[index].tolist())
-        part.write_time[index] = time.time()
+        part.write_time[index] = self._book.clock()
         if tags is not None:  # no tags: nothing to merge
             part.tags.set(index, tags)
         for task in self._book.tasks[part.name].values():
