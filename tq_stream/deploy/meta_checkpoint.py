@@ -189,8 +189,8 @@ class Recovery:
         """The state, and (same lock hold) the journal switched to a new epoch: the
         checkpoint covers exactly the records of the files before it."""
         with self._cond:
-            state = {"controller": self._controller.state_dict(),
-                     "registrations": list(self._registrations.values())}
+            state: dict[str, Any] = {"controller": self._controller.state_dict(),
+                                     "registrations": list(self._registrations.values())}
             if self.journal is not None:
                 state["journal"] = self.journal.rotate()
             return state
