@@ -306,7 +306,7 @@ class Delivery:
         return state.next_step  # form a new step
 
     def held_by_other(self, rec: StepRecord, key: tuple[int, int],
-                       session: str) -> Claim | None:
+                      session: str) -> Claim | None:
         """The claim on (rank, replica) ``key`` of another session, if any: every claim
         there is live (``TaskState.expire`` dropped the expired ones, ``cancel`` those
         of stopped sessions). A caller without a session (a direct controller call: no
@@ -317,7 +317,7 @@ class Delivery:
         return claim
 
     def held_elsewhere(self, part: PartitionMeta, state: TaskState, rank: int,
-                        replica: int, session: str) -> list[tuple[int, int, Claim]]:
+                       replica: int, session: str) -> list[tuple[int, int, Claim]]:
         """(step, rows, claim) of every share of (rank, replica) that replica has not
         acked and another live session claims, whose holder may yet give it back: a pool
         worker asking for the next batch at the end waits for those (acked: the end; its
@@ -342,7 +342,7 @@ class Delivery:
         )
 
     def held_rows(self, part: PartitionMeta, state: TaskState, step: int, dp_rank: int,
-                   index: Any, generation: Any, what: str) -> np.ndarray:
+                  index: np.ndarray, generation: np.ndarray, what: str) -> np.ndarray:
         rec = state.steps.get(step)
         if rec is None or rec.end or not 0 <= dp_rank < len(rec.shares):
             raise self.no_lease(state, step, what)
@@ -357,7 +357,7 @@ class Delivery:
         return index
 
     def ack_rows(self, state: TaskState, step: int, dp_rank: int, replica: int,
-                  rows: np.ndarray) -> np.ndarray:
+                 rows: np.ndarray) -> np.ndarray:
         """Set ``replica``'s bit on ``rows``; returns the rows that became ACKED."""
         rows = rows[state.state[rows] == LEASED]
         if len(rows):
