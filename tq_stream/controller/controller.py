@@ -102,11 +102,8 @@ class Controller:
         self._parts, self._tasks = self._book.parts, self._book.tasks
         self._waiters = Waiters(self._cond)  # get_meta calls waiting (waiters.py)
         # storage units lost and not back, and the loss of their rows (units.py)
-        self._units = Units(self.n_units, self._cond, lambda: self._parts,
-                            lambda p: self._tasks.get(p, {}), self._book.frees,
-                            self._book.release_rows)
-        self._admission = Admission(self._cond, self._book.part, self._book.task,
-                                    lambda p: self._tasks.get(p, {}), self._timings)
+        self._units = Units(self._book)
+        self._admission = Admission(self._book, self._timings)
         self._delivery = Delivery(self._book, self._waiters, self._timings)
         self._consuming = Consuming(self._book, self._delivery, self._waiters, self._timings)
         self._writes = Writes(self._book, self._units, self._timings,
