@@ -21,6 +21,7 @@ idle connections of a server cost no buffer.
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import struct
@@ -243,3 +244,28 @@ class Reader:
         if not got:
             raise FrameError("the peer closed the connection")
         return got
+
+def readable(sock: socket.socket, timeout: float) -> bool:
+    try:
+        return ready(sock, select.POLLIN, timeout)
+    except (OSError, ValueError):
+        return False
+
+
+class ServerConn:
+    """One accepted connection: its socket, its reader, when it was last active, and
+    the request it holds while parked (``WaitSlots``)."""
+
+    __slots__ = ("last", "parked", "queued", "reader", "sock")
+
+    def __init__(self, sock: socket.socket, max_bytes: int, pool: BufferPool) -> None:
+        self.sock = sock
+        self.reader = Reader(sock, max_bytes, pool)
+        self.last = time.monotonic()
+        self.queued = self.last  # when it was last handed to the workers
+        self.parked: tuple[Any, float] | None = None  # (request, received)
+
+    def close(self) -> None:
+        self.reader.close()
+        with contextlib.suppress(OSError):
+            self.sock.close()
