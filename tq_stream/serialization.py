@@ -94,7 +94,7 @@ _ENCODER = msgspec.msgpack.Encoder()
 # ---------------------------------------------------------------------------- encode
 
 
-class _Buffers(list):
+class _Buffers(list[memoryview]):
     """The buffer frames of a message being encoded, and its inline limit."""
 
     def __init__(self, inline: int) -> None:
@@ -132,7 +132,7 @@ def _all_plain(values: Any) -> bool:
     return set(map(type, values)) <= _PLAIN
 
 
-def _prepare(obj: Any, buffers: list[memoryview], depth: int) -> Any:
+def _prepare(obj: Any, buffers: _Buffers, depth: int) -> Any:
     """Return ``obj`` with tensor-like leaves and tuples replaced by ext values."""
     kind = type(obj)
     if kind in _PLAIN:
@@ -199,7 +199,7 @@ def _prepare(obj: Any, buffers: list[memoryview], depth: int) -> Any:
     )
 
 
-def _tensor_ext(t: torch.Tensor, buffers: list[memoryview]) -> msgspec.msgpack.Ext:
+def _tensor_ext(t: torch.Tensor, buffers: _Buffers) -> msgspec.msgpack.Ext:
     name = _TORCH_NAMES.get(t.dtype)
     if name is None:
         raise SerializationError(f"unsupported tensor dtype {t.dtype} (shape {tuple(t.shape)})")
@@ -210,20 +210,20 @@ def _tensor_ext(t: torch.Tensor, buffers: list[memoryview]) -> msgspec.msgpack.E
             not t.is_conj() and not t.is_neg():
         # The common case, about 3x cheaper than the general path below (which resolves
         # a lazy conjugate or negation: such a view's memory holds the values before it).
-        view = memoryview((t.detach() if t.requires_grad else t).numpy()).cast("B")
+        view = (t.detach() if t.requires_grad else t).numpy().data.cast("B")
         return _buffer_ext(EXT_TENSOR, name, shape, view, buffers)
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()  # device memory cannot back a frame; this is the one copy
     t = t.resolve_conj().resolve_neg().contiguous()  # no-ops (no copy) in the common case
     # view(uint8) exposes any dtype's bytes, including ones numpy lacks (bfloat16).
-    view = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    view = t.reshape(-1).view(torch.uint8).numpy().data
     return _buffer_ext(EXT_TENSOR, name, shape, view, buffers)
 
 
-def _ndarray_ext(a: np.ndarray, buffers: list[memoryview]) -> msgspec.msgpack.Ext:
+def _ndarray_ext(a: np.ndarray, buffers: _Buffers) -> msgspec.msgpack.Ext:
     letter = _INT_LETTERS.get(a.dtype)
-    if letter is not None and a.ndim == 1 and a.nbytes <= getattr(buffers, "inline", 0):
+    if letter is not None and a.ndim == 1 and a.nbytes <= buffers.inline:
         # Row indexes, units, slots, generations: most messages carry a few. Without a
         # nested descriptor they cost about half as much to encode and to decode.
         return msgspec.msgpack.Ext(EXT_INTS, letter + a.tobytes())
@@ -234,17 +234,17 @@ def _ndarray_ext(a: np.ndarray, buffers: list[memoryview]) -> msgspec.msgpack.Ex
         )
     shape = list(a.shape)
     if a.size and a.flags.c_contiguous:
-        view = memoryview(a).cast("B")
+        view = memoryview(a).cast("B")  # type: ignore[arg-type]  # numpy's stubs lack __buffer__
     else:
         flat = np.ascontiguousarray(a).reshape(-1)  # no copy if already C-contiguous
-        view = memoryview(flat.view(np.uint8))
+        view = memoryview(flat.view(np.uint8))  # type: ignore[arg-type]
     return _buffer_ext(EXT_NDARRAY, a.dtype.str, shape, view, buffers)
 
 
 def _buffer_ext(
-    code: int, dtype: str, shape: list[int], view: memoryview, buffers: list[memoryview]
+    code: int, dtype: str, shape: list[int], view: memoryview, buffers: _Buffers
 ) -> msgspec.msgpack.Ext:
-    if view.nbytes <= getattr(buffers, "inline", 0):
+    if view.nbytes <= buffers.inline:
         small = EXT_SMALL_TENSOR if code == EXT_TENSOR else EXT_SMALL_NDARRAY
         return msgspec.msgpack.Ext(small, _ENCODER.encode([dtype, shape, view]))
     buffers.append(view)

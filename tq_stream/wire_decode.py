@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import torch
+from torch.utils.dlpack import from_dlpack
 
 from tq_stream.columns import Ragged
 from tq_stream.errors import SerializationError
@@ -213,7 +214,8 @@ class _BodyReader:
             raise SerializationError(f"int array payload must be a dtype letter "
                                      f"{sorted(INT_CODES.values())} and whole items, got "
                                      f"{bytes(data[:1])!r} and {len(data) - 1} bytes")
-        return np.frombuffer(data[1:], dtype).copy()  # private: ``data`` is reused
+        out: np.ndarray = np.frombuffer(data[1:], dtype).copy()  # private: ``data`` is reused
+        return out
 
     def _buffer(self, data: memoryview, table: dict[str, Any]) -> tuple[Any, list[int], memoryview]:
         """Validate one buffer descriptor against ``table`` and claim its frame."""
@@ -255,7 +257,7 @@ class _BodyReader:
         if view.readonly:
             # torch.frombuffer would warn (torch has no read-only tensors); DLPack over
             # a read-only numpy view shares the memory the same way, without the warning.
-            flat = torch.from_dlpack(np.frombuffer(view, dtype=np.uint8)).view(dtype)
+            flat = from_dlpack(np.frombuffer(view, dtype=np.uint8)).view(dtype)
         else:
             flat = torch.frombuffer(view, dtype=dtype)
         return flat.view(shape)

@@ -205,11 +205,11 @@ class Reader:
     def _frame(self, n: int, deadline: float) -> Any:
         if n <= BUFFER // 4:
             self._need(n, deadline)
-            out = bytes(self._view[self._start : self._start + n])
+            small = bytes(self._view[self._start : self._start + n])
             self._start += n
-            return out
+            return small
         out = torch.empty(n, dtype=torch.uint8)
-        dest = memoryview(out.numpy())
+        dest = out.numpy().data
         have = min(n, self._end - self._start)
         dest[:have] = self._view[self._start : self._start + have]
         self._start += have
