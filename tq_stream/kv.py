@@ -18,7 +18,7 @@ from tensordict import TensorDict
 
 from tq_stream import fieldpath
 from tq_stream.backends.base import occupancy
-from tq_stream.checks import check_fields, check_keys
+from tq_stream.checks import check_fields, check_keys, check_tag
 from tq_stream.connection import placement
 from tq_stream.connection.connection import Connection
 from tq_stream.convert import to_tensordict
@@ -45,6 +45,7 @@ class KV:
         was lost with its storage unit and the put was skipped (``Writer.put``)."""
         if not isinstance(key, str):
             raise ConfigError(f"key must be a str (use put_batch for many), got {key!r}")
+        check_tag(tag)  # named as the caller wrote it, before the writer's check of tags
         return Writer(self._conn, partition).put(key, fields, tags=tag, timeout=timeout)
 
     def put_batch(self, keys: Sequence[str], data: Any, tags: Any = None,
