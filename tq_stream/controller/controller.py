@@ -35,6 +35,7 @@ from tq_stream.controller.reservations import (
     abort_due,
     hold_restored,
 )
+from tq_stream.controller.shared_puts import reserve_shared
 from tq_stream.controller.spares import SpareLogic, check_spare
 from tq_stream.controller.steps import StepLogic
 from tq_stream.controller.takeovers import check_holder
@@ -75,7 +76,7 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
         "locate", "list_rows", "list_tags", "keys_of", "set_tags", "set_version", "reading",
         "stats",
         "partitions", "admit", "set_admission", "admission", "commit_new", "release_spares",
-        "first_unfinished", "cancel", "task_rows", "dead_units",
+        "first_unfinished", "cancel", "task_rows", "dead_units", "reserve_shared",
     })
     # Methods that never wait, so a server may run them on its IO thread: they hold the
     # lock only for short CPU work; reserve and admit raise WouldBlock instead of waiting.
@@ -92,7 +93,8 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
 
     # Methods that may wait long, by who waits (a server caps each class: see
     # ``tq_stream.transport.wait_slots``).
-    RPC_WAITS = {"get_meta": "consume", "reserve": "produce", "admit": "produce"}
+    RPC_WAITS = {"get_meta": "consume", "reserve": "produce", "admit": "produce",
+                 "reserve_shared": "produce"}
     # Methods a server calls with their request's reply handle: a commit may answer a
     # waiting get_meta (``waiters.py``).
     RPC_REPLIES = frozenset({"get_meta"})
@@ -337,6 +339,7 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
                     self._abort_reservations()  # a dead producer's rows hold capacity
                 part.check_schemas(schemas_, coerce=True)
                 keys, expect = asked
+                part.shared.check_fields(part, keys, schemas_)
                 idx = part.lookup(keys)
                 new = idx < 0
                 gone = part.lost.gone(keys, schemas_) if part.lost and new.any() else {}
@@ -389,6 +392,17 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
                                             and part.capacity is None else 0)
             return out
 
+    def reserve_shared(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
+                       digests: Sequence[Mapping[str, str]], nbytes: Sequence[int],
+                       unit: int = -1, timeout: float = 60.0, session: str = "",
+                       lease: float = DEFAULT_WRITE_LEASE) -> dict[str, Any]:
+        """Place the shared entries ``keys`` not stored yet (``shared_puts.py``); the
+        other arguments as in ``reserve``."""
+        place = {"unit": unit, "timeout": timeout, "session": session, "lease": lease}
+        return reserve_shared(self._cond, lambda p: self._part(p, create=True, by_put=True),
+                              self.reserve, self.abort, partition, keys, schemas, digests,
+                              nbytes, place)
+
     def _check_holder(self, partition: str, held: tuple | None) -> float | None:
         """A write through a BatchMeta: see ``TaskState.check_writer``."""
         return None if held is None else \
@@ -418,9 +432,10 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
 
     def commit(self, partition: str, index: np.ndarray, generation: np.ndarray,
                schemas: Mapping[str, Any], tags: list[dict[str, Any]] | None = None,
-               holder: Mapping[str, Any] | None = None) -> None:
+               holder: Mapping[str, Any] | None = None,
+               shared: Sequence[str | None] | None = None) -> None:
         """Mark the fields of rows ``index`` written (their bytes are stored); ``holder``
-        as in ``reserve``."""
+        as in ``reserve``; ``shared``: the shared entry each row names (or None)."""
         schemas_ = parse_schemas(schemas)
         index = np.asarray(index, dtype=np.int64)
         held = check_holder(holder)
@@ -428,6 +443,8 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
             part = self._part(partition)
             self._check_holder(partition, held)
             part.check_generation(index, generation)
+            if shared is not None:
+                part.shared.bind(part, index, shared)
             self._mark_written(part, index, schemas_, tags)
             self._reservations.settle(partition, index)
 
@@ -442,6 +459,7 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
         part.write_time[index] = time.time()
         if tags is not None:  # no tags: nothing to merge
             part.tags.set(index, tags)
+        index = part.shared.written(part, index)  # rows naming entries written here
         for task in self._tasks[part.name].values():
             task.offer(index, part.ready_for(task.config.fields, index, task.tags))
         self._rows_ready(part)

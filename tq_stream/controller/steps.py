@@ -90,7 +90,7 @@ class StepLogic:
     def _pending(self, part: PartitionMeta, state: TaskState) -> int:
         """Live rows that are neither available nor handed out: not yet ready."""
         n = min(part.size, state.state.shape[0])
-        return int(np.count_nonzero(part.used[:n] & (state.state[:n] == 0)
+        return int(np.count_nonzero(part.row_mask(n) & (state.state[:n] == 0)
                                     & ~state.queue.avail[:n]))
 
     def _apply_discards(self, part: PartitionMeta, state: TaskState, sel: Selection,

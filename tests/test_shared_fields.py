@@ -1,0 +1,216 @@
+"""Shared fields: a group's prompt and image written once under the group's key, named
+by each response row, read as the row's own (materialized, or once with an index),
+ready only once written, and freed with the last row that names them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tq_stream as tq
+from tq_stream.errors import ConfigError, KeyConflictError, SchemaError, WaitTimeout
+
+P = "vlm"
+G, N = 3, 4  # groups, responses per group
+
+
+def images(n: int, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(10, 41, (n, 2), generator=g).tolist()
+    return [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g) for h, w in sizes]
+
+
+def uids(g: int = G) -> list[str]:
+    return [f"p{i}" for i in range(g)]
+
+
+def put_groups(stream: tq.Stream, g: int = G, n: int = N,
+               image: bool = True) -> tuple[list[str], list[torch.Tensor]]:
+    """``g`` shared entries (prompt, image) and ``g * n`` response rows naming them."""
+    w = stream.writer(P)
+    imgs = images(g)
+    data = {"prompt": torch.arange(g * 2).reshape(g, 2)}
+    if image:
+        data["image"] = tq.MultiRagged.from_list(imgs, fixed_dims=(0,))
+    w.put_shared(uids(g), data)
+    keys = [f"p{i}_{j}" for i in range(g) for j in range(n)]
+    tags = [{"uid": f"p{i}", "reward": float(j)} for i in range(g) for j in range(n)]
+    w.put(keys, {"response": torch.arange(g * n)}, tags=tags,
+          shared=[f"p{i}" for i in range(g) for _ in range(n)])
+    return keys, imgs
+
+
+def unit_bytes(stream: tq.Stream) -> int:
+    return sum(u["nbytes"] for u in stream.deployment_stats()["units"])
+
+
+def test_rows_read_their_entry_s_fields_as_their_own(stream):
+    keys, imgs = put_groups(stream)
+    td = stream.kv.get_batch(keys, fields=["prompt", "image", "response"], partition=P,
+                             ragged="list")
+    assert td.batch_size == torch.Size([G * N])
+    for r, key in enumerate(keys):
+        g = int(key[1])
+        assert torch.equal(td["prompt"][r], torch.tensor([2 * g, 2 * g + 1]))
+        assert torch.equal(td["image"][r], imgs[g])
+        assert int(td["response"][r]) == r
+    one = stream.kv.get(keys[5], partition=P)
+    assert torch.equal(one["image"], imgs[1]) and set(one) == {"prompt", "image", "response"}
+    assert [r["fields"] for r in stream.kv.list(P)][0] == ["prompt", "image", "response"]
+    assert len(stream.kv.list(P)) == G * N  # entries are no rows
+
+
+def test_an_indexed_read_gives_each_entry_once(stream):
+    keys, imgs = put_groups(stream)
+    sel = [keys[1], keys[9], keys[2]]  # groups 0, 2, 0
+    td = stream.kv.get_batch(sel, fields=["image", "response"], partition=P,
+                             ragged="list", shared="index")
+    assert td["image_index"].tolist() == [0, 1, 0]
+    assert len(td["image"]) == 2
+    assert torch.equal(td["image"][0], imgs[0]) and torch.equal(td["image"][1], imgs[2])
+    assert td["response"].tolist() == [1, 9, 2]
+    with pytest.raises(ConfigError, match="shared must be one of"):
+        stream.kv.get_batch(sel, fields=["image"], partition=P, shared="once")
+
+
+def test_a_row_is_ready_only_once_its_entry_has_the_field(stream):
+    keys, _ = put_groups(stream, g=1, image=False)
+    client = stream.client()
+    client.register_task(P, "actor", fields=["image", "response"], batch_size=N)
+    with pytest.raises(WaitTimeout):
+        client.get_meta(P, "actor", step=0, timeout=0.3)
+    img = images(1, seed=5)[0]
+    stream.writer(P).put_shared("p0", {"image": tq.MultiRagged.from_list([img],
+                                                                         fixed_dims=(0,))})
+    meta = client.get_meta(P, "actor", step=0, timeout=5)
+    td = client.get_data(meta, ragged="list")
+    assert sorted(meta.keys) == keys
+    assert all(torch.equal(x, img) for x in td["image"])
+
+
+def test_group_sampler_steps_carry_their_group_s_image(stream):
+    keys, imgs = put_groups(stream)
+    ds = tq.StreamingDataset(stream, P, "actor", ["prompt", "image", "response"],
+                             batch_size=N, sampler=tq.samplers.GroupSampler(group_size=N),
+                             ragged="list", timeout=5)
+    stream.close_partition(P)
+    seen = 0
+    for batch in tq.StreamingDataLoader(ds):
+        uid = {t["uid"] for t in tq.batch_meta(batch).tags}
+        assert len(uid) == 1
+        g = int(uid.pop()[1:])
+        assert all(torch.equal(x, imgs[g]) for x in batch["image"])
+        seen += 1
+    assert seen == G
+
+
+def test_an_entry_is_freed_once_every_declared_consumer_acked_its_rows(stream):
+    stream.create_partition(P, consumers=["old_logp", "actor"])
+    keys, _ = put_groups(stream)
+    client = stream.client()
+    for task in ("old_logp", "actor"):
+        client.register_task(P, task, fields=["image", "response"], batch_size=N,
+                             sampler=tq.samplers.GroupSampler(group_size=N))
+    full = unit_bytes(stream)
+    assert stream.stats()[P]["shared"]["entries"] == G
+    assert stream.stats()[P]["shared"]["refs"] == G * N
+    metas = [client.get_meta(P, "old_logp", step=s, timeout=5) for s in range(G)]
+    for m in metas:
+        client.ack(m)
+    assert stream.stats()[P]["shared"]["entries"] == G  # "actor" still reads them
+    first = client.get_meta(P, "actor", step=0, timeout=5)
+    client.ack(first)
+    shared = stream.stats()[P]["shared"]
+    assert shared["entries"] == G - 1 and shared["refs"] == (G - 1) * N
+    for s in range(1, G):
+        client.ack(client.get_meta(P, "actor", step=s, timeout=5))
+    assert stream.stats()[P]["shared"] == {"entries": 0, "bytes": 0, "refs": 0,
+                                           "fields": ["image", "prompt"]}
+    assert stream.stats()[P]["rows"] == 0
+    assert full > 0 and unit_bytes(stream) == 0
+
+
+def test_an_entry_is_freed_when_a_filter_discards_its_group(stream):
+    stream.create_partition(P, consumers=["actor"])
+    put_groups(stream, g=2)
+    w = stream.writer(P)  # group p2: every reward equal -> discarded, entry freed
+    w.put_shared("p2", {"prompt": torch.tensor([9, 9]),
+                        "image": images(1, seed=3)[0]})
+    flat = [f"p2_{j}" for j in range(N)]
+    w.put(flat, {"response": torch.arange(N)}, tags=[{"uid": "p2", "reward": 1.0}] * N,
+          shared=["p2"] * N)
+    sampler = tq.samplers.DynamicFilterSampler(tq.samplers.GroupSampler(group_size=N))
+    client = stream.client()
+    client.register_task(P, "actor", fields=["image", "response"], batch_size=N,
+                         sampler=sampler)
+    metas = [client.get_meta(P, "actor", step=s, timeout=5) for s in range(2)]
+    assert stream.stats()[P]["tasks"]["actor"]["discarded"]["zero_variance"] == N
+    assert stream.stats()[P]["shared"]["entries"] == 2  # p2 freed with its rows
+    assert "p2" not in {t["uid"] for m in metas for t in m.tags}
+
+
+def test_clear_frees_an_entry_with_its_last_row(stream):
+    keys, _ = put_groups(stream)
+    stream.kv.clear(keys[:N - 1], partition=P)
+    assert stream.stats()[P]["shared"]["entries"] == G
+    assert stream.stats()[P]["shared"]["refs"] == G * N - (N - 1)
+    stream.kv.clear(keys[N - 1], partition=P)
+    assert stream.stats()[P]["shared"]["entries"] == G - 1
+    stream.kv.clear(partition=P)
+    assert stream.stats()[P]["shared"]["entries"] == 0
+    assert unit_bytes(stream) == 0
+
+
+def test_the_same_bytes_again_write_nothing_and_other_bytes_are_refused(stream):
+    w = stream.writer(P)
+    assert w.put_shared("p0", {"prompt": torch.tensor([1, 2])}) == ["p0"]
+    assert w.put_shared("p0", {"prompt": torch.tensor([1, 2])}) == []
+    with pytest.raises(ConfigError, match="written once.*'prompt'"):
+        w.put_shared("p0", {"prompt": torch.tensor([1, 3])})
+    w.put("r0", {"response": torch.tensor(0)}, shared="p0")
+    assert stream.kv.get("r0", partition=P)["prompt"].tolist() == [1, 2]
+    assert stream.stats()[P]["shared"]["entries"] == 1
+
+
+def test_bad_shared_input_is_refused_and_nothing_is_stored(stream):
+    w = stream.writer(P)
+    w.put_shared("p0", {"prompt": torch.tensor([1, 2])})
+    with pytest.raises(KeyConflictError, match="shared must name entries.*'nope'"):
+        w.put(["a", "b"], {"response": torch.arange(2)}, shared=["p0", "nope"])
+    assert stream.kv.list(P) == [] and stream.stats()[P]["shared"]["refs"] == 0
+    with pytest.raises(ConfigError, match="shared must give, for each of the 2 rows"):
+        w.put(["a", "b"], {"response": torch.arange(2)}, shared=["p0"])
+    with pytest.raises(SchemaError, match="'prompt'.*is a shared field"):
+        w.put(["a"], {"prompt": torch.tensor([[1, 2]])})
+    w.put(["a"], {"response": torch.arange(1)}, shared=["p0"])
+    with pytest.raises(SchemaError, match="'response'.*is a field of its rows"):
+        w.put_shared("p1", {"response": torch.tensor(1)})
+    w.put_shared("p1", {"prompt": torch.tensor([3, 4])})
+    with pytest.raises(ConfigError, match="names one entry for the row's life"):
+        w.put(["a"], {"response": torch.arange(1)}, shared=["p1"])
+    with pytest.raises(ConfigError, match="keys must not start with"):
+        w.put(["\x00shared:p0"], {"response": torch.arange(1)})
+    assert [r["key"] for r in stream.kv.list(P)] == ["a"]
+    assert stream.kv.get("a", partition=P)["prompt"].tolist() == [1, 2]
+
+
+def test_save_and_restore_keep_entries_and_their_references(tmp_path):
+    path = str(tmp_path / "ckpt")
+    with tq.init() as stream:
+        stream.create_partition(P, consumers=["actor"])
+        keys, imgs = put_groups(stream)
+        before = stream.stats()[P]["shared"]
+        stream.save(path)
+    with tq.init(restore=path) as stream:
+        assert stream.stats()[P]["shared"] == before
+        td = stream.kv.get_batch(keys, fields=["image"], partition=P, ragged="list")
+        assert all(torch.equal(td["image"][r], imgs[r // N]) for r in range(len(keys)))
+        with pytest.raises(ConfigError, match="written once"):
+            stream.writer(P).put_shared("p0", {"prompt": torch.tensor([7, 7])})
+        client = stream.client()
+        client.register_task(P, "actor", fields=["image", "response"], batch_size=N,
+                             sampler=tq.samplers.GroupSampler(group_size=N))
+        for s in range(G):
+            client.ack(client.get_meta(P, "actor", step=s, timeout=5))
+        assert stream.stats()[P]["shared"]["entries"] == 0
+        assert unit_bytes(stream) == 0

@@ -1,0 +1,96 @@
+"""Reading shared fields: each distinct entry of a batch is loaded once, then either
+given to every row that names it (``shared="rows"``, the default: readers, samplers
+and DataLoaders see a plain field) or given once with an index
+(``shared="index"``: ``td[f]`` holds the distinct entries, ``td[f + "_index"]`` the
+position of each row's entry in them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from tq_stream.backends.base import occupancy
+from tq_stream.columns import Column, Ragged, take
+from tq_stream.connection import placement
+from tq_stream.convert import to_tensordict, to_value
+from tq_stream.errors import ConfigError, SchemaError, StateError
+from tq_stream.meta import BatchMeta
+from tq_stream.multiragged import MultiRagged
+
+MODES = ("rows", "index")
+INDEX = "_index"
+
+
+def check_mode(shared: Any) -> str:
+    if shared not in MODES:
+        raise ConfigError(f"shared must be one of {list(MODES)}, got {shared!r}")
+    return str(shared)
+
+
+def read(units: Sequence[Any], meta: BatchMeta, fields: Sequence[str], ragged: str,
+         shared: str = "rows") -> TensorDict:
+    """``fields`` of meta's rows as a TensorDict ``[len(meta)]`` (see module doc)."""
+    if check_mode(shared) == "rows" or meta.shared is None:
+        return to_tensordict(columns(units, meta, fields), len(meta), ragged=ragged)
+    cols, entries, names, pos = _load(units, meta, fields)
+    return _indexed(cols, entries, names, pos, len(meta), ragged)
+
+
+def columns(units: Sequence[Any], meta: BatchMeta,
+            fields: Sequence[str]) -> dict[str, Column]:
+    """``fields`` of meta's rows as columns, each shared one given to every row."""
+    cols, entries, names, pos = _load(units, meta, fields)
+    for f in names:
+        cols[f] = take(entries[f], pos)
+    return {f: cols[f] for f in fields}
+
+
+def _load(units: Sequence[Any], meta: BatchMeta, fields: Sequence[str]) -> tuple[
+        dict[str, Column], dict[str, Column], list[str], torch.Tensor]:
+    """Meta's own fields per row, the shared ones once per distinct entry, their names,
+    and each row's position among the entries."""
+    refs = meta.shared
+    names = [] if refs is None else [f for f in fields if f in refs.fields]
+    own = [f for f in fields if f not in names]
+    cols = placement.load(units, meta.partition, meta.unit, meta.slot, own,
+                          occupancy(meta.index, meta.generation), meta.schemas) if own else {}
+    if refs is None or not names:
+        return cols, {}, [], torch.zeros(0, dtype=torch.int64)
+    if len(meta) and (refs.pos < 0).any():
+        bad = [k for k, p in zip(meta.keys, refs.pos.tolist(), strict=True) if p < 0][:5]
+        raise StateError(f"rows must name a shared entry to read shared fields {names}, "
+                         f"rows {bad} of partition {meta.partition!r} name none")
+    entries = placement.load(units, meta.partition, refs.unit, refs.slot, names,
+                             occupancy(refs.index, refs.generation), meta.schemas)
+    return cols, entries, names, torch.from_numpy(refs.pos.copy())
+
+
+def _indexed(cols: dict[str, Column], entries: dict[str, Column], names: list[str],
+             pos: torch.Tensor, n: int, ragged: str) -> TensorDict:
+    for f in names:
+        if f + INDEX in cols or f + INDEX in entries:
+            raise SchemaError(f"shared field {f!r} read with shared='index' gives its rows' "
+                              f"positions as {f + INDEX!r}, a field read too")
+        cols[f + INDEX] = pos
+    td = to_tensordict(cols, n, ragged=ragged)
+    for f in names:
+        td.set_non_tensor(f, _once(entries[f], ragged))
+    return td
+
+
+def _once(col: Column, ragged: str) -> Any:
+    """The distinct entries of a shared field: a tensor (nested, padded), or a list."""
+    if isinstance(col, list):
+        return list(col)
+    if ragged == "list" and isinstance(col, Ragged):
+        return [col.row(i) for i in range(len(col))]
+    if ragged == "list" and isinstance(col, MultiRagged):
+        return col.rows()
+    return to_value(col, ragged=ragged)
+
+
+__all__ = ["MODES", "check_mode", "columns", "read"]
