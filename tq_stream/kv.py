@@ -58,7 +58,7 @@ class KV:
         return Writer(self._conn, partition).put(check_keys(keys), data, tags=tags,
                                                   timeout=timeout, shared=shared)
 
-    def put_shared(self, keys: str | Sequence[str], data: Any,
+    def put_shared(self, keys: str | Sequence[str], data: object,
                    partition: str = DEFAULT_PARTITION,
                    timeout: float | None = None) -> list[str]:
         """Write shared entries that rows name with ``shared=`` (``Writer.put_shared``)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from tq_stream.connection.connection import Connection
 
 
-def check_shared(shared: Any, n: int) -> list[str | None] | None:
+def check_shared(shared: object, n: int) -> list[str | None] | None:
     """``shared`` of a put of ``n`` rows: None, or per row an entry's key or None."""
     if shared is None:
         return None

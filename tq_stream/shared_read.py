@@ -25,7 +25,7 @@ MODES = ("rows", "index")
 INDEX = "_index"
 
 
-def check_mode(shared: Any) -> str:
+def check_mode(shared: object) -> str:
     if shared not in MODES:
         raise ConfigError(f"shared must be one of {list(MODES)}, got {shared!r}")
     return str(shared)
@@ -82,7 +82,7 @@ def _indexed(cols: dict[str, Column], entries: dict[str, Column], names: list[st
     return td
 
 
-def _once(col: Column, ragged: str) -> Any:
+def _once(col: Column, ragged: str) -> torch.Tensor | list:
     """The distinct entries of a shared field: a tensor (nested, padded), or a list."""
     if isinstance(col, list):
         return list(col)

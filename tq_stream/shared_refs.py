@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 
-def _ro(values: Any, dtype: type = np.int64) -> np.ndarray:
+def _ro(values: np.ndarray | Sequence[int], dtype: type = np.int64) -> np.ndarray:
     out = np.array(values, dtype=dtype)
     out.flags.writeable = False
     return out

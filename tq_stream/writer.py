@@ -121,7 +121,7 @@ class Writer:
         return self._rows.write(keys_, cols, check_tags(tags, len(keys_)), timeout,
                                 shared=check_shared(shared, len(keys_)))
 
-    def put_shared(self, keys: str | Sequence[str], data: Any,
+    def put_shared(self, keys: str | Sequence[str], data: object,
                    timeout: float | None = None) -> list[str]:
         """Write shared entries: fields stored once under keys of their own (a GRPO
         group's uid), which rows name with ``put(..., shared=)`` and read as their own.

@@ -23,7 +23,7 @@ Invariants (``SharedTable``): ``entry[e]`` only for used rows keyed with the pre
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -32,7 +32,19 @@ from tq_stream.errors import ConfigError, KeyConflictError, SchemaError
 
 if TYPE_CHECKING:
     from tq_stream.columns import FieldSchema
-    from tq_stream.controller.partition import PartitionMeta
+
+
+class PartRows(Protocol):
+    """What the table reads of its partition (a ``controller.partition.PartitionMeta``)."""
+
+    name: str
+    schemas: dict[str, FieldSchema]
+    key_index: dict[str, int]
+    keys: np.ndarray
+    ready: dict[str, np.ndarray]
+    unit: np.ndarray
+    slot: np.ndarray
+    generation: np.ndarray
 
 ENTRY_PREFIX = RESERVED + "shared:"  # keys of shared entries; refused as a user key
 
@@ -64,7 +76,7 @@ class SharedTable:
             self.refs = _grown(self.refs, n, 0)
 
     # ----------------------------------------------------------------- puts
-    def check_fields(self, part: PartitionMeta, keys: Sequence[str],
+    def check_fields(self, part: PartRows, keys: Sequence[str],
                      schemas: Mapping[str, FieldSchema]) -> None:
         """A put's fields: a shared put writes no row field, a row put no shared one."""
         if not self.fields and not (keys and keys[0].startswith(ENTRY_PREFIX)):
@@ -82,7 +94,7 @@ class SharedTable:
                     f"per entry with put_shared), so a row put must not write it; got it "
                     f"in a put of keys {list(keys)[:5]}")
 
-    def to_write(self, part: PartitionMeta, key: str, digests: Mapping[str, str]) -> bool:
+    def to_write(self, part: PartRows, key: str, digests: Mapping[str, str]) -> bool:
         """False if every field of a shared put of ``key`` is stored with these bytes
         already; ConfigError if one was stored with other bytes."""
         row = part.key_index.get(entry_key(key), -1)
@@ -96,7 +108,7 @@ class SharedTable:
                     f"put it under a new key")
         return any(f not in have for f in digests)
 
-    def claim(self, part: PartitionMeta, row: int, key: str, digests: Mapping[str, str],
+    def claim(self, part: PartRows, row: int, key: str, digests: Mapping[str, str],
               nbytes: int) -> None:
         """Row ``row`` (reserved for ``key``) is a shared entry with ``digests``' fields."""
         self.to_write(part, key, digests)  # a concurrent put of other bytes came first
@@ -107,7 +119,7 @@ class SharedTable:
         self.nbytes[row] = self.nbytes.get(row, 0) + int(nbytes)
         self.fields.update(digests)
 
-    def bind(self, part: PartitionMeta, index: np.ndarray,
+    def bind(self, part: PartRows, index: np.ndarray,
              shared: Sequence[str | None]) -> None:
         """Rows ``index`` name the entries ``shared`` (None: none); checked in full
         before anything changes. A row names one entry for its life."""
@@ -138,13 +150,13 @@ class SharedTable:
             np.add.at(self.refs, e_, 1)
             self._mirror(part, r_, e_)
 
-    def _mirror(self, part: PartitionMeta, rows: np.ndarray, ents: np.ndarray) -> None:
+    def _mirror(self, part: PartRows, rows: np.ndarray, ents: np.ndarray) -> None:
         for f in self.fields:
             r = part.ready.get(f)
             if r is not None:
                 r[rows] = r[ents]
 
-    def written(self, part: PartitionMeta, index: np.ndarray) -> np.ndarray:
+    def written(self, part: PartRows, index: np.ndarray) -> np.ndarray:
         """Fields of rows ``index`` were committed: entries among them pass them to the
         rows naming them; returns ``index`` plus those rows (to offer to the tasks)."""
         if not self.count:
@@ -157,7 +169,7 @@ class SharedTable:
         return np.concatenate([index, rows])
 
     # ---------------------------------------------------------------- frees
-    def release(self, part: PartitionMeta, idx: np.ndarray) -> np.ndarray:
+    def release(self, part: PartRows, idx: np.ndarray) -> np.ndarray:
         """Used rows ``idx`` are being freed: returns them plus the entries no live row
         names any more. Rows naming an entry freed under them (a lost unit) lose its
         fields."""
@@ -192,7 +204,7 @@ class SharedTable:
         """``rows`` without the shared entries (what listings and counts show)."""
         return rows[~self.entry[rows]] if self.count else rows
 
-    def describe(self, part: PartitionMeta, idx: np.ndarray,
+    def describe(self, part: PartRows, idx: np.ndarray,
                  fields: Sequence[str]) -> dict[str, Any]:
         """What a reader of ``fields`` of rows ``idx`` needs beyond their own slots:
         ``{"shared": {"fields", "pos" (row -> position, -1: none), "index", "unit",
@@ -215,7 +227,7 @@ class SharedTable:
                 "refs": int(self.refs.sum()), "fields": sorted(self.fields)}
 
     # ----------------------------------------------------------- checkpoints
-    def own_ready(self, part: PartitionMeta, rows: np.ndarray) -> dict[str, np.ndarray]:
+    def own_ready(self, part: PartRows, rows: np.ndarray) -> dict[str, np.ndarray]:
         """``ready[f][rows]`` of what each row's own slot holds (a shared field only in
         its entry's): what a checkpoint saves, ``load_state_dict`` mirrors it again."""
         out = {f: r[rows] for f, r in part.ready.items()}
@@ -230,7 +242,7 @@ class SharedTable:
                 "digests": [[e, d] for e, d in self.digests.items()],
                 "nbytes": [[e, n] for e, n in self.nbytes.items()]}
 
-    def load_state_dict(self, part: PartitionMeta, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, part: PartRows, state: Mapping[str, Any]) -> None:
         """The state of ``state_dict``, into the table of ``part`` (its rows loaded)."""
         entries = np.asarray(state["entries"], dtype=np.int64)
         named = np.asarray(state["named"], dtype=np.int64)

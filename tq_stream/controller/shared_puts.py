@@ -22,7 +22,7 @@ Reserve = Callable[..., dict[str, Any]]
 Abort = Callable[[str, Any, Any], None]
 
 
-def check_digests(digests: Any, keys: Sequence[str],
+def check_digests(digests: object, keys: Sequence[str],
                   schemas: Mapping[str, Any]) -> list[dict[str, str]]:
     """Per key, one str digest per field of the put."""
     if isinstance(digests, list | tuple) and len(digests) == len(keys) and all(
