@@ -214,3 +214,20 @@ def test_save_and_restore_keep_entries_and_their_references(tmp_path):
             client.ack(client.get_meta(P, "actor", step=s, timeout=5))
         assert stream.stats()[P]["shared"]["entries"] == 0
         assert unit_bytes(stream) == 0
+
+
+def test_ragged_and_plain_shared_fields_read_as_written(stream):
+    prompts = [torch.arange(n) for n in (3, 5)]
+    w = stream.writer(P)
+    w.put_shared(["a", "b"], {"ids": torch.nested.nested_tensor(prompts, layout=torch.jagged),
+                              "text": ["first", "second"]})
+    w.put(["a0", "b0", "a1", "b1"], {"r": torch.arange(4)}, shared=["a", "b", "a", "b"])
+    td = stream.kv.get_batch(["b0", "a0", "a1"], fields=["ids", "text"], partition=P,
+                             ragged="list")
+    assert [t.tolist() for t in td["ids"]] == [[0, 1, 2, 3, 4], [0, 1, 2], [0, 1, 2]]
+    assert td["text"] == ["second", "first", "first"]
+    padded = stream.kv.get_batch(["b0", "a0"], fields=["ids"], partition=P, ragged="padded")
+    assert padded["ids"].tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 0, 0]]
+    idx = stream.kv.get_batch(["b0", "a0", "b1"], fields=["text"], partition=P,
+                              shared="index")
+    assert idx["text"] == ["first", "second"] and idx["text_index"].tolist() == [1, 0, 1]

@@ -45,8 +45,29 @@ def columns(units: Sequence[Any], meta: BatchMeta,
     """``fields`` of meta's rows as columns, each shared one given to every row."""
     cols, entries, names, pos = _load(units, meta, fields)
     for f in names:
-        cols[f] = take(entries[f], pos)
+        cols[f] = expand(entries[f], pos)
     return {f: cols[f] for f in fields}
+
+
+def expand(col: Column, pos: torch.Tensor) -> Column:
+    """Row i of the result is entry ``pos[i]`` of ``col``: dense rows in one gather,
+    ragged ones as one ``torch.cat`` of views of the entries (a copy per row, no
+    per-element index as ``take`` builds)."""
+    if isinstance(col, MultiRagged):
+        ends = torch.cumsum(col.shapes.prod(dim=1), 0).tolist()
+        views = [col.values[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        picked = pos.tolist()
+        values = torch.cat([views[p] for p in picked]) if picked else col.values[:0]
+        return MultiRagged(values, col.shapes[pos], col.dims)
+    if isinstance(col, Ragged):
+        off = col.offsets.tolist()
+        picked = pos.tolist()
+        values = torch.cat([col.values[off[p]:off[p + 1]] for p in picked]) if picked \
+            else col.values[:0]
+        lengths = (col.offsets[1:] - col.offsets[:-1])[pos]
+        return Ragged(values, torch.cat([torch.zeros(1, dtype=torch.int64),
+                                         torch.cumsum(lengths, 0)]))
+    return take(col, pos)
 
 
 def _load(units: Sequence[Any], meta: BatchMeta, fields: Sequence[str]) -> tuple[
@@ -93,4 +114,4 @@ def _once(col: Column, ragged: str) -> torch.Tensor | list:
     return to_value(col, ragged=ragged)
 
 
-__all__ = ["MODES", "check_mode", "columns", "read"]
+__all__ = ["MODES", "check_mode", "columns", "expand", "read"]
