@@ -231,3 +231,20 @@ def test_ragged_and_plain_shared_fields_read_as_written(stream):
     idx = stream.kv.get_batch(["b0", "a0", "b1"], fields=["text"], partition=P,
                               shared="index")
     assert idx["text"] == ["first", "second"] and idx["text_index"].tolist() == [1, 0, 1]
+
+
+def test_a_loader_reads_shared_fields_once_per_entry_with_shared_index(stream):
+    keys, imgs = put_groups(stream)
+    stream.close_partition(P)
+    ds = tq.StreamingDataset(stream, P, "actor", ["image", "response"], batch_size=2 * N,
+                             sampler=tq.samplers.GroupSampler(group_size=N),
+                             ragged="list", shared="index", timeout=5)
+    batches = list(tq.StreamingDataLoader(ds))
+    first = batches[0]
+    assert first["image_index"].tolist() == [0] * N + [1] * N
+    uids = [t["uid"] for t in tq.batch_meta(first).tags]
+    assert [torch.equal(x, imgs[int(u[1:])]) for x, u in zip(
+        [first["image"][i] for i in first["image_index"].tolist()], uids, strict=True)] \
+        == [True] * 2 * N
+    with pytest.raises(ConfigError, match="shared must be one of"):
+        tq.StreamingDataset(stream, P, "actor", ["image"], batch_size=N, shared="once")

@@ -268,6 +268,15 @@ def check_ragged(ragged: str) -> str:
     return ragged
 
 
+SHARED_READS = ("rows", "index")  # how shared fields are read (``shared_read.py``)
+
+
+def check_shared_read(shared: object) -> str:
+    if shared not in SHARED_READS:
+        raise ConfigError(f"shared must be one of {list(SHARED_READS)}, got {shared!r}")
+    return str(shared)
+
+
 def _rows(rows: list[torch.Tensor]) -> NonTensorStack:
     return NonTensorStack(*[NonTensorData(r) for r in rows])
 

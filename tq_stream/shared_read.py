@@ -16,25 +16,18 @@ from tensordict import TensorDict
 from tq_stream.backends.base import occupancy
 from tq_stream.columns import Column, Ragged, take
 from tq_stream.connection import placement
-from tq_stream.convert import to_tensordict, to_value
-from tq_stream.errors import ConfigError, SchemaError, StateError
+from tq_stream.convert import check_shared_read, to_tensordict, to_value
+from tq_stream.errors import SchemaError, StateError
 from tq_stream.meta import BatchMeta
 from tq_stream.multiragged import MultiRagged
 
-MODES = ("rows", "index")
 INDEX = "_index"
-
-
-def check_mode(shared: object) -> str:
-    if shared not in MODES:
-        raise ConfigError(f"shared must be one of {list(MODES)}, got {shared!r}")
-    return str(shared)
 
 
 def read(units: Sequence[Any], meta: BatchMeta, fields: Sequence[str], ragged: str,
          shared: str = "rows") -> TensorDict:
     """``fields`` of meta's rows as a TensorDict ``[len(meta)]`` (see module doc)."""
-    if check_mode(shared) == "rows" or meta.shared is None:
+    if check_shared_read(shared) == "rows" or meta.shared is None:
         return to_tensordict(columns(units, meta, fields), len(meta), ragged=ragged)
     cols, entries, names, pos = _load(units, meta, fields)
     return _indexed(cols, entries, names, pos, len(meta), ragged)
@@ -114,4 +107,4 @@ def _once(col: Column, ragged: str) -> torch.Tensor | list:
     return to_value(col, ragged=ragged)
 
 
-__all__ = ["MODES", "check_mode", "columns", "expand", "read"]
+__all__ = ["columns", "expand", "read"]

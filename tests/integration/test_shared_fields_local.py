@@ -80,3 +80,20 @@ def test_an_indexed_read_across_processes_loads_each_entry_once(local_stream):
     assert td["image_index"].tolist() == [0, 1, 0]
     assert [tuple(x.shape) for x in td["image"]] == [tuple(i.shape) for i in imgs]
     assert all(torch.equal(x, i) for x, i in zip(td["image"], imgs, strict=True))
+
+
+def test_a_loader_worker_hands_over_an_indexed_batch(local_stream):
+    p = "shared_index_loader"
+    imgs = images(2, seed=9)
+    w = local_stream.writer(p)
+    w.put_shared(["a", "b"], {"image": tq.MultiRagged.from_list(imgs, fixed_dims=(0,))})
+    w.put(["a0", "a1", "b0", "b1"], {"r": torch.arange(4)},
+          tags=[{"uid": u} for u in "aabb"], shared=["a", "a", "b", "b"])
+    local_stream.close_partition(p)
+    ds = tq.StreamingDataset(local_stream, p, "actor", ["image", "r"], batch_size=4,
+                             ragged="list", shared="index", timeout=30)
+    (batch,) = list(tq.StreamingDataLoader(ds, num_workers=1))
+    index = batch["image_index"].tolist()
+    assert len(batch["image"]) == 2 and sorted(set(index)) == [0, 1]
+    for key, i in zip(tq.batch_meta(batch).keys, index, strict=True):
+        assert torch.equal(batch["image"][i], imgs["ab".index(key[0])])
