@@ -248,3 +248,16 @@ def test_a_loader_reads_shared_fields_once_per_entry_with_shared_index(stream):
         == [True] * 2 * N
     with pytest.raises(ConfigError, match="shared must be one of"):
         tq.StreamingDataset(stream, P, "actor", ["image"], batch_size=N, shared="once")
+
+
+def test_rows_naming_an_entry_lost_with_its_unit_are_lost_too():
+    with tq.init(storage_units=2, config=tq.StreamConfig(timeout=5.0)) as stream:
+        stream.create_partition(P, consumers=["actor"])
+        stream.writer(P, unit=0).put_shared("p0", {"prompt": torch.tensor([1, 2])})
+        stream.writer(P, unit=1).put(["a", "b"], {"r": torch.arange(2)}, shared=["p0"] * 2)
+        client = stream.client()
+        client.register_task(P, "actor", fields=["prompt", "r"], batch_size=2)
+        assert stream.connection.controller().unit_lost(0) == {P: 2}
+        stats = stream.stats()[P]
+        assert stats["rows"] == 0 and stats["shared"]["entries"] == 0
+        assert stats["tasks"]["actor"]["discarded"] == {"unit_lost": 2}

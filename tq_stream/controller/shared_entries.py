@@ -199,6 +199,14 @@ class SharedTable:
             self.count -= len(gone)
         return idx
 
+    def with_namers(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` plus the rows naming the entries among them (lost with them)."""
+        if not self.count:
+            return rows
+        ents = rows[self.entry[rows]]
+        namers = np.flatnonzero(np.isin(self.of, ents)) if len(ents) else ents
+        return np.concatenate([rows, namers[~np.isin(namers, rows)]])
+
     # ---------------------------------------------------------------- reads
     def rows(self, rows: np.ndarray) -> np.ndarray:
         """``rows`` without the shared entries (what listings and counts show)."""
