@@ -54,6 +54,8 @@ def test_rows_read_their_entry_s_fields_as_their_own(stream):
         assert torch.equal(td["prompt"][r], torch.tensor([2 * g, 2 * g + 1]))
         assert torch.equal(td["image"][r], imgs[g])
         assert int(td["response"][r]) == r
+    rows = td["image"]  # "list": views of the one entry read, no copy per row
+    assert rows[0].data_ptr() == rows[N - 1].data_ptr() != rows[N].data_ptr()
     one = stream.kv.get(keys[5], partition=P)
     assert torch.equal(one["image"], imgs[1]) and set(one) == {"prompt", "image", "response"}
     assert [r["fields"] for r in stream.kv.list(P)][0] == ["prompt", "image", "response"]

@@ -277,7 +277,8 @@ def check_shared_read(shared: object) -> str:
     return str(shared)
 
 
-def _rows(rows: list[torch.Tensor]) -> NonTensorStack:
+def row_list(rows: list[torch.Tensor]) -> NonTensorStack:
+    """Per-row tensors as the value a TensorDict holds (``ragged="list"``)."""
     return NonTensorStack(*[NonTensorData(r) for r in rows])
 
 
@@ -289,13 +290,13 @@ def to_value(column: Column, schema: FieldSchema | None = None, ragged: str = "n
         if ragged == "padded":
             return column.to_padded()
         if ragged == "list":
-            return _rows([column.row(i) for i in range(len(column))])
+            return row_list([column.row(i) for i in range(len(column))])
         return column.to_nested()
     if isinstance(column, MultiRagged):
         if ragged == "padded":
             return column.to_padded()
         if ragged == "list":
-            return _rows(column.rows())  # views of the values read
+            return row_list(column.rows())  # views of the values read
         return column.to_nested()
     return NonTensorStack.from_list(column) if column else NonTensorStack()
 

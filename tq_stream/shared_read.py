@@ -16,7 +16,7 @@ from tensordict import TensorDict
 from tq_stream.backends.base import occupancy
 from tq_stream.columns import Column, Ragged, take
 from tq_stream.connection import placement
-from tq_stream.convert import check_shared_read, to_tensordict, to_value
+from tq_stream.convert import check_shared_read, row_list, to_tensordict, to_value
 from tq_stream.errors import SchemaError, StateError
 from tq_stream.meta import BatchMeta
 from tq_stream.multiragged import MultiRagged
@@ -27,10 +27,30 @@ INDEX = "_index"
 def read(units: Sequence[Any], meta: BatchMeta, fields: Sequence[str], ragged: str,
          shared: str = "rows") -> TensorDict:
     """``fields`` of meta's rows as a TensorDict ``[len(meta)]`` (see module doc)."""
-    if check_shared_read(shared) == "rows" or meta.shared is None:
+    if meta.shared is None or (check_shared_read(shared) == "rows" and ragged != "list"):
         return to_tensordict(columns(units, meta, fields), len(meta), ragged=ragged)
     cols, entries, names, pos = _load(units, meta, fields)
-    return _indexed(cols, entries, names, pos, len(meta), ragged)
+    if shared == "index":
+        return _indexed(cols, entries, names, pos, len(meta), ragged)
+    views = {f: _entry_rows(entries[f]) for f in names}  # "list": no copy of an entry
+    for f, rows in views.items():
+        if rows is None:
+            cols[f] = expand(entries[f], pos)
+    td = to_tensordict({f: cols[f] for f in fields if f in cols}, len(meta), ragged=ragged)
+    picked = pos.tolist()
+    for f, rows in views.items():
+        if rows is not None:
+            td.set(f, row_list([rows[p] for p in picked]))
+    return td
+
+
+def _entry_rows(col: Column) -> list[torch.Tensor] | None:
+    """Each entry of a ragged column as a view of the values read (None: not ragged)."""
+    if isinstance(col, MultiRagged):
+        return col.rows()
+    if isinstance(col, Ragged):
+        return [col.row(i) for i in range(len(col))]
+    return None
 
 
 def columns(units: Sequence[Any], meta: BatchMeta,
@@ -100,11 +120,8 @@ def _once(col: Column, ragged: str) -> torch.Tensor | list:
     """The distinct entries of a shared field: a tensor (nested, padded), or a list."""
     if isinstance(col, list):
         return list(col)
-    if ragged == "list" and isinstance(col, Ragged):
-        return [col.row(i) for i in range(len(col))]
-    if ragged == "list" and isinstance(col, MultiRagged):
-        return col.rows()
-    return to_value(col, ragged=ragged)
+    rows = _entry_rows(col) if ragged == "list" else None
+    return to_value(col, ragged=ragged) if rows is None else rows
 
 
 __all__ = ["columns", "expand", "read"]
