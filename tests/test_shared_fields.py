@@ -263,3 +263,15 @@ def test_rows_naming_an_entry_lost_with_its_unit_are_lost_too():
         stats = stream.stats()[P]
         assert stats["rows"] == 0 and stats["shared"]["entries"] == 0
         assert stats["tasks"]["actor"]["discarded"] == {"unit_lost": 2}
+
+
+def test_commit_new_leaves_a_row_put_of_a_shared_field_to_reserve(stream):
+    from tq_stream.convert import schemas_of, single_row
+
+    stream.writer(P).put_shared("a", {"prompt": torch.tensor([1, 2])})
+    ctrl = stream.connection.controller()
+    place = ctrl.reserve(P, ["x"], schemas_of({"r": torch.zeros(1)}), spare=1)
+    spare = place["spare"]
+    done = ctrl.commit_new(P, ["y"], spare["index"], spare["generation"],
+                           schemas_of(single_row({"prompt": torch.tensor([5, 6])})))
+    assert done == {"ok": False, "reason": "schema"}

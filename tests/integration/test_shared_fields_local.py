@@ -97,3 +97,4 @@ def test_a_loader_worker_hands_over_an_indexed_batch(local_stream):
     assert len(batch["image"]) == 2 and sorted(set(index)) == [0, 1]
     for key, i in zip(tq.batch_meta(batch).keys, index, strict=True):
         assert torch.equal(batch["image"][i], imgs["ab".index(key[0])])
+
