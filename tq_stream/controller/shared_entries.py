@@ -131,10 +131,10 @@ class SharedTable:
             if k is None:
                 continue
             e = part.key_index.get(entry_key(k), -1) if isinstance(k, str) else -1
-            if e < 0 or not self.entry[e]:
+            if e < 0 or not self.entry[e] or not self._committed(part, e):
                 raise KeyConflictError(
                     f"shared must name entries put with put_shared in partition "
-                    f"{part.name!r} first, got {k!r} for row {part.keys[r]!r}")
+                    f"{part.name!r} first (committed), got {k!r} for row {part.keys[r]!r}")
             old = int(self.of[r])
             if old == e:
                 continue
@@ -149,6 +149,11 @@ class SharedTable:
             self.of[r_] = e_
             np.add.at(self.refs, e_, 1)
             self._mirror(part, r_, e_)
+
+    def _committed(self, part: PartRows, e: int) -> bool:
+        """Entry ``e`` holds a committed field (an entry whose put may still fail, and
+        free it, is not named)."""
+        return any(bool(part.ready[f][e]) for f in self.fields if f in part.ready)
 
     def _mirror(self, part: PartRows, rows: np.ndarray, ents: np.ndarray) -> None:
         for f in self.fields:
