@@ -145,9 +145,10 @@ class Writer:
         return put_shared(self._conn, self.partition, self._rows.unit, keys_, cols, timeout)
 
     async def aput(self, keys: str | Sequence[str], data: Any, tags: Any = None,
-                   timeout: float | None = None) -> list[str]:
+                   timeout: float | None = None,
+                   shared: str | Sequence[str | None] | None = None) -> list[str]:
         """``put`` for asyncio code: runs in a worker thread, never blocks the loop."""
-        return await asyncio.to_thread(self.put, keys, data, tags, timeout)
+        return await asyncio.to_thread(self.put, keys, data, tags, timeout, shared)
 
     def reserve(self, n: int, timeout: float | None = None) -> int:
         """Wait until ``n`` more rows may be started without going stale; returns ``n``.
