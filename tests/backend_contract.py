@@ -137,6 +137,17 @@ class BackendContract:
             unit.get("p", slots(1), [field])
         assert len(unit.get("p", slots(0), [field])[field]) == 1  # row 0 still readable
 
+    def test_a_field_the_row_in_a_reused_slot_lacks_is_refused_with_its_token(self, unit):
+        old = occupancy(np.array([0, 1]), np.array([0, 0]))
+        new = occupancy(np.array([5]), np.array([0]))
+        unit.put("p", slots(0, 1), {"x": dense(2), "k": torch.ones(2)}, generations=old)
+        unit.free("p", slots(1))  # row 0 keeps the partition's stores
+        unit.put("p", slots(1), {"k": torch.zeros(1)}, generations=new)  # no "x"
+        with pytest.raises(TQError, match="'x'"):
+            unit.get("p", slots(1), ["x"], generations=new)
+        assert unit.get("p", slots(1), ["k"], generations=new)["k"].tolist() == [0.0]
+        assert torch.equal(unit.get("p", slots(0), ["x"], generations=old[:1])["x"], dense(1))
+
     def test_growth_past_initial_capacity(self, unit):
         n = 10_000
         s = np.arange(n, dtype=np.int64)

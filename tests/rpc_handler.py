@@ -1,9 +1,13 @@
-"""A handler and a polling helper shared by the transport tests."""
+"""A handler, its fixture and a polling helper shared by the transport tests (a test
+module takes the fixture with ``from rpc_handler import handler``)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+
+import pytest
 
 from tq_stream.errors import KeyConflictError
 
@@ -41,3 +45,11 @@ def wait_until(condition, timeout=5.0):
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.005)
+
+
+@pytest.fixture
+def handler() -> Iterator[Handler]:
+    """A fresh Handler; a call still blocked in it is released at teardown."""
+    h = Handler()
+    yield h
+    h.release.set()

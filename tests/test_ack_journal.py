@@ -18,6 +18,7 @@ from tq_stream.columns import schema_of
 from tq_stream.deploy.ack_journal import AckJournal, journal_files, read_records, rows_of
 from tq_stream.deploy.services import ControllerService, UnitService
 from tq_stream.errors import CheckpointError
+from tq_stream.transport import InprocTransport
 from tq_stream.transport.dispatch import OWNER_ARG
 
 pytestmark = pytest.mark.timeout(60)
@@ -25,22 +26,20 @@ P = "p"
 SCHEMA = {"x": schema_of(torch.zeros(1, 3)).to_dict()}
 
 
-class InProcessUnit:
-    """A unit client calling a UnitService in this process."""
-
-    def __init__(self) -> None:
-        self.service = UnitService(MemoryUnit())
-
-    def call(self, method, args=None, timeout=None):
-        args = {k: v for k, v in (args or {}).items() if k != OWNER_ARG}
-        return getattr(self.service, method)(**args)
+TOKEN = "owner-" + "t" * 26
 
 
-def _controller(path: str, unit: InProcessUnit | None = None, attach: bool = True,
+def _unit() -> InprocTransport:
+    """A unit served in this process, called through its allow-list."""
+    return InprocTransport(UnitService(MemoryUnit()), name="u0", owner_token=TOKEN)
+
+
+def _controller(path: str, unit: InprocTransport | None = None, attach: bool = True,
                 interval: float | None = 3600.0) -> ControllerService:
-    unit = unit or InProcessUnit()
+    unit = unit or _unit()
     ctrl = ControllerService(1, unit_client=lambda address: unit, unit_timeout=None,
-                             checkpoint_path=path, checkpoint_interval=interval)
+                             owner_token=TOKEN, checkpoint_path=path,
+                             checkpoint_interval=interval)
     if attach:
         ctrl.attach_units([{"address": "u0", "host": "", "pid": -1}])
     return ctrl
@@ -237,18 +236,19 @@ def test_a_checkpoint_covers_exactly_the_acks_before_its_rotation(tmp_path):
 
 def test_replayed_acks_free_rows_and_the_units_are_reconciled(tmp_path):
     path = str(tmp_path / "c.tqmeta")
-    unit = InProcessUnit()
+    unit = _unit()
     a = _controller(path, unit)
     a.create_partition(P, consumers=["t"])
     a.register_task(P, "t", ["x"], batch_size=2)
     place = a.reserve(P, ["k0", "k1", "k2", "k3"], SCHEMA)
     tokens = occupancy(place["index"], place["generation"])
-    unit.service.put(P, place["slot"], {"x": torch.ones(4, 3)}, tokens)
+    unit.call("put", {"partition": P, "slots": place["slot"], "columns": {"x": torch.ones(4, 3)},
+                      "generations": tokens})
     a.commit(P, place["index"], place["generation"], SCHEMA)
     a._checkpointer.write_now()
     meta = _take(a, 0)
     _ack(a, meta)  # a declared consumer's ack frees the rows (in the unit too)
-    assert len(unit.service.held()[P]["slots"]) == 2
+    assert len(unit.call("held", {OWNER_ARG: TOKEN})[P]["slots"]) == 2
     b = _controller(path, unit)
     assert b.stats()[P]["rows"] == 2 and b.recovery["rows_lost"] == 0
     assert _drain(b, 1) == ["k2", "k3"]

@@ -155,6 +155,17 @@ def test_bad_tags(filled, tags, match):
             lambda: filled.writer(W).put(["k0", "new"], {"x": torch.ones(2, 4)}, tags=tags))
 
 
+
+@pytest.mark.parametrize("tag, match", [
+    (5, "tag must be a dict, got int"),
+    ({"v": [1]}, r"tag\['v'\] must be a str, int, float, bool or None.*got \[1\]"),
+    ({"": 1}, "tag keys must be non-empty str"),
+])
+def test_bad_kv_tag_is_named_tag(filled, tag, match):
+    """``KV.put`` takes one row's ``tag=``: its error names that argument, not ``tags[0]``."""
+    rejects(filled, ConfigError, match,
+            lambda: filled.kv.put("k0", {"x": torch.ones(4)}, tag=tag, partition=W))
+
 # ------------------------------------------------------------------ capacity
 def test_put_exceeding_capacity(stream):
     stream.create_partition(W, capacity=3)

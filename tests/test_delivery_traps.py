@@ -111,8 +111,9 @@ def test_an_ack_sent_again_after_its_step_finished_is_a_no_op(stream):
     assert stream.stats()[P]["tasks"]["t"]["acked"] == 2
     never = c.get_meta(P, "t", 1)
     with pytest.raises(LeaseError, match="step 5 of task 't' is not open"):
-        c._controller.ack(partition=P, task="t", step=5, dp_rank=0, index=never.index,
-                          generation=never.generation)  # a step never formed
+        stream.connection.controller().ack(  # a step never formed
+            partition=P, task="t", step=5, dp_rank=0, index=never.index,
+            generation=never.generation)
 
 
 def test_replicas_stay_identical_when_a_lease_expires_after_one_acked(stream, clock):

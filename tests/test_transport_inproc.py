@@ -1,12 +1,17 @@
-"""Unit tests of the transport contract without sockets: dispatch, errors, inproc."""
+"""The transport contract without sockets: ``CallContract`` (``tests/transport_contract.py``)
+on InprocTransport, what only it does (objects pass through, admin calls), the
+Dispatcher's allow-list, and errors as values."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from rpc_handler import handler
+from transport_contract import CallContract
 
 from tq_stream import errors
 from tq_stream.errors import (
+    AuthError,
     ClosedError,
     ConfigError,
     KeyConflictError,
@@ -16,9 +21,13 @@ from tq_stream.errors import (
     WaitTimeout,
 )
 from tq_stream.transport import Dispatcher, InprocTransport, Transport
+from tq_stream.transport.dispatch import OWNER_ARG
 from tq_stream.transport.remote_errors import error_from_value, error_to_value
 
+__all__ = ["handler"]  # the fixture, imported for pytest
+
 pytestmark = pytest.mark.timeout(60)
+TOKEN = "t" * 32
 
 
 class Handler:
@@ -42,6 +51,17 @@ class Handler:
 
     def secret(self):  # public, but not in the allowlist
         return "secret"
+
+
+class TestInprocContract(CallContract):
+    @pytest.fixture
+    def client(self, handler):
+        with InprocTransport(handler, name="inproc-test") as transport:
+            yield transport
+
+    @pytest.fixture
+    def where(self):
+        return "inproc-test"
 
 
 def test_inproc_passes_objects_through_unchanged():
@@ -136,23 +156,32 @@ def test_dispatcher_lists_its_methods():
     assert Dispatcher(Handler()).methods == ["add", "crash", "echo", "fail"]
 
 
-def test_tq_errors_propagate_unchanged():
-    with pytest.raises(KeyConflictError, match="duplicate key 'a'"):
-        InprocTransport(Handler()).call("fail", {"message": "duplicate key 'a'"})
-
-
-def test_other_errors_arrive_as_remote_error_like_over_a_socket():
+def test_a_handler_bug_arrives_as_remote_error_caused_by_the_exception_itself():
     with pytest.raises(RemoteError) as info:
         InprocTransport(Handler(), name="unit").call("crash")
-    assert info.value.kind == "KeyError"
-    assert info.value.where == "unit"
+    assert info.value.kind == "KeyError" and info.value.where == "unit"
     assert isinstance(info.value.__cause__, KeyError)
 
 
-@pytest.mark.parametrize("timeout", [0, -1, "5", True])
-def test_bad_timeouts_are_rejected(timeout):
-    with pytest.raises(ConfigError, match="timeout"):
-        InprocTransport(Handler()).call("echo", {}, timeout=timeout)
+def test_admin_methods_need_the_owner_token_as_over_a_socket():
+    class Service:
+        RPC_METHODS = frozenset({"wipe", "echo"})
+        RPC_ADMIN = frozenset({"wipe"})
+
+        def wipe(self):
+            return "wiped"
+
+        def echo(self, value):
+            return value
+
+    owned = InprocTransport(Service(), owner_token=TOKEN)
+    assert owned.call("wipe", {OWNER_ARG: TOKEN}) == "wiped"
+    assert owned.call("echo", {"value": 1}) == 1
+    for args in ({}, {OWNER_ARG: "x" * 32}):
+        with pytest.raises(AuthError, match="admin call"):
+            owned.call("wipe", args)
+    with pytest.raises(AuthError, match="without an owner token"):
+        InprocTransport(Service()).call("wipe", {OWNER_ARG: TOKEN})
 
 
 # ------------------------------------------------------------- errors as values

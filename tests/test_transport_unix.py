@@ -1,28 +1,22 @@
-"""Integration tests of the unix-socket RPC transport (local mode's default)."""
+"""What only the unix-socket RPC transport (local mode's default) does; the behaviours
+every transport shares are in ``tests/transport_contract.py``
+(``tests/integration/test_transport_contract.py``)."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import pickle
 import select
 import socket
 import struct
 import threading
 import time
 
-import numpy as np
 import pytest
-import torch
-from rpc_handler import Handler, wait_until
+from rpc_handler import handler, wait_until
 
-from tq_stream.columns import Ragged
 from tq_stream.errors import (
-    ClosedError,
     ConfigError,
-    KeyConflictError,
     RemoteError,
-    SerializationError,
     WaitTimeout,
 )
 from tq_stream.serialization import decode, encode
@@ -39,14 +33,9 @@ from tq_stream.transport.unix_frames import (
 )
 from tq_stream.transport.unix_server import UnixRpcServer
 
+__all__ = ["handler"]  # the fixture, imported for pytest
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-
-@pytest.fixture
-def handler():
-    h = Handler()
-    yield h
-    h.release.set()
 
 
 @pytest.fixture
@@ -74,63 +63,31 @@ def raw_request(address, frames_bytes: bytes) -> socket.socket:
     return sock
 
 
-def test_roundtrip_with_tensors_and_a_large_frame(client):
-    value = {
-        "t": torch.randn(256, 128).to(torch.bfloat16),
-        "mask": torch.rand(64) > 0.5,
-        "empty": torch.zeros(0, 4),
-        "r": Ragged.from_list([torch.ones(3), torch.ones(1)]),
-        "a": np.arange(5),
-        "meta": ("k", [1, None, b"x"]),
-        "big": torch.randn(1024, 4096),  # 16 MB: received straight into its own memory
-    }
-    out = client.call("echo", {"value": value})
-    assert out.keys() == value.keys()
-    for name in ("t", "mask", "empty", "big"):
-        assert out[name].dtype == value[name].dtype and torch.equal(out[name], value[name])
-    assert torch.equal(out["r"].values, value["r"].values)
-    assert np.array_equal(out["a"], value["a"])
-    assert out["meta"] == ("k", [1, None, b"x"])
-    out["big"][0, 0] = 7.0  # a received tensor is the caller's own, writable memory
-    assert client.call("echo", {"value": 3}) == 3 and out["big"][0, 0] == 7.0
 
 
-def test_errors_keep_their_class_and_the_allowlist_holds(client, address):
-    with pytest.raises(KeyConflictError, match="taken"):
-        client.call("fail", {"message": "taken"})
-    with pytest.raises(RemoteError) as info:
-        client.call("crash")
-    assert info.value.kind == "ZeroDivisionError" and address in str(info.value)
-    with pytest.raises(ConfigError, match="method must be one of"):
-        client.call("secret")
-    with pytest.raises(ConfigError, match="bad arguments"):
-        client.call("echo", {"nope": 1})
-    with pytest.raises(SerializationError):
-        client.call("echo", {"value": {1, 2}})  # refused before sending
-    assert client.call("echo", {"value": "ok"}) == "ok"
 
 
-def test_timeout_then_the_late_reply_is_never_taken_for_another(client, address):
-    with pytest.raises(WaitTimeout) as info:
-        client.call("sleep", {"seconds": 0.4}, timeout=0.1)
-    assert address in str(info.value) and "'sleep'" in str(info.value)
-    assert client.call("echo", {"value": 1}) == 1
-    time.sleep(0.4)
-    assert [client.call("echo", {"value": i}) for i in (2, 3)] == [2, 3]
-
-
-def test_no_server_times_out_and_a_restarted_server_is_reached(handler, address):
+def test_a_missing_server_is_named_and_close_removes_the_socket_file(handler, address):
     with UnixRpcClient(address, timeout=0.2) as c:
         with pytest.raises(WaitTimeout, match="no server at"):
             c.call("echo", {})
-        first = UnixRpcServer(handler, address).start()
+        srv = UnixRpcServer(handler, address).start()
         assert c.call("echo", {"value": 1}) == 1
-        first.close()
-        assert not os.path.exists(address[len("unix://"):])  # close removes the file
-        with pytest.raises(WaitTimeout):
-            c.call("echo", {"value": 2})
-        with UnixRpcServer(handler, address):
-            assert c.call("echo", {"value": 3}, timeout=5) == 3  # stale pooled socket
+        srv.close()
+        assert not os.path.exists(address[len("unix://"):])
+
+
+def test_bad_addresses_and_bounds_are_refused(handler, address, tmp_path):
+    with pytest.raises(ConfigError, match="unix:///path"):
+        UnixRpcClient("tcp://127.0.0.1:9")
+    with pytest.raises(ConfigError, match="at most 100 bytes"):
+        UnixRpcServer(handler, "unix://" + "/x" * 60)
+    with pytest.raises(ConfigError, match="max_connections"):
+        UnixRpcServer(handler, f"unix://{tmp_path}/other", max_connections=0)
+    with pytest.raises(ConfigError, match="not encrypted"):
+        rpc_client(address, timeout=1, curve_server_key=b"k" * 40)
+    with pytest.raises(ConfigError, match="curve needs the zmq transport"):
+        rpc_server(handler, address, workers=1, backlog=1, curve_secret_key=b"k" * 40)
 
 
 def test_a_socket_file_left_by_a_killed_server_is_taken_over(handler, address):
@@ -144,31 +101,6 @@ def test_a_socket_file_left_by_a_killed_server_is_taken_over(handler, address):
         with pytest.raises(ConfigError, match="cannot be bound"):
             UnixRpcServer(handler, address)  # a live server keeps its address
 
-
-def test_concurrent_calls_and_a_blocked_call_delays_no_other(client, handler):
-    results, errors = {}, []
-
-    def worker(n):
-        try:
-            results[n] = [client.call("echo", {"value": (n, i)}) for i in range(25)]
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    blocked = []
-    blocker = threading.Thread(target=lambda: blocked.append(client.call("block",
-                                                                         {"timeout": 10})))
-    blocker.start()
-    assert handler.entered.wait(5)
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
-    assert not errors and results == {n: [(n, i) for i in range(25)] for n in range(8)}
-    assert blocked == []  # still blocked while the others were answered
-    handler.release.set()
-    blocker.join(5)
-    assert blocked == [True]
 
 
 def test_connections_beyond_the_bound_are_refused_busy(handler, address):
@@ -207,66 +139,6 @@ def test_malformed_input_closes_only_that_connection(server, client, address):
         send_message(socket.socket(socket.AF_UNIX), [b""] * (MAX_FRAMES + 1), time.monotonic() + 5)
     assert client.call("echo", {"value": "alive"}) == "alive"
 
-
-def test_lifecycle_and_bad_addresses(handler, address, tmp_path):
-    srv = UnixRpcServer(handler, address)
-    with pytest.raises(ConfigError, match="cannot be bound"):
-        UnixRpcServer(handler, address)
-    srv.close()  # never started
-    srv.close()
-    with pytest.raises(ClosedError):
-        srv.start()
-    c = UnixRpcClient(address)
-    c.close()
-    with pytest.raises(ClosedError, match="closed"):
-        c.call("echo")
-    with pytest.raises(ConfigError, match="unix:///path"):
-        UnixRpcClient("tcp://127.0.0.1:9")
-    with pytest.raises(ConfigError, match="at most 100 bytes"):
-        UnixRpcServer(handler, "unix://" + "/x" * 60)
-    with pytest.raises(ConfigError, match="max_connections"):
-        UnixRpcServer(handler, f"unix://{tmp_path}/other", max_connections=0)
-    with pytest.raises(ConfigError, match="not encrypted"):
-        rpc_client(address, timeout=1, curve_server_key=b"k" * 40)
-    with pytest.raises(ConfigError, match="curve needs the zmq transport"):
-        rpc_server(handler, address, workers=1, backlog=1, curve_secret_key=b"k" * 40)
-
-
-def test_close_is_bounded_while_a_handler_blocks(handler, address):
-    srv = UnixRpcServer(handler, address).start()
-    c = UnixRpcClient(address)
-    outcome = []
-
-    def blocked_call():
-        try:
-            outcome.append(c.call("block", {"timeout": 5}, timeout=2.0))
-        except WaitTimeout as exc:
-            outcome.append(exc)
-
-    caller = threading.Thread(target=blocked_call)
-    caller.start()
-    assert handler.entered.wait(5)
-    srv.close(timeout=0.2)  # returns although the handler still runs
-    handler.release.set()
-    caller.join(5)
-    assert len(outcome) == 1 and isinstance(outcome[0], WaitTimeout)
-    c.close()
-    wait_until(lambda: not [t for t in threading.enumerate() if address in t.name])
-
-
-def _child_call(client, value):
-    assert client.call("echo", {"value": value}) == value
-
-
-def test_client_works_in_a_forked_child_and_after_pickling(client):
-    assert client.call("echo", {"value": "parent"}) == "parent"  # a pooled socket exists
-    child = multiprocessing.get_context("fork").Process(target=_child_call, args=(client, "kid"))
-    child.start()
-    child.join(15)
-    assert child.exitcode == 0
-    assert client.call("echo", {"value": "parent again"}) == "parent again"
-    with pickle.loads(pickle.dumps(client)) as copy:
-        assert copy.call("echo", {"value": 5}) == 5
 
 
 @pytest.mark.timeout(30)  # the call's own timeout is 120 s: only the window ends it sooner

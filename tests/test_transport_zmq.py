@@ -1,23 +1,18 @@
-"""Integration tests of the zmq transport over real sockets (loopback, random ports)."""
+"""What only the zmq transport does (loopback, random ports): ipc addresses, a hand-driven
+server, the backlog bound, malformed frames, address checks and CURVE. The behaviours every
+transport shares are in ``tests/transport_contract.py``
+(``tests/integration/test_transport_contract.py``)."""
 
 from __future__ import annotations
 
-import multiprocessing
-import pickle
 import threading
-import time
 
-import numpy as np
 import pytest
-import torch
 import zmq
-from rpc_handler import Handler, wait_until
+from rpc_handler import handler, wait_until
 
-from tq_stream.columns import Ragged
 from tq_stream.errors import (
-    ClosedError,
     ConfigError,
-    KeyConflictError,
     RemoteError,
     SerializationError,
     WaitTimeout,
@@ -31,14 +26,9 @@ from tq_stream.transport.zeromq import (
     public_key,
 )
 
+__all__ = ["handler"]  # the fixture, imported for pytest
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
-
-
-@pytest.fixture
-def handler():
-    h = Handler()
-    yield h
-    h.release.set()
 
 
 @pytest.fixture
@@ -53,32 +43,11 @@ def client(server):
         yield c
 
 
-# ----------------------------------------------------------------- basic calls
+# ----------------------------------------------------------------- addresses
 
 
-def test_roundtrip_with_tensors(client, server):
+def test_the_default_address_is_loopback_tcp(server):
     assert server.address.startswith("tcp://127.0.0.1:")
-    value = {
-        "t": torch.randn(256, 128).to(torch.bfloat16),
-        "mask": torch.rand(64) > 0.5,
-        "ids": torch.arange(10, dtype=torch.int8),
-        "empty": torch.zeros(0, 4),
-        "r": Ragged.from_list([torch.ones(3), torch.ones(1)]),
-        "a": np.arange(5),
-        "meta": ("k", [1, None, b"x"]),
-    }
-    out = client.call("echo", {"value": value})
-    assert out.keys() == value.keys()
-    for name in ("t", "mask", "ids", "empty"):
-        assert out[name].dtype == value[name].dtype and torch.equal(out[name], value[name])
-    assert torch.equal(out["r"].values, value["r"].values)
-    assert np.array_equal(out["a"], value["a"])
-    assert out["meta"] == ("k", [1, None, b"x"])
-
-
-def test_large_tensor_roundtrip(client):
-    t = torch.randn(1024, 4096)  # 16 MB in one frame
-    assert torch.equal(client.call("echo", {"value": t}), t)
 
 
 def test_ipc_address(tmp_path, handler):
@@ -88,54 +57,7 @@ def test_ipc_address(tmp_path, handler):
             assert c.call("echo", {"value": [1, 2]}) == [1, 2]
 
 
-def test_handler_errors_keep_their_class(client, server):
-    with pytest.raises(KeyConflictError, match="duplicate key 'k'") as info:
-        client.call("fail", {"message": "duplicate key 'k'"})
-    assert server.address in info.value.__notes__[0]
-    with pytest.raises(RemoteError) as info:
-        client.call("crash")
-    assert info.value.kind == "ZeroDivisionError"
-    assert info.value.where == server.address
-    assert "1 / 0" in info.value.__notes__[-1]  # remote traceback
-
-
-def test_allowlist_is_enforced(client):
-    for method in ("secret", "__init__", "_dispatch", "missing"):
-        with pytest.raises(ConfigError, match="method must be one of"):
-            client.call(method, {})
-    with pytest.raises(ConfigError, match="unexpected keyword argument 'x'"):
-        client.call("echo", {"x": 1})
-
-
-def test_unserializable_args_and_results():
-    class Odd:
-        RPC_METHODS = frozenset({"odd", "ok"})
-
-        def odd(self, x=None):
-            return object()
-
-        def ok(self):
-            return "ok"
-
-    with RpcServer(Odd()) as srv, RpcClient(srv.address, timeout=5) as c:
-        with pytest.raises(SerializationError, match="cannot serialize object"):
-            c.call("odd")  # the server could not encode its result
-        with pytest.raises(SerializationError, match="cannot serialize set"):
-            c.call("odd", {"x": {1}})  # refused before sending
-        assert c.call("ok") == "ok"  # both sides still usable
-
-
-# ----------------------------------------------------------------- timeouts
-
-
-def test_timeout_names_address_and_method_and_late_reply_is_discarded(client, server):
-    with pytest.raises(WaitTimeout) as info:
-        client.call("sleep", {"seconds": 0.4}, timeout=0.1)
-    assert server.address in str(info.value) and "'sleep'" in str(info.value)
-    assert client.call("echo", {"value": 1}) == 1
-    time.sleep(0.4)  # the late reply to "sleep" has been sent by now
-    assert client.call("echo", {"value": 2}) == 2
-    assert client.call("echo", {"value": 3}) == 3
+# ----------------------------------------------------------------- replies
 
 
 def test_client_returns_only_the_reply_to_its_own_request():
@@ -172,44 +94,7 @@ def test_client_returns_only_the_reply_to_its_own_request():
         ctx.term()
 
 
-def test_no_server_times_out():
-    with RpcClient("tcp://127.0.0.1:1", timeout=0.2) as c:
-        with pytest.raises(WaitTimeout, match="tcp://127.0.0.1:1"):
-            c.call("echo", {})
-
-
-# ----------------------------------------------------------------- concurrency
-
-
-def test_concurrent_calls_from_eight_threads(client):
-    errors, results = [], {}
-
-    def worker(n):
-        try:
-            results[n] = [client.call("echo", {"value": (n, i)}) for i in range(25)]
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
-    assert not errors
-    assert results == {n: [(n, i) for i in range(25)] for n in range(8)}
-
-
-def test_blocking_handler_does_not_block_other_calls(client, handler):
-    result = []
-    blocker = threading.Thread(target=lambda: result.append(client.call("block", {"timeout": 10})))
-    blocker.start()
-    assert handler.entered.wait(5)
-    t0 = time.monotonic()
-    assert client.call("echo", {"value": "fast"}) == "fast"
-    assert time.monotonic() - t0 < 1.0
-    handler.release.set()
-    blocker.join(5)
-    assert result == [True]
+# ----------------------------------------------------------------- bounds
 
 
 def test_full_backlog_replies_busy(handler):
@@ -235,16 +120,13 @@ def test_full_backlog_replies_busy(handler):
 # ----------------------------------------------------------------- robustness
 
 
-def test_client_reconnects_after_server_restart(handler):
-    first = RpcServer(handler).start()
-    address = first.address
-    with RpcClient(address, timeout=5) as c:
-        assert c.call("echo", {"value": 1}) == 1
-        first.close()
-        with pytest.raises(WaitTimeout):
-            c.call("echo", {"value": 2}, timeout=0.2)
-        with RpcServer(handler, address):
-            assert c.call("echo", {"value": 3}) == 3
+def test_bad_addresses_and_bounds_are_refused(handler):
+    with pytest.raises(ConfigError, match="zmq endpoint"):
+        RpcClient("localhost:9")
+    with pytest.raises(ConfigError, match="workers"):
+        RpcServer(handler, workers=0)
+    with pytest.raises(ConfigError, match="zmq endpoint"):
+        RpcServer(handler, 5555)
 
 
 def test_malformed_frames_do_not_kill_the_server(server, client):
@@ -277,68 +159,6 @@ def test_malformed_frames_do_not_kill_the_server(server, client):
     finally:
         raw.close()
         ctx.term()
-
-
-def test_lifecycle_errors(handler):
-    srv = RpcServer(handler)
-    with pytest.raises(ConfigError, match="cannot be bound"):
-        RpcServer(handler, srv.address)
-    srv.close()  # never started: releases its sockets
-    srv.close()
-    with pytest.raises(ClosedError):
-        srv.start()
-    c = RpcClient("tcp://127.0.0.1:9")
-    c.close()
-    with pytest.raises(ClosedError, match="closed"):
-        c.call("echo")
-    with pytest.raises(ConfigError, match="zmq endpoint"):
-        RpcClient("localhost:9")
-    with pytest.raises(ConfigError, match="workers"):
-        RpcServer(handler, workers=0)
-    with pytest.raises(ConfigError, match="zmq endpoint"):
-        RpcServer(handler, 5555)
-
-
-def test_close_does_not_wait_for_a_blocked_handler_beyond_its_timeout(handler):
-    srv = RpcServer(handler).start()
-    c = RpcClient(srv.address)
-    outcome = []
-
-    def blocked_call():
-        try:
-            outcome.append(c.call("block", {"timeout": 5}, timeout=1.0))
-        except WaitTimeout as exc:
-            outcome.append(exc)
-
-    caller = threading.Thread(target=blocked_call)
-    caller.start()
-    assert handler.entered.wait(5)
-    t0 = time.monotonic()
-    srv.close(timeout=0.2)
-    assert time.monotonic() - t0 < 1.0
-    handler.release.set()  # the handler returns, but its reply has no way out any more
-    caller.join(5)
-    assert len(outcome) == 1 and isinstance(outcome[0], WaitTimeout)
-    c.close()
-    wait_until(lambda: not [t for t in threading.enumerate() if srv.address in t.name])
-
-
-# ----------------------------------------------------------------- fork and pickle
-
-
-def _child_call(client, value):
-    assert client.call("echo", {"value": value}) == value
-
-
-def test_client_works_in_a_forked_child_and_after_pickling(client):
-    assert client.call("echo", {"value": "parent"}) == "parent"  # sockets exist before fork
-    child = multiprocessing.get_context("fork").Process(target=_child_call, args=(client, "kid"))
-    child.start()
-    child.join(15)
-    assert child.exitcode == 0
-    assert client.call("echo", {"value": "parent again"}) == "parent again"
-    with pickle.loads(pickle.dumps(client)) as copy:
-        assert copy.call("echo", {"value": 5}) == 5
 
 
 # ----------------------------------------------------------------- CURVE

@@ -10,18 +10,22 @@ import pytest
 from tq_stream.backends.memory import MemoryUnit
 from tq_stream.deploy.services import ControllerService, UnitService
 from tq_stream.errors import StateError, Unreachable
-from tq_stream.transport.dispatch import OWNER_ARG
+from tq_stream.transport import InprocTransport
 
 P = "p"
 SCHEMA = {"x": {"kind": "dense", "dtype": "float32", "shape": []}}
 UNITS = [{"address": f"u{i}", "host": "", "pid": 10 + i} for i in range(2)]
 
 
-class Unit:
-    """A unit served in process; ``down`` makes every call fail as a dead unit's does."""
+TOKEN = "owner-" + "t" * 26
 
-    def __init__(self) -> None:
-        self.service = UnitService(MemoryUnit())
+
+class Unit(InprocTransport):
+    """A unit served in process, called through its allow-list; ``down`` makes every
+    call fail as a dead unit's does."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(UnitService(MemoryUnit()), name=address, owner_token=TOKEN)
         self.down = False
         self.calls: list[tuple[str, float | None]] = []
 
@@ -29,18 +33,14 @@ class Unit:
         self.calls.append((method, timeout))
         if self.down:
             raise Unreachable(f"no server at this unit for {method!r} (ConnectionRefused)")
-        args = {k: v for k, v in (args or {}).items() if k != OWNER_ARG}
-        return getattr(self.service, method)(**args)
-
-    def close(self) -> None:
-        pass
+        return super().call(method, args, timeout)
 
 
 def _controller() -> tuple[ControllerService, list[Unit]]:
-    units = [Unit(), Unit()]
-    by_address = {u["address"]: unit for u, unit in zip(UNITS, units, strict=True)}
+    units = [Unit(u["address"]) for u in UNITS]
+    by_address = {u.address: u for u in units}
     ctrl = ControllerService(2, unit_client=lambda address: by_address[address],
-                             unit_timeout=None)
+                             unit_timeout=None, owner_token=TOKEN)
     ctrl.attach_units([dict(u) for u in UNITS])
     return ctrl, units
 

@@ -73,19 +73,31 @@ def check_tags(tags: Any, n: int) -> list[dict[str, TagValue]] | None:
             isinstance(tags, str | bytes) else len(tags)
         raise ConfigError(f"tags must be a list of {n} dicts (one per row), got {got}")
     for i, row in enumerate(tags):
-        if not isinstance(row, Mapping):
-            raise ConfigError(f"tags[{i}] must be a dict, got {type(row).__name__}")
-        for k, v in row.items():
-            if not isinstance(k, str) or not k:
-                raise ConfigError(f"tags[{i}] keys must be non-empty str, got {k!r}")
-            if not isinstance(v, _SCALARS) or isinstance(v, float) and math.isnan(v):
-                raise ConfigError(
-                    f"tags[{i}][{k!r}] must be a str, int, float, bool or None "
-                    f"(not NaN), got {v!r}"
-                )
-            if type(v) is int and not _INT_MIN <= v <= _INT_MAX:
-                raise ConfigError(f"tags[{i}][{k!r}] must fit in int64, got {v!r}")
+        _check_row(row, f"tags[{i}]")
     return [dict(r) for r in tags]
 
 
-__all__ = ["TagValue", "check_keys", "check_tags"]
+def check_tag(tag: object) -> dict[str, TagValue] | None:
+    """The tags of one row, as ``KV.put``'s ``tag=`` takes them: None or one dict."""
+    if tag is None:
+        return None
+    _check_row(tag, "tag")
+    rows = check_tags([tag], 1)
+    return rows[0] if rows else None
+
+
+def _check_row(row: object, name: str) -> None:
+    if not isinstance(row, Mapping):
+        raise ConfigError(f"{name} must be a dict, got {type(row).__name__}")
+    for k, v in row.items():
+        if not isinstance(k, str) or not k:
+            raise ConfigError(f"{name} keys must be non-empty str, got {k!r}")
+        if not isinstance(v, _SCALARS) or isinstance(v, float) and math.isnan(v):
+            raise ConfigError(
+                f"{name}[{k!r}] must be a str, int, float, bool or None (not NaN), got {v!r}"
+            )
+        if type(v) is int and not _INT_MIN <= v <= _INT_MAX:
+            raise ConfigError(f"{name}[{k!r}] must fit in int64, got {v!r}")
+
+
+__all__ = ["TagValue", "check_keys", "check_tag", "check_tags"]

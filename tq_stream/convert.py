@@ -29,7 +29,7 @@ flat fields ``"obs.image"``; fields with a ``"."`` come back nested (``fieldpath
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -77,7 +77,7 @@ def _check_tensor(field: str, t: torch.Tensor) -> None:
                           f"device meta (shape {list(t.shape)}, no values)")
 
 
-def _from_list(field: str, rows: list) -> Column:
+def _from_list(field: str, rows: list[Any]) -> Column:
     if rows and all(isinstance(r, torch.Tensor) for r in rows):
         for r in rows:
             _check_tensor(field, r)
@@ -102,17 +102,26 @@ def _from_list(field: str, rows: list) -> Column:
     return list(rows)
 
 
+class _Jagged(Protocol):
+    """What a ``torch.jagged`` nested tensor has beyond ``torch.Tensor``'s stubs."""
+
+    def lengths(self) -> torch.Tensor | None: ...
+    def offsets(self) -> torch.Tensor: ...
+
+
 def _from_nested(field: str, value: torch.Tensor) -> Column:
     """A nested tensor as a Ragged column with offsets from 0 (views and holes resolved);
     a strided one whose rows differ after the first dim as a MultiRagged column."""
     if value.layout != torch.jagged:
         return _from_list(field, list(value.unbind()))
-    if getattr(value, "_ragged_idx", 1) != 1:
+    ragged = [i for i, d in enumerate(value.shape) if not isinstance(d, int)]
+    if ragged != [1]:
         raise SchemaError(f"field {field!r} must be ragged in the dim after the batch dim, "
-                          f"got a nested tensor ragged in dim {value._ragged_idx}")
-    if value.lengths() is not None:  # a non-contiguous view (e.g. narrow): gather its rows
+                          f"got a nested tensor ragged in dim {ragged[0] if ragged else None}")
+    jagged = cast(_Jagged, value)
+    if jagged.lengths() is not None:  # a non-contiguous view (e.g. narrow): gather its rows
         return Ragged.from_list([r.detach().cpu().contiguous() for r in value.unbind()])
-    offsets = value.offsets().detach().cpu().to(torch.int64)
+    offsets = jagged.offsets().detach().cpu().to(torch.int64)
     values = value.values()  # detached here, not the nested tensor: several times cheaper
     values = (values.detach() if values.requires_grad else values).cpu()
     lo, hi = int(offsets[0]), int(offsets[-1])
@@ -123,12 +132,13 @@ def _from_nested(field: str, value: torch.Tensor) -> Column:
 
 def to_column(field: str, value: Any, n: int) -> Column:
     """Normalize one field's values for ``n`` rows."""
+    col: Column
     if isinstance(value, MultiRagged):
         col = _checked(field, value)
     elif isinstance(value, torch.Tensor):
         _check_tensor(field, value)
         if value.is_nested:
-            col: Column = _from_nested(field, value)
+            col = _from_nested(field, value)
         elif value.dim() == 0:
             raise SchemaError(f"field {field!r} must have a leading batch dim of {n}, "
                               f"got a 0-d tensor")
@@ -252,7 +262,7 @@ def single_row(data: Any) -> dict[str, Column]:
     return out
 
 
-def schemas_of(columns: Mapping[str, Column]) -> dict[str, dict]:
+def schemas_of(columns: Mapping[str, Column]) -> dict[str, dict[str, Any]]:
     return {f: {"kind": "dense", "dtype": dtype_name(c.dtype), "shape": list(c.shape[1:])}
             if type(c) is torch.Tensor else schema_of(c).to_dict()  # dense: the common case
             for f, c in columns.items()}

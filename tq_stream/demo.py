@@ -12,6 +12,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,7 +41,7 @@ class DemoConfig:
     prompt_len: int = 64
 
 
-def _produce(stream: tq.Stream, cfg: DemoConfig, pid: int, written: dict) -> None:
+def _produce(stream: tq.Stream, cfg: DemoConfig, pid: int, written: dict[str, float]) -> None:
     rng = np.random.default_rng(pid)
     w = stream.writer("train")
     for p in range(pid, cfg.prompts, cfg.producers):
@@ -60,7 +61,8 @@ def _produce(stream: tq.Stream, cfg: DemoConfig, pid: int, written: dict) -> Non
             written[k] = now
 
 
-def _consume(stream: tq.Stream, cfg: DemoConfig, rank: int, seen: list, lat: list) -> None:
+def _consume(stream: tq.Stream, cfg: DemoConfig, rank: int, seen: list[str],
+             lat: list[tuple[str, float]]) -> None:
     ds = tq.StreamingDataset(stream, "train", "update_actor", ["prompt", "response", "reward"],
                              batch_size=cfg.batch_size, dp_rank=rank, dp_size=cfg.ranks,
                              sampler=tq.samplers.GroupSampler(cfg.group_size), timeout=30)
@@ -82,7 +84,7 @@ def _advance(bar: Progress, task: TaskID, done: int, start: float) -> None:
     bar.update(task, completed=done, rate=done / max(time.perf_counter() - start, 1e-9))
 
 
-def run(cfg: DemoConfig | None = None, quiet: bool = False) -> dict:
+def run(cfg: DemoConfig | None = None, quiet: bool = False) -> dict[str, Any]:
     """Run the demo; returns the summary it prints."""
     cfg = cfg or DemoConfig()
     total = cfg.prompts * cfg.group_size

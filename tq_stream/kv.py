@@ -18,7 +18,7 @@ from tensordict import TensorDict
 
 from tq_stream import fieldpath, shared_read
 from tq_stream.backends.base import occupancy
-from tq_stream.checks import check_fields, check_keys
+from tq_stream.checks import check_fields, check_keys, check_tag
 from tq_stream.connection import placement
 from tq_stream.connection.connection import Connection
 from tq_stream.convert import to_tensordict
@@ -47,6 +47,7 @@ class KV:
         ``shared``: the key of a shared entry the row reads as its own fields."""
         if not isinstance(key, str):
             raise ConfigError(f"key must be a str (use put_batch for many), got {key!r}")
+        check_tag(tag)  # named as the caller wrote it, before the writer's check of tags
         return Writer(self._conn, partition).put(key, fields, tags=tag, timeout=timeout,
                                                  shared=shared)
 

@@ -103,7 +103,7 @@ class MultiRagged:
             if not (isinstance(d, int) and 0 <= d < first.dim()):
                 raise SchemaError(f"fixed_dims must be dims of the rows (0..{first.dim() - 1}),"
                                   f" got {list(fixed_dims)}")
-            sizes = shapes[:, d].unique().tolist()
+            sizes = torch.unique(shapes[:, d]).tolist()
             if len(sizes) != 1:
                 raise SchemaError(f"field {field!r} rows must share the size of fixed dim "
                                   f"{d}, got sizes {sizes[:8]}")
@@ -197,7 +197,8 @@ class MultiRagged:
         top = self.shapes.max(0).values.tolist() if n else [0] * len(self.dims)
         out = self.values.new_full((n, *top), pad_value)
         for i, row in enumerate(self.rows()):
-            out[(i, *(slice(0, s) for s in row.shape))] = row
+            at: tuple[int | slice, ...] = (i, *(slice(0, s) for s in row.shape))
+            out[at] = row
         return out
 
 

@@ -144,6 +144,14 @@ class Stream:
         return processes(self.connection)
 
     @property
+    def owner(self) -> Owner | None:
+        """What this handle started and stops at ``close()``: the deployment of
+        ``tq.init`` (in local and Ray mode it also restarts a server by hand:
+        ``restart_unit(i)``, ``restart_controller()``), the sockets of ``tq.connect``,
+        or None for a handle reopened in another process."""
+        return self._owner
+
+    @property
     def metrics_endpoint(self) -> str | None:
         """``"host:port"`` of the Prometheus endpoint this handle serves
         (``tq.init(..., metrics_port=N)``), or None."""

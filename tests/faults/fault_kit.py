@@ -39,7 +39,7 @@ def faulty_local(storage_units: int = 2, **options: object) -> tq.Stream:
 def check_no_leftovers(stream: tq.Stream, pids: Sequence[int] = ()) -> None:
     """Close ``stream``; its servers (and ``pids``) are gone and left no segments or
     socket folder."""
-    owner = stream._owner
+    owner = stream.owner
     pids = list(pids) + list(owner.pids)
     folder = owner._ipc_dir
     stream.close()

@@ -48,7 +48,7 @@ def _filled(n: int, close: bool = True, **options):
     """A fault-ready local deployment with ``n`` rows ``a_*`` for task "t" (declared
     consumer); closed at the end, checked to leave nothing behind."""
     stream = faulty_local(**options)
-    old = list(stream._owner.pids)
+    old = list(stream.owner.pids)
     try:
         stream.create_partition(P, consumers=["t"])
         ledger = Ledger(stream, P)
@@ -62,7 +62,7 @@ def _filled(n: int, close: bool = True, **options):
 
 def _await_checkpoint(stream: tq.Stream) -> None:
     """Wait until the controller wrote a checkpoint after this call."""
-    path = stream._owner.checkpoint_path
+    path = stream.owner.checkpoint_path
     mark = os.stat(path).st_mtime_ns if os.path.exists(path) else 0
     assert wait_until(lambda: os.path.exists(path) and os.stat(path).st_mtime_ns != mark,
                       10.0), "no checkpoint written"
@@ -84,7 +84,7 @@ def test_a_killed_unit_is_lost_and_the_stream_goes_on(workers):
     rows (counted unit_lost), places new rows on the survivor only, and the loader —
     also with DataLoader workers — reaches the end of the stream."""
     stream = faulty_local()
-    old = list(stream._owner.pids)
+    old = list(stream.owner.pids)
     try:
         stream.create_partition(P, consumers=["t"])
         ledger = Ledger(stream, P)
@@ -114,7 +114,7 @@ def test_a_restarted_unit_takes_rows_again():
     """restart_units=True: the owner restarts a dead unit (empty); its rows were lost,
     rows may be placed there again, and every other row is delivered."""
     stream = faulty_local(restart_units=True)
-    old = list(stream._owner.pids)
+    old = list(stream.owner.pids)
     try:
         stream.create_partition(P, consumers=["t"])
         stream.client().register_task(P, "t", ["x"], batch_size=4,
@@ -123,7 +123,7 @@ def test_a_restarted_unit_takes_rows_again():
         before = _keys("a", 0, 16)
         _put_in_eights(ledger, before)
         kill(old[1])
-        assert wait_until(lambda: stream._owner.pids[1] != old[1], 20.0)
+        assert wait_until(lambda: stream.owner.pids[1] != old[1], 20.0)
         ctrl = stream.connection.controller()
         assert wait_until(lambda: ctrl.dead_units() == [], 10 * UNIT_TIMEOUT)
         after = _keys("b", 0, 8)
@@ -145,7 +145,7 @@ def test_an_ack_while_a_unit_is_dead_succeeds():
     """Freeing storage is the controller's business: an ack of rows on a dead unit
     (not yet noticed) succeeds, and the consumer goes on."""
     stream = faulty_local(unit_timeout=60.0)  # the death stays unnoticed here
-    old = list(stream._owner.pids)
+    old = list(stream.owner.pids)
     try:
         stream.create_partition(P, consumers=["t"])
         ledger = Ledger(stream, P)
@@ -172,7 +172,7 @@ def test_a_killed_trainer_resumes_from_an_older_state(tmp_path):
     from the saved (older) state: it resumes at the first unfinished step, never sees
     an acked row again, and gets back what was leased and not acked."""
     stream = faulty_local()
-    old = list(stream._owner.pids)
+    old = list(stream.owner.pids)
     children = []
     try:
         stream.create_partition(P, consumers=["t"])
@@ -246,7 +246,7 @@ def test_a_killed_dataloader_worker_is_a_clear_error_and_the_next_iteration_resu
 
 def test_a_killed_producer_loses_only_its_uncommitted_put():
     stream = faulty_local()
-    old = list(stream._owner.pids)
+    old = list(stream.owner.pids)
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=produce_forever, args=(stream, P, send))
@@ -303,7 +303,7 @@ def test_a_killed_controller_restarts_from_its_checkpoint():
     out again), rows written after the checkpoint are lost and their slots freed, and
     a loader carries on through its retries."""
     stream = faulty_local(checkpoint_interval=1.0, restart_controller=True)
-    old = list(stream._owner.pids)
+    old = list(stream.owner.pids)
     try:
         stream.create_partition(P, consumers=["t"])
         ledger = Ledger(stream, P)
@@ -318,8 +318,8 @@ def test_a_killed_controller_restarts_from_its_checkpoint():
         late = _keys("b", 0, 8)  # after the checkpoint: lost with the controller
         stream.writer(P).put(late, {"x": values(late)})
         kill(old[-1])
-        assert wait_until(lambda: stream._owner.restarts, 30.0), "no restart"
-        info = stream._owner.restarts[0]
+        assert wait_until(lambda: stream.owner.restarts, 30.0), "no restart"
+        info = stream.owner.restarts[0]
         assert info["recovery"]["rows_lost"] == 0 and info["recovery"]["slots_freed"] == 8
         stream.close_partition(P)
         for _ in batches:
@@ -339,7 +339,7 @@ def test_acks_after_the_last_checkpoint_survive_a_controller_restart():
     declared consumer ("later") has not read them yet, so their bytes stay stored:
     without the journal the restarted controller would hand them to "t" again."""
     stream = faulty_local(checkpoint_interval=8.0, restart_controller=True)
-    old = list(stream._owner.pids)
+    old = list(stream.owner.pids)
     try:
         stream.create_partition(P, consumers=["t", "later"])
         ledger = Ledger(stream, P)
@@ -355,8 +355,8 @@ def test_acks_after_the_last_checkpoint_survive_a_controller_restart():
         loader.ack()  # 12 rows acked after the checkpoint
         acked = set(ledger.delivered)
         kill(old[-1])
-        assert wait_until(lambda: stream._owner.restarts, 30.0), "no restart"
-        info = stream._owner.restarts[0]
+        assert wait_until(lambda: stream.owner.restarts, 30.0), "no restart"
+        info = stream.owner.restarts[0]
         assert info["recovery"]["journal"]["acked"] == 12
         assert info["recovery"]["rows_lost"] == 0
         stream.close_partition(P)
@@ -382,7 +382,7 @@ def test_a_loader_waiting_on_a_controller_that_restarts_carries_on():
         loader.ack()
         _await_checkpoint(stream)
         kill(old[-1])  # the prefetch thread waits for step 2 meanwhile
-        assert wait_until(lambda: stream._owner.restarts, 30.0), "no restart"
+        assert wait_until(lambda: stream.owner.restarts, 30.0), "no restart"
         _put_in_eights(ledger, _keys("b", 0, 8))
         stream.close_partition(P)
         for _ in batches:

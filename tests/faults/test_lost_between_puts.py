@@ -64,7 +64,7 @@ def _drain(stream: tq.Stream, dp_size: int = 1) -> list[list[str]]:
 @pytest.mark.parametrize("restart_units", [False, True], ids=["lost", "restarted"])
 def test_a_unit_killed_between_the_two_puts_of_rows_loses_them_once(restart_units):
     stream = faulty_local(restart_units=restart_units)
-    old = list(stream._owner.pids)
+    old = list(stream.owner.pids)
     try:
         stream.create_partition(P, consumers=["t"])
         _register(stream, 1)
@@ -96,7 +96,7 @@ def test_random_unit_kills_while_two_producers_write_rows_in_two_puts():
     once or counted lost, and every skipped key is a lost row."""
     rng = random.Random(20)
     stream = faulty_local(restart_units=True)
-    old = list(stream._owner.pids)
+    old = list(stream.owner.pids)
     pids = list(old)
     try:
         stream.create_partition(P, consumers=["t"])
@@ -125,12 +125,12 @@ def test_random_unit_kills_while_two_producers_write_rows_in_two_puts():
         while any(t.is_alive() for t in producers) and kills < 3:
             time.sleep(rng.uniform(0.3, 1.0))
             unit = rng.randrange(2)
-            pid = stream._owner.pids[unit]
+            pid = stream.owner.pids[unit]
             if alive(pid):
                 kill(pid)
                 pids.append(pid)
                 kills += 1
-                assert wait_until(lambda u=unit, q=pid: stream._owner.pids[u] != q,
+                assert wait_until(lambda u=unit, q=pid: stream.owner.pids[u] != q,
                                   20 * UNIT_TIMEOUT)
         for t in producers:
             t.join(90.0)
@@ -146,7 +146,7 @@ def test_random_unit_kills_while_two_producers_write_rows_in_two_puts():
         assert len(got) + lost == len(written)  # nothing lost but with a unit
         assert stats["rows"] == 0  # no half row left behind
     finally:
-        pids += stream._owner.pids
+        pids += stream.owner.pids
         check_no_leftovers(stream, pids)
 
 
@@ -172,13 +172,13 @@ def test_a_put_made_again_counts_the_lost_rows_it_names_once():
         keys = _keys("a", 16)
         for i in (0, 8):
             w.put(keys[i : i + 8], {"x": values(keys[i : i + 8])})
-        stream._owner.restart_unit(1)  # its rows are lost, their keys remembered
+        stream.owner.restart_unit(1)  # its rows are lost, their keys remembered
         pids.append(_unit_pid(stream, 1))
         kill(pids[1])  # unit 0: its rows are lost while the put below runs
         assert sorted(w.put(keys, {"r": torch.ones(16)})) == sorted(keys)
         stats = stream.stats()[P]
         assert stats["rows_lost"] == 16 and stats["lost_writes_skipped"] == 16
-        stream._owner.restart_unit(0)
+        stream.owner.restart_unit(0)
     finally:
         check_no_leftovers(stream, pids)
 
@@ -208,6 +208,6 @@ def test_rows_placed_on_a_unit_that_dies_before_their_bytes_come_are_not_lost():
         stats = stream.stats()[P]
         assert stats["rows_lost"] == len(lost)
         assert stats["tasks"]["t"]["discarded"] == {"unit_lost": len(lost)}
-        stream._owner.restart_unit(1)
+        stream.owner.restart_unit(1)
     finally:
         check_no_leftovers(stream, pids + [p.pid for p in stream.processes()])

@@ -6,7 +6,7 @@ then ``r``), the DP ranks of task ``t`` reading steps by number (``get_meta``, `
 lockstep control), storage units SIGKILLed by their pid (``stream.processes()``) at
 any point (then: nothing, a put of ``x`` or of ``r`` at once, ``restart_unit`` at
 once or while a put of ``r`` is retried) and restarted by hand
-(``stream._owner.restart_unit``, README "Failures"); the partition is closed and
+(``stream.owner.restart_unit``, README "Failures"); the partition is closed and
 drained by a ``StreamingDataLoader`` per rank. ``unit_loss_model.Model`` says what
 each row is. After every step:
 
@@ -106,7 +106,7 @@ class UnitLossMachine(RuleBasedStateMachine):
                 self.drain()
         finally:
             for u in sorted(self.model.dead):  # the next example starts with both units
-                self.stream._owner.restart_unit(u)
+                self.stream.owner.restart_unit(u)
             for what in sorted(self.seen):
                 event(what)
 
@@ -215,7 +215,7 @@ class UnitLossMachine(RuleBasedStateMachine):
         self.restart_unit(unit, self._unit_pid(unit))
 
     def restart_unit(self, unit: int, old: int) -> None:
-        self.stream._owner.restart_unit(unit)
+        self.stream.owner.restart_unit(unit)
         self.model.back(unit)
         pid = self._unit_pid(unit)
         assert pid != old and alive(pid), f"processes() names pid {pid} for unit {unit}"

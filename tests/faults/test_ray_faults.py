@@ -62,7 +62,7 @@ def test_a_killed_unit_actor_is_lost_and_the_stream_goes_on(ray_cluster):
 
     stream = _start()
     try:
-        assert len(set(stream._owner.unit_nodes)) == 2  # one unit per node
+        assert len(set(stream.owner.unit_nodes)) == 2  # one unit per node
         stream.create_partition(P, consumers=["t"])
         ledger = Ledger(stream, P)
         _put(ledger, "a", 32)
@@ -70,7 +70,7 @@ def test_a_killed_unit_actor_is_lost_and_the_stream_goes_on(ray_cluster):
         batches = ledger.take(tq.StreamingDataLoader(ds))
         for _ in range(2):
             next(batches)
-        ray.kill(stream._owner.actors()[1], no_restart=True)
+        ray.kill(stream.owner.actors()[1], no_restart=True)
         ctrl = stream.connection.controller()
         assert wait_until(lambda: ctrl.dead_units() == [1], 20 * UNIT_TIMEOUT)
         after = _put(ledger, "b", 16)
@@ -117,7 +117,7 @@ def test_a_killed_consumer_actor_s_share_goes_to_the_next_reader(ray_cluster):
 
 def _replaced(stream: tq.Stream, unit: int, old_pid: int) -> bool:
     """Unit ``unit`` serves from a new actor and the controller takes rows there again."""
-    return stream._owner.pids[unit] != old_pid and \
+    return stream.owner.pids[unit] != old_pid and \
         stream.connection.controller().dead_units() == []
 
 
@@ -154,11 +154,11 @@ def test_a_killed_unit_actor_is_re_created_and_takes_rows_again(ray_cluster):
         for _ in range(2):
             next(batches)
         with pytest.raises(ConfigError, match=r"i must be a unit index in \[0, 2\), got 2"):
-            stream._owner.restart_unit(2)
-        old_pid, old_address = stream._owner.pids[1], stream._owner.unit_infos[1]["address"]
+            stream.owner.restart_unit(2)
+        old_pid, old_address = stream.owner.pids[1], stream.owner.unit_infos[1]["address"]
         kill(old_pid)
         assert wait_until(lambda: _replaced(stream, 1, old_pid), RECOVERY), "not re-created"
-        assert stream._owner.unit_infos[1]["address"] != old_address
+        assert stream.owner.unit_infos[1]["address"] != old_address
         after = _put(ledger, "b", 32)
         assert 1 in {ledger.unit_of[k] for k in after}  # the new unit takes rows
         moved = produce([f"d_{i}" for i in range(32)])
@@ -187,7 +187,7 @@ def test_a_killed_controller_actor_restarts_from_its_checkpoint(ray_cluster):
     stream = _start(checkpoint_interval=0.5, restart_controller=True,
                     annotations={"note": "kept"})
     try:
-        owner = stream._owner
+        owner = stream.owner
         assert owner.controller_node == ray.get_runtime_context().get_node_id()
         stream.create_partition(P, consumers=["t"])
         ledger = Ledger(stream, P)
@@ -232,7 +232,7 @@ def test_a_removed_node_s_unit_is_re_created_on_the_live_node(ray_cluster):
     cluster, (head, worker) = ray_cluster
     stream = _start(restart_units=True)
     try:
-        owner = stream._owner
+        owner = stream.owner
         assert owner.controller_node == head  # the driver's node: the controller stays
         unit = owner.unit_nodes.index(worker)
         stream.create_partition(P, consumers=["t"])

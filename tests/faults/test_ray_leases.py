@@ -47,7 +47,7 @@ def _on(node: str) -> dict:
 def _start(name: str) -> tq.Stream:
     stream = tq.init(mode="ray", storage_units=3, config=CONFIG, name=name,
                      allow_insecure_tcp=True)
-    assert len(set(stream._owner.unit_nodes)) == 3  # a unit on each node
+    assert len(set(stream.owner.unit_nodes)) == 3  # a unit on each node
     return stream
 
 

@@ -76,7 +76,7 @@ def test_a_removed_node_s_rows_are_lost_and_the_consumer_goes_on(three_nodes, wh
     stream = tq.init(mode="ray", storage_units=3, config=CONFIG, name="tq_node_loss",
                      unit_timeout=2 * UNIT_TIMEOUT, allow_insecure_tcp=True)
     try:
-        owner = stream._owner
+        owner = stream.owner
         head = cluster.head_node.node_id
         nodes = owner.unit_nodes
         assert len(set(nodes)) == 3, nodes  # a unit on each node
@@ -174,7 +174,7 @@ def test_a_consumer_actor_on_another_host_goes_on_when_a_unit_s_node_leaves(thre
     stream = tq.init(mode="ray", storage_units=3, config=SLOW, name="tq_hosts",
                      unit_timeout=2 * UNIT_TIMEOUT, allow_insecure_tcp=True)
     try:
-        nodes = stream._owner.unit_nodes
+        nodes = stream.owner.unit_nodes
         assert len(set(nodes)) == 3, nodes  # a unit on each node
         reader, lost = (n.node_id for n in cluster.worker_nodes)
         unit = nodes.index(lost)
@@ -191,7 +191,7 @@ def test_a_consumer_actor_on_another_host_goes_on_when_a_unit_s_node_leaves(thre
             ledger.delivered.update(keys)
         else:
             ray.get(consumer.__ray_ready__.remote(), timeout=120)
-        _leave(cluster, lost, [stream._owner.pids[unit]])
+        _leave(cluster, lost, [stream.owner.pids[unit]])
         while True:
             keys, took, error = ray.get(consumer.next.remote(), timeout=2 * SLOW.timeout)
             assert not error, error
@@ -216,7 +216,7 @@ def _owner():
             import os
 
             self._stream = tq.init(**options)
-            owner = self._stream._owner
+            owner = self._stream.owner
             here = owner.controller_node
             pids = [os.getpid()] + [i["pid"] for i in owner._infos if i["node"] == here]
             return self._stream, here, pids

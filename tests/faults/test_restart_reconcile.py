@@ -17,19 +17,19 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 def test_a_partition_created_after_the_checkpoint_is_dropped_from_the_units():
     stream = faulty_local(checkpoint_interval=0.5, restart_controller=True)
-    old = list(stream._owner.pids)
+    old = list(stream.owner.pids)
     try:
         kept = [f"a_{i}" for i in range(8)]
         stream.writer("known").put(kept, {"x": values(kept)})
-        path = stream._owner.checkpoint_path
+        path = stream.owner.checkpoint_path
         assert wait_until(lambda: os.path.exists(path), 10.0), "no checkpoint written"
         mark = os.stat(path).st_mtime_ns
         assert wait_until(lambda: os.stat(path).st_mtime_ns != mark, 10.0)  # holds "known"
         late = [f"b_{i}" for i in range(8)]
         stream.writer("late").put(late, {"x": values(late)})  # after that checkpoint
         kill(old[-1])
-        assert wait_until(lambda: stream._owner.restarts, 30.0), "no restart"
-        info = stream._owner.restarts[0]
+        assert wait_until(lambda: stream.owner.restarts, 30.0), "no restart"
+        info = stream.owner.restarts[0]
         assert info["recovery"]["slots_freed"] == 8, info  # the late partition's rows
         assert all("late" not in u.held() for u in _owner_units(stream))
         assert stream.kv.get_batch(kept, partition="known")["x"].equal(values(kept))
@@ -46,7 +46,7 @@ def _owner_units(stream):
             self._unit = getattr(unit, "_remote", unit)
 
         def held(self):
-            return self._unit._rpc.call("held", {OWNER_ARG: stream._owner.owner_token},
+            return self._unit._rpc.call("held", {OWNER_ARG: stream.owner.owner_token},
                                         timeout=10)
 
     return [Held(u) for u in stream.connection.units()]
@@ -58,12 +58,12 @@ def test_calls_made_as_the_controller_dies_go_to_the_restarted_one():
     controller does not know is put again whole). Found by a new user: both raised
     WaitTimeout ("Connection reset by peer") although the restart took 0.2 s."""
     stream = faulty_local(checkpoint_interval=0.5, restart_controller=True)
-    old = list(stream._owner.pids)
+    old = list(stream.owner.pids)
     try:
         stream.create_partition("p", consumers=["t"])
         first = [f"a_{i}" for i in range(16)]
         stream.writer("p").put(first, {"x": values(first)})
-        path = stream._owner.checkpoint_path
+        path = stream.owner.checkpoint_path
         assert wait_until(lambda: os.path.exists(path), 10.0), "no checkpoint written"
         mark = os.stat(path).st_mtime_ns
         assert wait_until(lambda: os.stat(path).st_mtime_ns != mark, 10.0)

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 @pytest.mark.parametrize("restart_units", [False, True], ids=["lost", "restarted"])
 def test_every_put_after_a_unit_dies_succeeds(restart_units):
     stream = faulty_local(restart_units=restart_units)
-    old = list(stream._owner.pids)
+    old = list(stream.owner.pids)
     try:
         stream.create_partition("p", consumers=["t"])
         w = stream.writer("p")

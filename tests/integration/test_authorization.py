@@ -96,7 +96,7 @@ def test_the_owner_can_still_make_admin_calls(owner, tmp_path):
     owner.writer("own").put(keys, {"x": values(keys)})
     path = str(tmp_path / "ckpt")
     owner.save(path)  # state_dict
-    assert owner._owner.restart_unit(0)["own"] == 2  # drop_unit
+    assert owner.owner.restart_unit(0)["own"] == 2  # drop_unit
     assert owner.kv.clear(partition="own") == 0  # clear_partition (rows went with the unit)
     restored = tq.init(mode="local", storage_units=1, restore=path, config=owner.config)
     try:  # load_state_dict, and the restored slots were granted to the new unit

@@ -17,7 +17,7 @@ from tq_stream.controller.controller import Controller
 from tq_stream.deploy.services import ControllerService, UnitService
 from tq_stream.handling import ANSWERED, may_block
 from tq_stream.samplers import Candidates, Sampler, Selection
-from tq_stream.transport.dispatch import OWNER_ARG
+from tq_stream.transport import InprocTransport
 from tq_stream.transport.rpc import rpc_client, rpc_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -114,19 +114,22 @@ def test_a_sampler_discard_never_frees_storage_on_the_io_thread(address, tmp_pat
     assert frees == [True]  # freed once, on a thread that may block
 
 
-class SlowGrantUnit:
-    """A unit client whose ``grant`` blocks until the test lets it go (a slow unit)."""
+TOKEN = "owner-" + "t" * 26
+
+
+class SlowGrantUnit(InprocTransport):
+    """A unit served in process whose ``grant`` blocks until the test lets it go (a
+    slow unit)."""
 
     def __init__(self) -> None:
-        self.service = UnitService(MemoryUnit())
+        super().__init__(UnitService(MemoryUnit()), name="u0", owner_token=TOKEN)
         self.granting = threading.Event()
         self.go = threading.Event()
 
     def call(self, method, args=None, timeout=None):
-        args = {k: v for k, v in (args or {}).items() if k != OWNER_ARG}
         if method == "grant" and self.granting.is_set():
             self.go.wait(20)
-        return getattr(self.service, method)(**args)
+        return super().call(method, args, timeout)
 
 
 def test_a_waiting_consumer_is_answered_while_the_commit_grants_slots(tmp_path):
@@ -134,7 +137,8 @@ def test_a_waiting_consumer_is_answered_while_the_commit_grants_slots(tmp_path):
     after the rows were committed. The waiting consumer's reply, given by that commit,
     must not wait for that call (before early answers it was woken at once)."""
     unit = SlowGrantUnit()
-    ctrl = ControllerService(1, unit_client=lambda address: unit, unit_timeout=None)
+    ctrl = ControllerService(1, unit_client=lambda address: unit, unit_timeout=None,
+                             owner_token=TOKEN)
     ctrl.attach_units([{"address": "u0", "host": "", "pid": -1}])
     ctrl.create_partition(P, consumers=["t"])
     ctrl.register_task(P, "t", ["x"], batch_size=1)

@@ -80,7 +80,7 @@ def test_small_puts_after_a_unit_restart_reach_the_new_unit():
         dead = stream.processes()[2].pid  # unit 1
         kill(dead)  # a crash: the unit cannot tell anyone its memory is gone
         assert wait_gone([dead], 20.0) == []
-        stream._owner.restart_unit(1)
+        stream.owner.restart_unit(1)
         after = [f"a_{i}" for i in range(40)]
         for k in after:
             w.put([k], {"x": values([k])})
@@ -107,7 +107,7 @@ def test_unit_restart_drops_its_rows_and_serves_again(local_stream):
     assert 0 < len(on_1) < len(keys)
     step0 = client.get_meta(part, "t", step=0)
     assert torch.equal(client.get_data(step0)["x"], values(list(step0.keys)))  # maps slabs
-    owner = local_stream._owner
+    owner = local_stream.owner
     old_pid = owner.pids[1]
 
     assert owner.restart_unit(1)[part] == len(on_1)

@@ -119,7 +119,7 @@ def test_metrics_report_a_dead_unit_down() -> None:
 def test_processes_lists_the_servers_of_a_local_deployment(local_stream: tq.Stream) -> None:
     procs = local_stream.processes()
     assert [(p.role, p.index) for p in procs] == [("controller", 0), ("unit", 0), ("unit", 1)]
-    assert sorted(p.pid for p in procs) == sorted(local_stream._owner.pids)
+    assert sorted(p.pid for p in procs) == sorted(local_stream.owner.pids)
     folders = {p.folder for p in procs}
     assert len(folders) == 1 and os.path.isdir(folders.pop())
     other = tq.connect(local_stream.address, config=CONFIG)  # any handle sees the same

@@ -78,7 +78,7 @@ def test_producer_and_consumer_on_different_nodes(ray_cluster):
                      allow_insecure_tcp=True)  # two nodes, no CURVE: an explicit opt-in
     names = _actor_names("tq_stream", 2)
     try:
-        assert sorted(stream._owner.unit_nodes) == sorted(ray_cluster), "one unit per node"
+        assert sorted(stream.owner.unit_nodes) == sorted(ray_cluster), "one unit per node"
         # This process shares the host with every actor: it calls them over unix sockets.
         assert stream.address.startswith("tcp://")
         assert stream.connection.controller()._rpc.address.startswith("unix://")
@@ -114,7 +114,7 @@ def test_units_on_two_nodes_save_and_restore_their_own_files(ray_cluster, tmp_pa
     path = str(tmp_path / "ckpt")
     with tq.init(mode="ray", storage_units=2, config=CONFIG,
                  allow_insecure_tcp=True) as stream:
-        assert sorted(stream._owner.unit_nodes) == sorted(ray_cluster), "one unit per node"
+        assert sorted(stream.owner.unit_nodes) == sorted(ray_cluster), "one unit per node"
         checked = save_under_load(stream, str(tmp_path), lambda p: tq.init(
             mode="ray", storage_units=2, config=CONFIG, restore=p, name="tq_restored",
             allow_insecure_tcp=True),
@@ -246,7 +246,7 @@ import tq_stream as tq
 ray.init(address=sys.argv[1], namespace="tq_stream", log_to_driver=False)
 stream = tq.init(mode="ray", storage_units=2, name="tq_exit", allow_insecure_tcp=True)
 stream.writer("p").put(["a_0"], {"x": torch.ones(1, 2)})
-print("\\n".join(i["local"] for i in stream._owner._infos), flush=True)
+print("\\n".join(i["local"] for i in stream.owner._infos), flush=True)
 # ends without stream.close()
 """
 
@@ -268,12 +268,12 @@ def test_the_folder_of_a_killed_actor_is_swept_by_the_next_start(ray_cluster):
 
     stream = tq.init(mode="ray", storage_units=2, config=CONFIG, name="tq_killed",
                      allow_insecure_tcp=True)
-    infos = stream._owner._infos
+    infos = stream.owner._infos
     folders = {os.path.dirname(i["local"][len("unix://"):]) for i in infos}
     pids = [i["pid"] for i in infos]
     for name in _actor_names("tq_killed", 2):
         ray.kill(ray.get_actor(name, namespace="tq_stream"))  # no stop: folders stay
-    stream._owner._actors = []  # already killed
+    stream.owner._actors = []  # already killed
     stream.close()
     assert wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), 60)
     assert folders <= _folders()

@@ -59,7 +59,7 @@ def deployment(request):
 def test_a_unit_refuses_slots_the_controller_did_not_place(deployment, slot):
     keys = ["g_0", "g_1"]
     deployment.writer("grants").put(keys, {"x": values(keys)})  # placed: slots 0, 1
-    unit_pid, unit = deployment._owner.pids[0], deployment.connection.controller().units()[0]
+    unit_pid, unit = deployment.owner.pids[0], deployment.connection.controller().units()[0]
     before = shm_bytes(unit_pid), status(unit_pid, "VmRSS")
     with rpc_client(unit["address"], timeout=10) as raw:
         with pytest.raises(StateError, match=f"slots must be ones the controller placed.*"
@@ -86,7 +86,7 @@ def test_puts_keep_working_as_placements_outgrow_the_first_grant(deployment):
 
 
 def test_the_controller_refuses_a_message_above_its_bound(deployment):
-    pid = deployment._owner.pids[-1]
+    pid = deployment.owner.pids[-1]
     peak = status(pid, "VmHWM")  # the most memory the controller ever held (kB)
     size = 128 << 20  # twice the controller's bound (64 MiB)
     if deployment.address.startswith("unix://"):
@@ -117,7 +117,7 @@ def test_idle_connections_lock_no_client_out_and_cost_no_threads():
     stream = start_local(storage_units=1, transport="unix")
     idle = []
     try:
-        pid = stream._owner.pids[-1]
+        pid = stream.owner.pids[-1]
         path = stream.address[len("unix://"):]
         threads = status(pid, "Threads")
         for _ in range(1200):
@@ -200,7 +200,7 @@ def _fuzz_zmq(address: str, rng: random.Random, n: int) -> None:
 
 def test_random_input_stays_within_the_bounds(deployment):
     rng = random.Random(11)
-    pids = deployment._owner.pids
+    pids = deployment.owner.pids
     before = {p: (status(p, "VmRSS"), status(p, "Threads"), shm_bytes(p)) for p in pids}
     infos = deployment.connection.controller().units()
     for address in [deployment.address, infos[0]["address"]]:

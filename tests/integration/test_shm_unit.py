@@ -103,7 +103,7 @@ def test_deployment_close_removes_segments_of_a_killed_unit():
         stream.writer("p").put(["a", "b"], {"x": torch.ones(2, 4)})
         assert segments_of([unit_pid])
         os.kill(unit_pid, signal.SIGKILL)
-        assert wait_until(lambda: stream._owner._children[0].proc.poll() is not None, 10)
+        assert wait_until(lambda: stream.owner._children[0].proc.poll() is not None, 10)
         assert segments_of([unit_pid]), "a SIGKILLed unit cannot clean up by itself"
     finally:
         stream.close()

@@ -36,11 +36,11 @@ def local_stream() -> Iterator[tq.Stream]:
     """One local deployment (2 units, shared memory) per test module; each test uses its
     own partitions. At teardown its servers are gone and left no segments."""
     stream = start_local()
-    pids = list(stream._owner.pids)
+    pids = list(stream.owner.pids)
     try:
         yield stream
     finally:
-        pids += stream._owner.pids  # units restarted by a test included
+        pids += stream.owner.pids  # units restarted by a test included
         stream.close()
         assert wait_gone(pids, 10.0) == [], "servers outlived close()"
         assert segments_of(pids) == [], "close() left shared-memory segments"

@@ -325,11 +325,11 @@ class ShmUnit(DirectWrites, MemoryUnit):
         """Where ``partition``'s dense ``fields`` and its slot tokens live.
 
         Returns:
-            ``{"fields": {field: {"shm", "dtype", "shape"}}, "generations": same
-            or None, "epoch": {"shm", "value", "stores"}}`` (dense fields only; an
-            unknown partition has neither); the layout stays valid while the int64
-            in segment ``epoch["shm"]`` still holds ``epoch["value"]``. With
-            ``writable``, also ``"flags"`` (each field's written flags) and
+            ``{"fields": {field: {"shm", "dtype", "shape"}}, "flags": same (each
+            field's written flags), "generations": same or None, "epoch": {"shm",
+            "value", "stores"}}`` (dense fields only; an unknown partition has
+            neither); the layout stays valid while the int64 in segment
+            ``epoch["shm"]`` still holds ``epoch["value"]``. With ``writable``, also
             ``"live"`` (the partition's), for a same-host writer of new rows, which
             must also see the second int64 still hold ``epoch["stores"]``.
         """
@@ -350,9 +350,9 @@ class ShmUnit(DirectWrites, MemoryUnit):
                     if lay is not None:
                         out[f] = lay
                         flags[f] = self._describe(store.flags)
-        reply = {"fields": out, "generations": gen, "epoch": epoch}
+        reply = {"fields": out, "flags": flags, "generations": gen, "epoch": epoch}
         if writable:
-            reply.update(flags=flags, live=live)
+            reply["live"] = live
         return reply
 
     def spans(self, partition: str, slots: np.ndarray, fields: Sequence[str],

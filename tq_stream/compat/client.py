@@ -45,7 +45,7 @@ class TransferQueueClient:
         data = ops.parse_fields(data, data_parser)
         return await self._rt.run(ops.put_data, self._rt, data, metadata, partition_id)
 
-    async def async_kv_list(self, partition_id: str | None = None) -> dict[str, dict]:
+    async def async_kv_list(self, partition_id: str | None = None) -> dict[str, dict[str, Any]]:
         return await self._rt.run(ops.kv_list, self._rt, partition_id)
 
     async def async_clear_keys(self, keys: Sequence[str], partition_id: str) -> None:
@@ -85,11 +85,11 @@ class TransferQueueClient:
 
     def put(self, data: TensorDict, metadata: BatchMeta | None = None,
             partition_id: str | None = None,
-            data_parser: Callable[[dict], None] | None = None) -> BatchMeta:
+            data_parser: Callable[[dict[str, Any]], None] | None = None) -> BatchMeta:
         return ops.put_data(self._rt, ops.parse_fields(data, data_parser), metadata,
                             partition_id)
 
-    def kv_list(self, partition_id: str | None = None) -> dict[str, dict]:
+    def kv_list(self, partition_id: str | None = None) -> dict[str, dict[str, Any]]:
         return ops.kv_list(self._rt, partition_id)
 
     def get_partition_list(self) -> list[str]:

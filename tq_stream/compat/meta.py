@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tq_stream.columns import flat_plain
 
 
-def copied_tags(tags: list[dict]) -> list[dict]:
+def copied_tags(tags: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A deep copy of ``tags``; when every one is a flat dict of scalars (what tags
     are), one C-level dict copy each instead of ``deepcopy``'s walk."""
     rows = list(tags)
@@ -34,7 +35,7 @@ class KVBatchMeta:
     """
 
     keys: list[str] = dataclasses.field(default_factory=list)
-    tags: list[dict] = dataclasses.field(default_factory=list)
+    tags: list[dict[str, Any]] = dataclasses.field(default_factory=list[Any])
     partition_id: str | None = None
     fields: list[str] | None = None
     extra_info: dict[str, Any] | None = dataclasses.field(default_factory=dict)
@@ -159,7 +160,7 @@ class BatchMeta:
         for mine, new in zip(self.custom_meta, custom_meta, strict=True):
             mine.update(new)
 
-    def select_samples(self, sample_indices: list[int]) -> BatchMeta:
+    def select_samples(self, sample_indices: Sequence[int]) -> BatchMeta:
         idx = list(sample_indices)
         return BatchMeta([self.global_indexes[i] for i in idx],
                          [self.partition_ids[i] for i in idx],
@@ -203,7 +204,8 @@ class BatchMeta:
         if validate and any(d.field_names != names for d in data):
             raise ValueError(f"field names must match to concat, got "
                              f"{[d.field_names for d in data]}")
-        keys = None if any(d.keys is None for d in data) else [k for d in data for k in d.keys]
+        keys = None if any(d.keys is None for d in data) else \
+            [k for d in data for k in d.keys or ()]
         return cls([i for d in data for i in d.global_indexes],
                    [p for d in data for p in d.partition_ids],
                    copy.deepcopy(data[0].field_schema),

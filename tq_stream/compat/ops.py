@@ -101,7 +101,8 @@ def _visible(fields: list[str]) -> list[str]:
     return list(dict.fromkeys(variants.logical(f) for f in fields if f != TAG_ONLY_FIELD))
 
 
-def describe(rt: Runtime, keys: list[str], partition: str) -> tuple[list[dict], list[str]]:
+def describe(rt: Runtime, keys: list[str],
+             partition: str) -> tuple[list[dict[str, Any]], list[str]]:
     """Current (merged) tags of ``keys`` and the fields every one of them has."""
     d = rt.get().connection.controller().lookup(partition=partition, keys=keys, fields=None)
     return d["tags"], _visible(d["fields"])
@@ -126,7 +127,7 @@ def prepare(fields: TensorDictBase | dict[str, Any], n: int) -> tuple[dict[str, 
 
 
 def write(rt: Runtime, keys: list[str], partition: str, data: dict[str, Any],
-          encoded: set[str], tags: list[dict] | None) -> dict[str, str]:
+          encoded: set[str], tags: list[dict[str, Any]] | None) -> dict[str, str]:
     """Put ``data`` (logical names) under the physical name each value's schema needs
     (``variants``); returns logical -> physical names."""
     stream = rt.get()
@@ -153,7 +154,7 @@ def write(rt: Runtime, keys: list[str], partition: str, data: dict[str, Any],
 
 
 def batch_put(rt: Runtime, keys: list[str], partition: str, fields: Any,
-              tags: list[dict] | None) -> KVBatchMeta:
+              tags: list[dict[str, Any]] | None) -> KVBatchMeta:
     """``kv_batch_put``: write ``fields`` and merge ``tags``; returns the rows' state."""
     if fields is None and tags is None:
         raise ConfigError("kv_batch_put needs fields or tags, got neither")
@@ -205,13 +206,14 @@ def batch_get(rt: Runtime, keys: str | Sequence[str], partition: str,
             return variant_read.read_single(stream, meta, names)
     if fields is not None and not rt.schemas.has_variants(partition, fields):
         try:  # the common case: every row has each field under its own name
-            return stream.kv.get_batch(keys, fields, partition=partition)
+            batch: TensorDict = stream.kv.get_batch(keys, fields, partition=partition)
+            return batch
         except StateError:
             pass  # some row holds a field under a variant name: find out below
     return variant_read.read(stream, keys, partition, fields, TAG_ONLY_FIELD)
 
 
-def list_partition(rt: Runtime, partition: str) -> dict[str, dict]:
+def list_partition(rt: Runtime, partition: str) -> dict[str, dict[str, Any]]:
     """``{key: tags}`` of every row of ``partition``, oldest first.
 
     The controller sends keys and tags as columns (``Controller.list_tags``); the
@@ -219,7 +221,7 @@ def list_partition(rt: Runtime, partition: str) -> dict[str, dict]:
     """
     d = rt.get().connection.controller().list_tags(partition=partition)
     keys = d["keys"]
-    out: dict[str, dict] = {k: {} for k in keys}
+    out: dict[str, dict[str, Any]] = {k: {} for k in keys}
     rows = list(out.values())
     for name, (pos, vals) in d["tags"].items():
         if len(vals) == len(rows):  # every row has the tag: no positions to follow
@@ -232,12 +234,12 @@ def list_partition(rt: Runtime, partition: str) -> dict[str, dict]:
     return out
 
 
-def kv_list(rt: Runtime, partition: str | None) -> dict[str, dict[str, dict]]:
+def kv_list(rt: Runtime, partition: str | None) -> dict[str, dict[str, dict[str, Any]]]:
     """``kv_list``: ``{partition: {key: tags}}`` of one partition or all; a partition that
     does not exist is left out (``{}``), as in TransferQueue."""
     ctrl = rt.get().connection.controller()
     names = ctrl.partitions() if partition is None else [partition]
-    out: dict[str, dict[str, dict]] = {}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
     for name in names:
         try:
             rows = list_partition(rt, name)
@@ -299,7 +301,8 @@ def retrieve_keys(rt: Runtime, global_indexes: int | Sequence[int], partition: s
     idx = [global_indexes] if isinstance(global_indexes, int) else list(global_indexes)
     if not idx:
         return []
-    return rt.get().connection.controller().keys_of(partition=partition, index=idx)
+    keys: list[str] = rt.get().connection.controller().keys_of(partition=partition, index=idx)
+    return keys
 
 
 def meta_keys(rt: Runtime, meta: BatchMeta) -> dict[str, list[str]]:

@@ -58,7 +58,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from tq_stream.compat.settings import (
     DEFAULTS,
@@ -111,6 +111,9 @@ def _stream_config(shared: Shared | None) -> StreamConfig:
     return StreamConfig() if shared is None else StreamConfig(timeout=shared.timeout)
 
 
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
 class Runtime:
     """This process's handle on the deployment (one per process, see module doc)."""
 
@@ -124,7 +127,7 @@ class Runtime:
         # (partition, task) -> (data_fields, batch_size, physical fields) of get_meta
         self.tasks: dict[tuple[str, str], tuple[tuple[str, ...], int, tuple[str, ...]]] = {}
         self.task_names: dict[tuple[str, str], frozenset[str]] = {}  # stored names then
-        self._client: Any = None
+        self._client: Client | None = None
         self.owner = False
         self.pid = os.getpid()  # the process this runtime's handle belongs to
         self.partitions: set[str] = set()
@@ -353,7 +356,7 @@ class Runtime:
             self.get().create_partition(partition, capacity=self.capacity)
         self.partitions.add(partition)
 
-    async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def run(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """Run the blocking ``fn`` in a bounded thread pool, off the caller's event loop."""
         with self.lock:
             if self._executor is None:

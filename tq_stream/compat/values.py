@@ -15,6 +15,8 @@ those), never pickle. This module bridges the two, per field:
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack
@@ -25,19 +27,22 @@ TENSOR = "__tq_compat_tensor__"
 _MAX_DEPTH = 16
 
 
-def rows_of(value: object, n: int) -> list | None:
+def rows_of(value: object, n: int) -> list[Any] | None:
     """``value``'s rows as a list when it is a non-tensor field, else None."""
     if isinstance(value, NonTensorStack):
-        return value.tolist()
+        rows: list[Any] = value.tolist()
+        return rows
     if isinstance(value, NonTensorData):
         data = value.data
         if isinstance(data, np.ndarray) and data.dtype == object and data.shape[:1] == (n,):
-            return data.tolist()
+            listed: list[Any] = data.tolist()
+            return listed
         if isinstance(data, list) and len(data) == n and n != 1:
             return list(data)
         return [data] * n
     if isinstance(value, np.ndarray) and value.dtype == object:
-        return value.tolist()
+        objects: list[Any] = value.tolist()
+        return objects
     if isinstance(value, list | tuple):
         return list(value)
     return None
@@ -55,7 +60,7 @@ def _has_tensor(value: object, depth: int = 0) -> bool:
     return False
 
 
-def needs_encoding(rows: list) -> bool:
+def needs_encoding(rows: list[Any]) -> bool:
     """Some row holds a tensor inside a dict or list (a row that is itself a tensor is
     a tensor field, not this)."""
     if flat_plain(rows):  # the common field: no Python call per row
@@ -95,11 +100,11 @@ def _decode(value: object, depth: int = 0) -> object:
     return value
 
 
-def encode_rows(rows: list) -> list:
+def encode_rows(rows: list[Any]) -> list[Any]:
     """Rows with every tensor inside replaced by its plain encoding."""
     return [_encode(r) for r in rows]
 
 
-def decode_rows(rows: list) -> list:
+def decode_rows(rows: list[Any]) -> list[Any]:
     """``encode_rows`` undone."""
     return [_decode(r) for r in rows]

@@ -25,7 +25,7 @@ of the fixed schemas: a schema once fixed never changes, so the view is only ext
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import NonTensorStack
@@ -105,7 +105,7 @@ def names_for(fixed: dict[str, str], descs: dict[str, str], encoded: set[str]) -
     return out
 
 
-def rows_of_column(value: object, n: int) -> list:
+def rows_of_column(value: object, n: int) -> list[Any]:
     """A read field's values one per row (tensors as per-row tensors)."""
     if isinstance(value, torch.Tensor):
         return list(value.unbind()) if n else []
@@ -114,7 +114,7 @@ def rows_of_column(value: object, n: int) -> list:
     return list(value) if isinstance(value, list | tuple) else [value] * n
 
 
-def pack(values: list) -> torch.Tensor | NonTensorStack:
+def pack(values: list[Any]) -> torch.Tensor | NonTensorStack:
     """Per-row values as TransferQueue packs them: 0-d tensors stacked, other tensors
     as one jagged nested tensor (when their trailing dims agree), else a
     NonTensorStack of the values as written."""

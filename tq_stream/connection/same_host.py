@@ -101,9 +101,15 @@ class _Layout:
 
     def gather(self, slots: np.ndarray,
                into: dict[str, torch.Tensor] | None = None) -> dict[str, Column]:
-        """Copy rows out of the mapped slabs, into ``into[f]`` where it fits."""
+        """Copy rows out of the mapped slabs, into ``into[f]`` where it fits; a field some
+        of whose rows were never written (or freed since) is left out: the unit answers
+        for it, and refuses naming it."""
         out: dict[str, Column] = {}
+        top = int(slots.max()) if len(slots) else -1
         for f, view in self.fields.items():
+            written = self.flags.get(f)
+            if written is None or top >= written.shape[0] or not written[slots].all():
+                continue
             dest = (into or {}).get(f)
             if dest is not None and (dest.dtype != view.dtype or
                                      tuple(dest.shape) != (len(slots), *view.shape[1:])):

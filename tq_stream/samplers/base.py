@@ -180,6 +180,8 @@ class Sampler:
     _spec_args: tuple[tuple[Any, ...], dict[str, Any]]  # set by __new__, read by spec
 
     STATE_KEYS: tuple[str, ...] = ()
+    inner: Sampler | None = None  # the sampler a wrapping one delegates to, if any
+    group_tag: str | None = None  # the tag that groups rows, for a sampler that groups
 
     @property
     def prefix_ok(self) -> bool:
@@ -237,15 +239,13 @@ class Sampler:
         """Raise ConfigError if this sampler can never form a step of ``batch_size``
         rows per rank (called when a dataset is built and a task registers)."""
         check_positive("batch_size", batch_size)
-        inner = getattr(self, "inner", None)
-        if isinstance(inner, Sampler):
-            inner.check_batch(batch_size)
+        if isinstance(self.inner, Sampler):  # a subclass may use the name for its own
+            self.inner.check_batch(batch_size)
 
     def progress(self, candidates: Candidates, batch_size: int) -> str:
         """What a waiting step has and needs, for a timeout message."""
-        inner = getattr(self, "inner", None)
-        if isinstance(inner, Sampler):
-            return inner.progress(candidates, batch_size)
+        if isinstance(self.inner, Sampler):  # a subclass may use the name for its own
+            return self.inner.progress(candidates, batch_size)
         return (f"{candidates.count} rows ready, {batch_size * candidates.dp_size} needed "
                 f"per step")
 

@@ -42,6 +42,9 @@ class DynamicFilterSampler(Sampler):
         >>> sampler = DynamicFilterSampler(GroupSampler(group_size=16), reward_tag="acc")
     """
 
+    inner: GroupSampler
+    group_tag: str
+
     def __init__(
         self,
         inner: GroupSampler,

@@ -83,6 +83,8 @@ class GroupSampler(Sampler):
         >>> sampler = GroupSampler(size_tag="n_samples")    # per-prompt group sizes
     """
 
+    group_tag: str
+
     MIN_WINDOW = 1024
 
     def __init__(

@@ -65,7 +65,8 @@ class PartitionSampler:
                 if isinstance(w, bool) or not isinstance(w, int | float) or not w > 0:
                     raise ConfigError(f"weights[{name!r}] must be a number > 0, got {w!r}")
             self.partitions = list(weights)
-            self.weights = np.asarray([float(weights[p]) for p in self.partitions])
+            self.weights: np.ndarray | None = np.asarray([float(weights[p])
+                                                         for p in self.partitions])
         else:
             assert order is not None
             if isinstance(order, str) or not order or len(set(order)) != len(order):

@@ -83,7 +83,8 @@ class PrioritySampler(Sampler):
         chosen = rows[self._draw(weights, min(rows.shape[0], batch_size * dp))]
         return Selection(tuple(np.array_split(chosen, dp)), discard)
 
-    def _weights(self, candidates: Candidates) -> tuple[np.ndarray, np.ndarray, dict]:
+    def _weights(self, candidates: Candidates
+                 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """The rows that have a priority, their weights, and the rows without one."""
         if candidates.count == 0:
             return candidates.index, np.empty(0), {}
@@ -107,7 +108,7 @@ class PrioritySampler(Sampler):
 
     def _draw(self, weights: np.ndarray, k: int) -> np.ndarray:
         """Positions of ``k`` weighted draws without replacement, in draw order."""
-        keys = self._rng.standard_exponential(weights.shape[0])
+        keys = np.asarray(self._rng.standard_exponential(weights.shape[0]))
         with np.errstate(divide="ignore", invalid="ignore"):
             np.divide(keys, weights, out=keys)  # weight 0 -> inf (or NaN): drawn last
         if np.count_nonzero(weights) <= k:

@@ -60,6 +60,8 @@ class SeqlenBalancedSampler(Sampler):
         >>> sampler = SeqlenBalancedSampler(GroupSampler(group_size=8), cost_tag="seqlen")
     """
 
+    inner: Sampler
+
     def __init__(
         self,
         inner: Sampler | None = None,
@@ -124,9 +126,10 @@ class SeqlenBalancedSampler(Sampler):
         else:
             codes, _ = factorize(candidates.tag(self.group_tag, rows), self.group_tag)
         if self.equal_rows:
-            rows, codes = self._even_units(rows, codes, dp)
-            if rows is None:
+            even, codes = self._even_units(rows, codes, dp)
+            if even is None:
                 return Selection.wait(chosen.discard)
+            rows = even
         costs = self._costs(candidates, rows)
         unit_cost = np.bincount(codes, weights=costs)
         if unit_cost.shape[0] < dp:
@@ -231,20 +234,19 @@ class _LazyTags(Mapping[str, np.ndarray]):
         return len(self._cache)
 
 
-def _find_sized_groups(sampler: Sampler) -> GroupSampler | None:
+def _find_sized_groups(sampler: Sampler | None) -> GroupSampler | None:
     """The first GroupSampler with per-group sizes (``size_tag``) in the ``inner`` chain."""
     while sampler is not None:
         if isinstance(sampler, GroupSampler) and sampler.size_tag is not None:
             return sampler
-        sampler = getattr(sampler, "inner", None)
+        sampler = sampler.inner
     return None
 
 
-def _find_group_tag(sampler: Sampler) -> str | None:
+def _find_group_tag(sampler: Sampler | None) -> str | None:
     """The group tag of the first sampler in the ``inner`` chain that has one."""
     while sampler is not None:
-        tag = getattr(sampler, "group_tag", None)
-        if isinstance(tag, str):
-            return tag
-        sampler = getattr(sampler, "inner", None)
+        if isinstance(sampler.group_tag, str):
+            return sampler.group_tag
+        sampler = sampler.inner
     return None

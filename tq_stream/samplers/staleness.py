@@ -77,6 +77,8 @@ class StalenessSampler(Sampler):
         >>> sampler = StalenessSampler(GroupSampler(group_size=8), max_staleness=2)
     """
 
+    inner: Sampler
+
     def __init__(
         self,
         inner: Sampler | None = None,

@@ -46,8 +46,12 @@ class InprocTransport(Transport):
     No serialization and no copy: the handler receives the caller's objects
     and the caller receives the handler's result itself. The timeout is
     validated but cannot interrupt the handler; a blocking handler method
-    receives its own wait timeout as an argument, as over a socket.
-    Thread-safe if the handler is.
+    receives its own wait timeout as an argument, as over a socket. The handler's
+    allow-list and admin methods hold as over a socket (``owner_token``: the token
+    its admin calls must carry; None: none is served), so a service driven through
+    it in a unit test is refused what a remote caller would be. A method in
+    ``RPC_REPLIES`` gets ``reply=None`` (answered when it returns, as outside a
+    socket server). Thread-safe if the handler is.
 
     Example:
         >>> class Echo:
@@ -58,8 +62,9 @@ class InprocTransport(Transport):
         1
     """
 
-    def __init__(self, handler: Any, *, name: str = "inproc") -> None:
-        self._dispatch = Dispatcher(handler)
+    def __init__(self, handler: Any, *, name: str = "inproc",
+                 owner_token: str | None = None) -> None:
+        self._dispatch = Dispatcher(handler, owner_token)
         self.address = name
         self._closed = False
 

@@ -110,14 +110,14 @@ class Dispatcher:
                 )
             self._table[name] = (method, inspect.signature(method))
         self._counted = {name: f"{self.handler_name}.{name}" for name in self._table}
-        inline = getattr(handler, "RPC_INLINE", frozenset())
+        inline: object = getattr(handler, "RPC_INLINE", frozenset())
         if not isinstance(inline, frozenset) or not inline <= methods:
             raise ConfigError(
                 f"{self.handler_name}.RPC_INLINE must be a frozenset of names in RPC_METHODS, "
                 f"got {inline!r}"
             )
         self.inline: frozenset[str] = inline
-        admin = getattr(handler, "RPC_ADMIN", frozenset())
+        admin: object = getattr(handler, "RPC_ADMIN", frozenset())
         if not isinstance(admin, frozenset) or not admin <= methods:
             raise ConfigError(
                 f"{self.handler_name}.RPC_ADMIN must be a frozenset of names in RPC_METHODS, "
@@ -138,7 +138,7 @@ class Dispatcher:
             )
         # Methods that may wait long, and their class (see ``transport.wait_slots``).
         self.waits: dict[str, str] = dict(waits)
-        replies = getattr(handler, "RPC_REPLIES", frozenset())
+        replies: object = getattr(handler, "RPC_REPLIES", frozenset())
         if not isinstance(replies, frozenset) or not replies <= methods or \
                 not all(_takes(self._table[m][1], REPLY_ARG) for m in replies):
             raise ConfigError(

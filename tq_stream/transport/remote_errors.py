@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import traceback
 from typing import Any
 
@@ -68,7 +69,7 @@ def error_from_value(value: Any, where: str) -> TQError:
 
 def _add_note(exc: BaseException, note: str) -> None:
     # add_note is Python >= 3.11; on 3.10 the notes are kept but not printed.
-    if hasattr(exc, "add_note"):
+    if sys.version_info >= (3, 11):
         exc.add_note(note)
     else:
-        exc.__notes__ = [*getattr(exc, "__notes__", []), note]
+        vars(exc)["__notes__"] = [*vars(exc).get("__notes__", []), note]

@@ -34,7 +34,7 @@ from tq_stream.transport.unix_frames import (
     ready,
     send_message,
 )
-from tq_stream.transport.unix_server import unix_path
+from tq_stream.transport.unix_paths import unix_path
 
 RETRY_CONNECT = 0.05  # seconds between attempts to reach a server that is (re)starting
 RECENT = 1.0  # seconds: a connection idle for less is used without the check for a hang-up

@@ -21,6 +21,7 @@ idle connections of a server cost no buffer.
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import struct
@@ -204,11 +205,11 @@ class Reader:
     def _frame(self, n: int, deadline: float) -> Any:
         if n <= BUFFER // 4:
             self._need(n, deadline)
-            out = bytes(self._view[self._start : self._start + n])
+            small = bytes(self._view[self._start : self._start + n])
             self._start += n
-            return out
+            return small
         out = torch.empty(n, dtype=torch.uint8)
-        dest = memoryview(out.numpy())
+        dest = out.numpy().data
         have = min(n, self._end - self._start)
         dest[:have] = self._view[self._start : self._start + have]
         self._start += have
@@ -243,3 +244,28 @@ class Reader:
         if not got:
             raise FrameError("the peer closed the connection")
         return got
+
+def readable(sock: socket.socket, timeout: float) -> bool:
+    try:
+        return ready(sock, select.POLLIN, timeout)
+    except (OSError, ValueError):
+        return False
+
+
+class ServerConn:
+    """One accepted connection: its socket, its reader, when it was last active, and
+    the request it holds while parked (``WaitSlots``)."""
+
+    __slots__ = ("last", "parked", "queued", "reader", "sock")
+
+    def __init__(self, sock: socket.socket, max_bytes: int, pool: BufferPool) -> None:
+        self.sock = sock
+        self.reader = Reader(sock, max_bytes, pool)
+        self.last = time.monotonic()
+        self.queued = self.last  # when it was last handed to the workers
+        self.parked: tuple[Any, float] | None = None  # (request, received)
+
+    def close(self) -> None:
+        self.reader.close()
+        with contextlib.suppress(OSError):
+            self.sock.close()

@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import logging
 import os
 import queue
-import select
 import selectors
 import socket
 import threading
@@ -43,17 +41,17 @@ from tq_stream.transport.unix_frames import (
     MAX_BYTES,
     BufferPool,
     FrameError,
-    Reader,
+    ServerConn,
     TimedOut,
     nonblocking,
-    ready,
+    readable,
     send_message,
 )
+from tq_stream.transport.unix_paths import bind_path, unix_path
 from tq_stream.transport.wait_slots import WaitSlots, resumed
 
 logger = logging.getLogger(__name__)
 
-SCHEME = "unix://"
 IDLE_TIMEOUT = 300.0  # seconds an idle connection stays open
 MAX_CONNECTIONS = 4096  # connections open at once (each costs a file descriptor only)
 MAX_MESSAGE = MAX_BYTES  # bytes one request may announce, unless the server sets less
@@ -66,61 +64,6 @@ STICKY = 0.05  # seconds a worker waits for the next request on its connection, 
 _SWEEP = 1.0  # seconds between looks for idle connections to close
 LISTEN_BACKLOG = 1024  # connections the kernel queues before the IO thread accepts them
 _ACCEPTS = 256  # connections accepted per wake-up (then the other events get a turn)
-
-
-def unix_path(address: Any) -> str:
-    """The file path of a ``unix://`` address (ConfigError if it is not one)."""
-    if not isinstance(address, str) or not address.startswith(SCHEME) or \
-            len(address) == len(SCHEME):
-        raise ConfigError(f"address must look like 'unix:///path/to/socket', got {address!r}")
-    path = address[len(SCHEME):]
-    if len(path.encode()) > 100:
-        raise ConfigError(f"address must name a socket path of at most 100 bytes (a unix "
-                          f"socket limit), got {len(path.encode())} bytes: {address!r}")
-    return path
-
-
-def _bind(sock: socket.socket, path: str) -> None:
-    """Bind ``sock`` to ``path``; a socket file no server listens on any more (its
-    server was killed) is replaced, a live one is not."""
-    try:
-        sock.bind(path)
-        return
-    except OSError as exc:
-        if exc.errno != errno.EADDRINUSE:
-            raise
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.settimeout(1.0)
-        probe.connect(path)
-    except ConnectionRefusedError:
-        os.unlink(path)  # stale: left by a server that died
-    except OSError:
-        pass
-    else:
-        raise OSError(errno.EADDRINUSE, "a server is listening there")
-    finally:
-        probe.close()
-    sock.bind(path)
-
-
-class _Conn:
-    """One accepted connection: its socket, its reader, when it was last active, and
-    the request it holds while parked (``WaitSlots``)."""
-
-    __slots__ = ("last", "parked", "queued", "reader", "sock")
-
-    def __init__(self, sock: socket.socket, max_bytes: int, pool: BufferPool) -> None:
-        self.sock = sock
-        self.reader = Reader(sock, max_bytes, pool)
-        self.last = time.monotonic()
-        self.queued = self.last  # when it was last handed to the workers
-        self.parked: tuple[Any, float] | None = None  # (request, received)
-
-    def close(self) -> None:
-        self.reader.close()
-        with contextlib.suppress(OSError):
-            self.sock.close()
 
 
 class UnixRpcServer:
@@ -183,7 +126,7 @@ class UnixRpcServer:
         self._path = path
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            _bind(self._listener, path)
+            bind_path(self._listener, path)
             self._listener.listen(LISTEN_BACKLOG)
             self._listener.setblocking(False)
         except OSError as exc:
@@ -193,10 +136,10 @@ class UnixRpcServer:
         os.set_blocking(self._wake_w, False)
         self._buffers = BufferPool(keep=self._workers_n)
         self._lock = threading.Lock()
-        self._open: set[_Conn] = set()  # every open connection (guarded by _lock)
-        self._returned: collections.deque[_Conn] = collections.deque()  # back from workers
+        self._open: set[ServerConn] = set()  # every open connection (guarded by _lock)
+        self._returned: collections.deque[ServerConn] = collections.deque()  # back from workers
         # Unbounded in type, bounded in fact: a connection is queued at most once.
-        self._work: queue.SimpleQueue[_Conn | None] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[ServerConn | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._idle_workers = 0  # a hint for stickiness (races only skew it)
         self._started = False
@@ -279,7 +222,7 @@ class UnixRpcServer:
         with selectors.DefaultSelector() as sel:
             sel.register(self._listener, selectors.EVENT_READ)
             sel.register(self._wake_r, selectors.EVENT_READ)
-            idle: dict[_Conn, None] = {}  # watched connections, oldest activity first
+            idle: dict[ServerConn, None] = {}  # watched connections, oldest activity first
             next_sweep = time.monotonic() + _SWEEP
             while not self._closed:
                 for key, _ in sel.select(timeout=_SWEEP):
@@ -306,7 +249,7 @@ class UnixRpcServer:
                     next_sweep = time.monotonic() + _SWEEP
                     self._close_idle(sel, idle, time.monotonic() - self._idle_timeout)
 
-    def _accept(self, sel: selectors.BaseSelector, idle: dict[_Conn, None]) -> bool:
+    def _accept(self, sel: selectors.BaseSelector, idle: dict[ServerConn, None]) -> bool:
         """Accept one connection; False when none is waiting."""
         try:
             sock, _ = self._listener.accept()
@@ -321,24 +264,25 @@ class UnixRpcServer:
         if full or self._closed:
             self._refuse(sock)
             return True
-        conn = _Conn(sock, self._max_message, self._buffers)
+        conn = ServerConn(sock, self._max_message, self._buffers)
         with self._lock:
             self._open.add(conn)
         idle[conn] = None
         sel.register(sock, selectors.EVENT_READ, conn)
         return True
 
-    def _close_idle(self, sel: selectors.BaseSelector, idle: dict[_Conn, None],
+    def _close_idle(self, sel: selectors.BaseSelector, idle: dict[ServerConn, None],
                     before: float) -> None:
         for conn in [c for c in idle if c.last < before]:
             self._drop(sel, idle, conn)
 
-    def _drop(self, sel: selectors.BaseSelector, idle: dict[_Conn, None], conn: _Conn) -> None:
+    def _drop(self, sel: selectors.BaseSelector, idle: dict[ServerConn, None],
+              conn: ServerConn) -> None:
         sel.unregister(conn.sock)
         del idle[conn]
         self._forget(conn)
 
-    def _forget(self, conn: _Conn) -> None:
+    def _forget(self, conn: ServerConn) -> None:
         with self._lock:
             self._open.discard(conn)
         conn.close()
@@ -371,7 +315,7 @@ class UnixRpcServer:
                 # The same caller's next request, if it comes soon and other workers are
                 # free for everyone else, is served here: no hop through the IO thread.
                 while not self._closed and self._idle_workers > 0 and \
-                        _readable(conn.sock, STICKY):
+                        readable(conn.sock, STICKY):
                     if not self._serve_one(conn, None):
                         break
                 else:
@@ -380,7 +324,7 @@ class UnixRpcServer:
                 logger.debug("connection to %s ended: %s", self.address, exc)
                 self._forget(conn)
 
-    def _give_back(self, conn: _Conn) -> None:
+    def _give_back(self, conn: ServerConn) -> None:
         """Hand an idle connection back to the IO thread (or close it when closing)."""
         if self._closed:
             self._forget(conn)
@@ -388,7 +332,7 @@ class UnixRpcServer:
         self._returned.append(conn)
         self._wake()
 
-    def _serve_one(self, conn: _Conn, queued: float | None) -> bool:
+    def _serve_one(self, conn: ServerConn, queued: float | None) -> bool:
         """Read one request from ``conn``, run it, reply; False if it was parked instead
         (``WaitSlots``: the connection is no longer this worker's). A request that
         waited for a worker (since ``queued``) longer than its caller's timeout is not run.
@@ -412,7 +356,7 @@ class UnixRpcServer:
         self._answer(conn, request, received)
         return True
 
-    def _answer(self, conn: _Conn, request: Any, received: float) -> None:
+    def _answer(self, conn: ServerConn, request: Any, received: float) -> None:
         """Run a request that holds its wait slot (if its method has one) and reply; the
         slot then goes to the oldest parked request of its class, on a worker."""
         try:
@@ -426,7 +370,7 @@ class UnixRpcServer:
             if parked is not None:
                 self._work.put(parked)
 
-    def _send(self, conn: _Conn, reply: Any) -> None:
+    def _send(self, conn: ServerConn, reply: Any) -> None:
         if reply is not None and not self._closed:
             send_message(conn.sock, reply, time.monotonic() + SEND_TIMEOUT)
 
@@ -447,9 +391,3 @@ class UnixRpcServer:
         finally:
             box.sent()
 
-
-def _readable(sock: socket.socket, timeout: float) -> bool:
-    try:
-        return ready(sock, select.POLLIN, timeout)
-    except (OSError, ValueError):
-        return False

@@ -45,10 +45,10 @@ class _SocketPool:
         self._max_idle = max_idle
         self._group = SocketGroup(f"RpcClient({address})")
         self._lock = ForkSafeLock()
-        self._idle: list[zmq.Socket] = []
+        self._idle: list[zmq.Socket[bytes]] = []
         self._closed = False
 
-    def checkout(self) -> zmq.Socket:
+    def checkout(self) -> zmq.Socket[bytes]:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
@@ -64,14 +64,14 @@ class _SocketPool:
             raise
         return sock
 
-    def checkin(self, sock: zmq.Socket) -> None:
+    def checkin(self, sock: zmq.Socket[bytes]) -> None:
         with self._lock:
             if not self._closed and len(self._idle) < self._max_idle:
                 self._idle.append(sock)
                 return
         self._group.release(sock)
 
-    def discard(self, sock: zmq.Socket) -> None:
+    def discard(self, sock: zmq.Socket[bytes]) -> None:
         self._group.release(sock)
 
     def close(self) -> None:
@@ -208,13 +208,13 @@ class RpcClient(Transport):
                 self._pool = _SocketPool(self.address, self._configure, self._max_idle)
             return self._pool
 
-    def _configure(self, sock: zmq.Socket) -> None:
+    def _configure(self, sock: zmq.Socket[bytes]) -> None:
         server_key, public, secret = self._curve
         if server_key is not None:
             make_curve_client(sock, server_key, public, secret)
 
     def _exchange(
-        self, sock: zmq.Socket, req_id: int, method: str, frames: list[Any], timeout: float
+        self, sock: zmq.Socket[bytes], req_id: int, method: str, frames: list[Any], timeout: float
     ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         try:

@@ -27,7 +27,7 @@ def check_handshake(address: str, curve_server_key: bytes | None,
     """Raise ConfigError naming ``curve_server_key`` if the zmq server at ``address``
     refuses the handshake with it; return when it succeeds, or when no server answered
     within ``window`` seconds (the first call then reports that)."""
-    context = zmq.Context.instance()
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sock = context.socket(zmq.DEALER)
     monitor = None
     try:

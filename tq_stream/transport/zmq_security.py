@@ -53,7 +53,7 @@ def public_key(secret_key: Key) -> bytes:
     return zmq.curve_public(check_key("secret_key", secret_key))
 
 
-def make_curve_server(sock: zmq.Socket, secret_key: Key) -> None:
+def make_curve_server(sock: zmq.Socket[bytes], secret_key: Key) -> None:
     """Make ``sock`` (before bind) accept only CURVE clients that know its public key."""
     _require_curve()
     secret = check_key("curve_secret_key", secret_key)
@@ -63,7 +63,7 @@ def make_curve_server(sock: zmq.Socket, secret_key: Key) -> None:
 
 
 def make_curve_client(
-    sock: zmq.Socket, server_key: Key, public: Key | None = None, secret: Key | None = None
+    sock: zmq.Socket[bytes], server_key: Key, public: Key | None = None, secret: Key | None = None
 ) -> None:
     """Make ``sock`` (before connect) talk CURVE to the server with ``server_key``.
 
@@ -90,7 +90,8 @@ class _Allowed:
         return key in self.keys
 
 
-def start_client_allowlist(context: zmq.Context, client_keys: Iterable[Key]) -> ThreadAuthenticator:
+def start_client_allowlist(context: zmq.Context[zmq.Socket[bytes]],
+                           client_keys: Iterable[Key]) -> ThreadAuthenticator:
     """Admit only CURVE clients whose public key is in ``client_keys``.
 
     Must run before the server socket binds; stop it before terminating ``context``.

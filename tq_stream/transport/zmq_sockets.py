@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import zmq
 
 from tq_stream.errors import ClosedError
 
 
-class _Context(zmq.Context):
+class _Context(zmq.Context[zmq.Socket[bytes]]):
     """A zmq context that references its sockets strongly.
 
     pyzmq keeps a context's sockets in a WeakSet; an unclosed context that is
@@ -46,7 +47,7 @@ class SocketGroup:
         self._closing = False
         self._terminated = False
 
-    def socket(self, kind: int) -> zmq.Socket:
+    def socket(self, kind: int) -> zmq.Socket[bytes]:
         """A new socket of ``kind`` with linger 0; release it with ``release``.
 
         Raises:
@@ -60,7 +61,7 @@ class SocketGroup:
         sock.linger = 0
         return sock
 
-    def release(self, sock: zmq.Socket) -> None:
+    def release(self, sock: zmq.Socket[bytes]) -> None:
         """Close ``sock`` (from the thread that used it last)."""
         sock.close(linger=0)
         with self._lock:
@@ -85,7 +86,7 @@ _MORE = int(zmq.SNDMORE)
 COPY_BYTES = 64 << 10  # frames below this are copied (zero copy costs more for them)
 
 
-def send_frames(sock: zmq.Socket, frames: list, flags: int = 0) -> None:
+def send_frames(sock: zmq.Socket[bytes], frames: list[Any], flags: int = 0) -> None:
     """``sock.send_multipart(frames, flags, copy=False)`` at a fraction of its cost for
     small messages: no per-call type checks or enum arithmetic, and frames below
     ``COPY_BYTES`` take the copying path (pyzmq would wrap each in a Frame object
