@@ -275,3 +275,26 @@ def test_commit_new_leaves_a_row_put_of_a_shared_field_to_reserve(stream):
     done = ctrl.commit_new(P, ["y"], spare["index"], spare["generation"],
                            schemas_of(single_row({"prompt": torch.tensor([5, 6])})))
     assert done == {"ok": False, "reason": "schema"}
+
+
+def test_a_shared_put_a_unit_did_not_take_is_put_again(stream, monkeypatch):
+    from tq_stream.connection import placement
+    from tq_stream.errors import Unreachable
+
+    w = stream.writer(P)
+    w.put_shared("p0", {"prompt": torch.tensor([1, 2])})
+    w.put(["r0"], {"r": torch.arange(1)}, shared=["p0"])
+    store, calls = placement.store, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise Unreachable("storage unit 0 did not answer")
+        return store(*args, **kwargs)
+
+    monkeypatch.setattr(placement, "store", flaky)
+    img = images(1)[0]
+    assert w.put_shared("p0", {"image": tq.MultiRagged.from_list([img], fixed_dims=(0,))}) \
+        == ["p0"]
+    assert len(calls) == 2
+    assert torch.equal(stream.kv.get("r0", partition=P)["image"], img)

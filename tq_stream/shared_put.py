@@ -11,6 +11,8 @@ stored (``controller/shared_entries.py``).
 from __future__ import annotations
 
 import hashlib
+import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -21,11 +23,21 @@ from tq_stream.buffers import indexable
 from tq_stream.columns import Column, Ragged, coerced, span, take
 from tq_stream.connection import placement
 from tq_stream.convert import schemas_of
-from tq_stream.errors import ConfigError
+from tq_stream.errors import (
+    ClosedError,
+    ConfigError,
+    ConnectionLost,
+    LeaseError,
+    StateError,
+    Unreachable,
+)
 from tq_stream.multiragged import MultiRagged
 
 if TYPE_CHECKING:
     from tq_stream.connection.connection import Connection
+
+logger = logging.getLogger(__name__)
+RETRY_PAUSE = 0.2  # seconds between shared puts that had no effect (``writer.RETRY_PAUSE``)
 
 
 def check_shared(shared: object, n: int) -> list[str | None] | None:
@@ -77,10 +89,30 @@ def nbytes(col: Column) -> int:
 def put_shared(conn: Connection, partition: str, unit: int, keys: list[str],
                cols: dict[str, Column], timeout: float) -> list[str]:
     """Store shared entries ``keys`` (``cols``: one row per key); returns the keys
-    stored now (the others held these bytes already)."""
+    stored now (the others held these bytes already). A put whose bytes a unit did not
+    take (down, replaced) or that a restarted controller no longer knew is made again
+    every ``RETRY_PAUSE`` seconds within ``timeout``, as ``Writer.put`` does."""
     rows = [{f: span(c, i, i + 1) for f, c in cols.items()} for i in range(len(keys))]
     digests = [{f: digest(c) for f, c in row.items()} for row in rows]
     sizes = [sum(nbytes(c) for c in row.values()) for row in rows]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return _put_once(conn, partition, unit, keys, cols, digests, sizes,
+                             max(0.001, deadline - time.monotonic()))
+        except (Unreachable, ConnectionLost, StateError) as exc:
+            if isinstance(exc, ClosedError | LeaseError) or \
+                    time.monotonic() + RETRY_PAUSE >= deadline:
+                raise
+            logger.info("shared put to partition %r had no effect (%s); putting again",
+                        partition, exc)
+            time.sleep(RETRY_PAUSE)
+
+
+def _put_once(conn: Connection, partition: str, unit: int, keys: list[str],
+              cols: dict[str, Column], digests: list[dict[str, str]], sizes: list[int],
+              timeout: float) -> list[str]:
+    """One shared put: reserve_shared, the bytes to the units, commit (or abort)."""
     ctrl = conn.controller()
     lease = conn.config.lease_timeout
     place = ctrl.reserve_shared(partition=partition, keys=keys, schemas=schemas_of(cols),

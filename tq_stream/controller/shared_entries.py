@@ -95,18 +95,20 @@ class SharedTable:
                     f"in a put of keys {list(keys)[:5]}")
 
     def to_write(self, part: PartRows, key: str, digests: Mapping[str, str]) -> bool:
-        """False if every field of a shared put of ``key`` is stored with these bytes
-        already; ConfigError if one was stored with other bytes."""
+        """False if every field of a shared put of ``key`` is stored (committed) with
+        these bytes already; ConfigError if one was stored with other bytes. A field
+        claimed by a put that never committed (it failed) may be put again."""
         row = part.key_index.get(entry_key(key), -1)
         have = self.digests.get(row, {}) if row >= 0 else {}
+        stored = {f: d for f, d in have.items() if f in part.ready and part.ready[f][row]}
         for f, d in digests.items():
-            old = have.get(f)
+            old = stored.get(f)
             if old is not None and old != d:
                 raise ConfigError(
                     f"shared entry {key!r} of partition {part.name!r} is written once: its "
                     f"field {f!r} holds other bytes (digest {old[:16]}), got {d[:16]}; "
                     f"put it under a new key")
-        return any(f not in have for f in digests)
+        return any(f not in stored for f in digests)
 
     def claim(self, part: PartRows, row: int, key: str, digests: Mapping[str, str],
               nbytes: int) -> None:
