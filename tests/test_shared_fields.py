@@ -298,3 +298,22 @@ def test_a_shared_put_a_unit_did_not_take_is_put_again(stream, monkeypatch):
         == ["p0"]
     assert len(calls) == 2
     assert torch.equal(stream.kv.get("r0", partition=P)["image"], img)
+
+
+def test_a_controller_state_dict_keeps_entries_and_references(stream):
+    from tq_stream.controller.controller import Controller
+
+    stream.create_partition(P, consumers=["actor"])
+    keys, _ = put_groups(stream)
+    stream.kv.clear(keys[:N], partition=P)  # group p0 gone with its rows
+    state = stream.connection.controller().state_dict()
+    again = Controller(n_units=1)
+    again.load_state_dict(state)
+    assert again.stats()[P]["shared"] == stream.stats()[P]["shared"]
+    assert again.stats()[P]["shared"]["entries"] == G - 1
+    assert again.lookup(P, keys[N:], ["image"])["shared"]["pos"].tolist() == \
+        [0] * N + [1] * N
+    again.register_task(P, "actor", ["image", "response"], batch_size=N)
+    meta = again.get_meta(P, "actor", step=0, timeout=1)
+    again.ack(P, "actor", 0, 0, meta["index"], meta["generation"])
+    assert again.stats()[P]["shared"]["entries"] == G - 2
