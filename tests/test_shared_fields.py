@@ -317,3 +317,20 @@ def test_a_controller_state_dict_keeps_entries_and_references(stream):
     meta = again.get_meta(P, "actor", step=0, timeout=1)
     again.ack(P, "actor", 0, 0, meta["index"], meta["generation"])
     assert again.stats()[P]["shared"]["entries"] == G - 2
+
+
+def test_a_waiting_reader_wakes_when_the_entry_gets_its_field(stream):
+    import threading
+
+    keys, _ = put_groups(stream, g=1, image=False)
+    client = stream.client()
+    client.register_task(P, "actor", fields=["image", "response"], batch_size=N)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(
+        client.get_meta(P, "actor", step=0, timeout=10)))
+    reader.start()
+    img = images(1, seed=6)[0]
+    stream.writer(P).put_shared("p0", {"image": tq.MultiRagged.from_list([img],
+                                                                         fixed_dims=(0,))})
+    reader.join(timeout=10)
+    assert not reader.is_alive() and sorted(got[0].keys) == keys
