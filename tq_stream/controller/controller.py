@@ -396,12 +396,11 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
                        digests: Sequence[Mapping[str, str]], nbytes: Sequence[int],
                        unit: int = -1, timeout: float = 60.0, session: str = "",
                        lease: float = DEFAULT_WRITE_LEASE) -> dict[str, Any]:
-        """Place the shared entries ``keys`` not stored yet (``shared_puts.py``); the
-        other arguments as in ``reserve``."""
-        place = {"unit": unit, "timeout": timeout, "session": session, "lease": lease}
+        """``shared_puts.reserve_shared`` (the other arguments as in ``reserve``)."""
         return reserve_shared(self._cond, lambda p: self._part(p, create=True, by_put=True),
                               self.reserve, self.abort, partition, keys, schemas, digests,
-                              nbytes, place)
+                              nbytes, {"unit": unit, "timeout": timeout, "session": session,
+                                       "lease": lease})
 
     def _check_holder(self, partition: str, held: tuple | None) -> float | None:
         """A write through a BatchMeta: see ``TaskState.check_writer``."""
