@@ -305,7 +305,7 @@ class PartitionMeta:
 
     def row_ready(self, fields: tuple[str, ...], i: int, tags: tuple[str, ...] = ()) -> bool:
         """``ready_for`` of one row."""
-        if not self.used[i] or self.shared.entry[i]:
+        if not self.used[i] or (self.shared.count and self.shared.entry[i]):
             return False
         for f in fields:
             for r in self._ready_masks(f):
