@@ -135,3 +135,20 @@ def test_rates_count_from_the_first_hand_out(stream) -> None:
     client.ack(client.get_meta("r", "t", step=0))
     rates = stream.stats()["r"]["tasks"]["t"]["rates"]  # the first stats() call
     assert rates["handed_out"] > 0 and rates["acked"] > 0
+
+
+def test_shared_entries_are_scraped() -> None:
+    stream = tq.init(metrics_port=0)
+    try:
+        w = stream.writer("p")
+        w.put_shared(["a", "b"], {"prompt": torch.ones(2, 4)})
+        w.put(["a0", "a1", "b0"], {"r": torch.arange(3)}, shared=["a", "a", "b"])
+        samples = _scrape(stream)
+        shared = stream.stats()["p"]["shared"]
+    finally:
+        stream.close()
+    label = (("partition", "p"),)
+    assert samples["tq_stream_shared_entries", label] == shared["entries"] == 2
+    assert samples["tq_stream_shared_refs", label] == shared["refs"] == 3
+    assert samples["tq_stream_shared_bytes", label] == shared["bytes"] == 2 * 4 * 4
+    assert samples["tq_stream_rows", label] == 3

@@ -16,11 +16,14 @@ from tq_stream.errors import ConfigError, KeyConflictError
 TagValue = str | int | float | bool | None
 _SCALARS = (str, int, float, bool, type(None))
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
+RESERVED = "\x00"  # no user key starts with it (``controller.shared_entries.ENTRY_PREFIX``)
 
 
 def check_keys(keys: Any) -> list[str]:
-    """Keys of a put: a non-empty list of distinct non-empty str."""
-    if type(keys) is list and len(keys) == 1 and type(keys[0]) is str and keys[0]:
+    """Keys of a put: a non-empty list of distinct non-empty str, none starting with
+    ``RESERVED`` (the prefix of shared entries' own keys)."""
+    if type(keys) is list and len(keys) == 1 and type(keys[0]) is str and keys[0] and \
+            keys[0][0] != RESERVED:
         return list(keys)  # one key: the common small put, checked without the ABCs
     if isinstance(keys, str) or not isinstance(keys, Sequence):
         raise ConfigError(f"keys must be a list of str, got {type(keys).__name__}")
@@ -30,6 +33,10 @@ def check_keys(keys: Any) -> list[str]:
     bad = [k for k in keys if not isinstance(k, str) or not k]
     if bad:
         raise ConfigError(f"keys must be non-empty str, got {bad[:5]!r}")
+    bad = [k for k in keys if k[0] == RESERVED]
+    if bad:
+        raise ConfigError(f"keys must not start with {RESERVED!r} (reserved for shared "
+                          f"entries), got {bad[:5]!r}")
     if len(set(keys)) != len(keys):
         seen: set[str] = set()
         dup = [k for k in keys if k in seen or seen.add(k)]  # type: ignore[func-returns-value]

@@ -17,7 +17,7 @@ from typing import Any
 
 from tensordict import TensorDict
 
-from tq_stream import fieldpath
+from tq_stream import fieldpath, shared_read
 from tq_stream.backends.base import occupancy
 from tq_stream.connection import placement
 from tq_stream.connection.connection import Connection
@@ -127,11 +127,15 @@ class Client:
         return hold
 
     def get_data(self, meta: BatchMeta, fields: Sequence[str] | None = None,
-                 ragged: str = "nested") -> TensorDict:
+                 ragged: str = "nested", shared: str = "rows") -> TensorDict:
         """The values of ``fields`` (default: ``meta.fields``) of meta's rows; a parent
-        path (``"obs"``) reads every field of meta under it, as a nested TensorDict."""
+        path (``"obs"``) reads every field of meta under it, as a nested TensorDict.
+        ``shared``: a shared field (``Writer.put_shared``) given to every row ("rows"),
+        or once per distinct entry with ``f + "_index"`` per row ("index")."""
         fields = list(meta.fields) if fields is None else \
             fieldpath.resolve(fields, meta.fields)
+        if meta.shared is not None or shared != "rows":
+            return shared_read.read(self._conn.units(), meta, fields, ragged, shared)
         cols = placement.load(self._conn.units(), meta.partition, meta.unit, meta.slot, fields,
                               occupancy(meta.index, meta.generation), meta.schemas)
         return to_tensordict(cols, len(meta), ragged=ragged)

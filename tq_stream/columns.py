@@ -241,6 +241,20 @@ def coerce(column: Column, fixed: FieldSchema) -> Column | None:
     return values.reshape(len(column), length, *values.shape[1:])
 
 
+def coerced(cols: dict[str, Column], fixed: dict[str, Any]) -> dict[str, Column]:
+    """Columns converted to their fields' fixed schemas (dicts; SchemaError if one
+    cannot be)."""
+    out = dict(cols)
+    for name, schema in fixed.items():
+        want = FieldSchema.from_dict(schema)
+        col = coerce(cols[name], want)
+        if col is None:
+            raise SchemaError(f"field {name!r} must be {want.describe()} (fixed by its first "
+                              f"write), got {misfit(cols[name], want)}")
+        out[name] = col
+    return out
+
+
 def _as_multiragged(column: Column) -> MultiRagged:
     if isinstance(column, torch.Tensor):
         return from_dense(column, (-1,) * (column.dim() - 1))

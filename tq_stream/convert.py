@@ -278,7 +278,17 @@ def check_ragged(ragged: str) -> str:
     return ragged
 
 
-def _rows(rows: list[torch.Tensor]) -> NonTensorStack:
+SHARED_READS = ("rows", "index")  # how shared fields are read (``shared_read.py``)
+
+
+def check_shared_read(shared: object) -> str:
+    if shared not in SHARED_READS:
+        raise ConfigError(f"shared must be one of {list(SHARED_READS)}, got {shared!r}")
+    return str(shared)
+
+
+def row_list(rows: list[torch.Tensor]) -> NonTensorStack:
+    """Per-row tensors as the value a TensorDict holds (``ragged="list"``)."""
     return NonTensorStack(*[NonTensorData(r) for r in rows])
 
 
@@ -290,13 +300,13 @@ def to_value(column: Column, schema: FieldSchema | None = None, ragged: str = "n
         if ragged == "padded":
             return column.to_padded()
         if ragged == "list":
-            return _rows([column.row(i) for i in range(len(column))])
+            return row_list([column.row(i) for i in range(len(column))])
         return column.to_nested()
     if isinstance(column, MultiRagged):
         if ragged == "padded":
             return column.to_padded()
         if ragged == "list":
-            return _rows(column.rows())  # views of the values read
+            return row_list(column.rows())  # views of the values read
         return column.to_nested()
     return NonTensorStack.from_list(column) if column else NonTensorStack()
 

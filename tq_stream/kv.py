@@ -16,7 +16,7 @@ from typing import Any
 
 from tensordict import TensorDict
 
-from tq_stream import fieldpath
+from tq_stream import fieldpath, shared_read
 from tq_stream.backends.base import occupancy
 from tq_stream.checks import check_fields, check_keys, check_tag
 from tq_stream.connection import placement
@@ -40,20 +40,30 @@ class KV:
         self._conn = connection
 
     def put(self, key: str, fields: Any, tag: dict[str, Any] | None = None,
-            partition: str = DEFAULT_PARTITION, timeout: float | None = None) -> list[str]:
+            partition: str = DEFAULT_PARTITION, timeout: float | None = None,
+            shared: str | None = None) -> list[str]:
         """Set the fields (and merge the tags) of one row; returns ``[key]`` if its row
-        was lost with its storage unit and the put was skipped (``Writer.put``)."""
+        was lost with its storage unit and the put was skipped (``Writer.put``).
+        ``shared``: the key of a shared entry the row reads as its own fields."""
         if not isinstance(key, str):
             raise ConfigError(f"key must be a str (use put_batch for many), got {key!r}")
         check_tag(tag)  # named as the caller wrote it, before the writer's check of tags
-        return Writer(self._conn, partition).put(key, fields, tags=tag, timeout=timeout)
+        return Writer(self._conn, partition).put(key, fields, tags=tag, timeout=timeout,
+                                                 shared=shared)
 
     def put_batch(self, keys: Sequence[str], data: Any, tags: Any = None,
-                  partition: str = DEFAULT_PARTITION, timeout: float | None = None) -> list[str]:
+                  partition: str = DEFAULT_PARTITION, timeout: float | None = None,
+                  shared: Sequence[str | None] | None = None) -> list[str]:
         """Set fields of many rows: ``data`` is a TensorDict ``[n]`` or dict of fields.
         Returns the keys skipped as rows lost with their storage unit (``Writer.put``)."""
         return Writer(self._conn, partition).put(check_keys(keys), data, tags=tags,
-                                                  timeout=timeout)
+                                                  timeout=timeout, shared=shared)
+
+    def put_shared(self, keys: str | Sequence[str], data: object,
+                   partition: str = DEFAULT_PARTITION,
+                   timeout: float | None = None) -> list[str]:
+        """Write shared entries that rows name with ``shared=`` (``Writer.put_shared``)."""
+        return Writer(self._conn, partition).put_shared(keys, data, timeout=timeout)
 
     def meta(self, keys: Sequence[str], fields: Sequence[str] | None = None,
              partition: str = DEFAULT_PARTITION) -> BatchMeta:
@@ -74,19 +84,22 @@ class KV:
         return BatchMeta.from_dict(d), dict(d["held"])
 
     def read(self, meta: BatchMeta, fields: Sequence[str],
-             ragged: str = "nested") -> TensorDict:
+             ragged: str = "nested", shared: str = "rows") -> TensorDict:
         """``fields`` (each written for every row) of ``meta``'s rows as a TensorDict
-        ``[n]``, rows in ``meta`` order."""
+        ``[n]``, rows in ``meta`` order; ``shared`` as in ``Client.get_data``."""
+        if meta.shared is not None or shared != "rows":
+            return shared_read.read(self._conn.units(), meta, fields, ragged, shared)
         cols = placement.load(self._conn.units(), meta.partition, meta.unit, meta.slot,
                               list(fields), occupancy(meta.index, meta.generation),
                               meta.schemas)
         return to_tensordict(cols, len(meta), ragged=ragged)
 
     def get_batch(self, keys: Sequence[str], fields: Sequence[str] | None = None,
-                  partition: str = DEFAULT_PARTITION, ragged: str = "nested") -> TensorDict:
+                  partition: str = DEFAULT_PARTITION, ragged: str = "nested",
+                  shared: str = "rows") -> TensorDict:
         """The fields of many rows as a TensorDict ``[n]`` (rows in ``keys`` order)."""
         meta = self.meta(keys, fields, partition)
-        return self.read(meta, meta.fields, ragged)
+        return self.read(meta, meta.fields, ragged, shared)
 
     def get(self, key: str, fields: Sequence[str] | None = None,
             partition: str = DEFAULT_PARTITION) -> dict[str, Any]:
@@ -95,9 +108,7 @@ class KV:
         if not isinstance(key, str):
             raise ConfigError(f"key must be a str (use get_batch for many), got {key!r}")
         meta = self.meta([key], fields, partition)
-        cols = placement.load(self._conn.units(), partition, meta.unit, meta.slot,
-                              meta.fields, occupancy(meta.index, meta.generation),
-                              meta.schemas)
+        cols = shared_read.columns(self._conn.units(), meta, meta.fields)
         out: dict[str, Any] = {}
         for f, c in cols.items():
             out[f] = c.row(0) if hasattr(c, "row") else c[0]

@@ -10,6 +10,7 @@ import numpy as np
 
 from tq_stream.columns import FieldSchema
 from tq_stream.errors import ConfigError
+from tq_stream.shared_refs import SharedRefs
 
 _INT64 = np.dtype(np.int64)
 _INT32 = np.dtype(np.int32)
@@ -52,6 +53,8 @@ class BatchMeta:
         turn: the consumer version a step's share is within its sampler's staleness
             bound for (None: no bound); a loader whose version is newer when it yields
             the batch asks for the step again (``datasets/at_yield.py``).
+        shared: the shared entries the rows read shared fields from (None: no shared
+            field among ``fields``); see ``shared_refs.py``.
 
     A BatchMeta is frozen, and ``index``, ``generation``, ``unit`` and ``slot`` are
     read-only arrays (``select`` and ``chunk`` build new ones).
@@ -78,6 +81,7 @@ class BatchMeta:
     end: bool = False
     turn: int | None = None
     lost: bool = False
+    shared: SharedRefs | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -98,6 +102,7 @@ class BatchMeta:
             "end": bool(d.get("end", False)),
             "turn": None if d.get("turn") is None else int(d["turn"]),
             "lost": bool(d.get("lost", False)),
+            "shared": SharedRefs.from_dict(d.get("shared")),
         }
         # Every field at once: the frozen dataclass's __init__ sets them one by one
         # through object.__setattr__, a cost each consumer's every batch pays.
@@ -118,7 +123,8 @@ class BatchMeta:
         keys = tuple(self.keys[i] for i in pos.tolist())
         tags = tuple(self.tags[i] for i in pos.tolist()) if self.tags else ()
         return replace(self, keys=keys, index=self.index[pos], generation=self.generation[pos],
-                       unit=self.unit[pos], slot=self.slot[pos], tags=tags)
+                       unit=self.unit[pos], slot=self.slot[pos], tags=tags,
+                       shared=None if self.shared is None else self.shared.select(pos))
 
     def chunk(self, chunks: int) -> list[BatchMeta]:
         """Split into ``chunks`` consecutive parts (sizes differ by at most one)."""
@@ -149,4 +155,5 @@ class BatchMeta:
             tags=sum((m.tags for m in metas), ()),
             fields=tuple(dict.fromkeys(f for m in metas for f in m.fields)),
             schemas={k: v for m in metas for k, v in m.schemas.items()},
+            shared=SharedRefs.concat([m.shared for m in metas], [len(m) for m in metas]),
         )

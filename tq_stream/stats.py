@@ -98,6 +98,15 @@ class BlockedSeconds(TypedDict):
     admission: float  # Writer.reserve waiting for the staleness window
 
 
+class SharedStats(TypedDict):
+    """Shared entries of a partition: ``Stream.stats()[partition]["shared"]``."""
+
+    entries: int  # live entries (not counted in ``rows``; each takes a row of capacity)
+    bytes: int  # bytes put into them
+    refs: int  # live rows naming one
+    fields: list[str]  # the partition's shared fields
+
+
 class PartitionStats(TypedDict):
     """One partition: ``Stream.stats()[partition]``."""
 
@@ -111,6 +120,7 @@ class PartitionStats(TypedDict):
     rows_lost: int  # rows dropped with their storage unit (counter)
     lost_writes_skipped: int  # rows puts named after they were lost, not written (counter)
     fields: dict[str, str]  # field -> schema description
+    shared: SharedStats  # entries put once and named by rows (``Writer.put_shared``)
     blocked_seconds: BlockedSeconds
     tasks: dict[str, TaskStats]
 

@@ -25,18 +25,18 @@ import torch
 
 from tq_stream.backends.base import occupancy
 from tq_stream.checks import check_keys, check_tags
-from tq_stream.columns import Column, FieldSchema, coerce, misfit, take
+from tq_stream.columns import Column, coerced, take
 from tq_stream.connection import placement
 from tq_stream.convert import schemas_of, single_row, to_columns
 from tq_stream.errors import (
     ClosedError,
     ConnectionLost,
     LeaseError,
-    SchemaError,
     StateError,
     Unreachable,
     check_name,
 )
+from tq_stream.shared_put import check_shared, put_shared
 
 logger = logging.getLogger(__name__)
 
@@ -44,19 +44,6 @@ if TYPE_CHECKING:
     from tq_stream.connection.connection import Connection
     from tq_stream.connection.protocols import ControllerAPI
     from tq_stream.connection.spares import SparePool
-
-
-def _coerced(cols: dict[str, Column], fixed: dict[str, Any]) -> dict[str, Column]:
-    """Columns converted to their fields' fixed schemas (SchemaError if one cannot be)."""
-    out = dict(cols)
-    for name, schema in fixed.items():
-        want = FieldSchema.from_dict(schema)
-        col = coerce(cols[name], want)
-        if col is None:
-            raise SchemaError(f"field {name!r} must be {want.describe()} (fixed by its first "
-                              f"write), got {misfit(cols[name], want)}")
-        out[name] = col
-    return out
 
 
 def _without(pos: list[int], keys: list[str], cols: dict[str, Column],
@@ -101,7 +88,8 @@ class Writer:
                                connection.preferred_unit() if unit is None else unit)
 
     def put(self, keys: str | Sequence[str], data: Any, tags: Any = None,
-            timeout: float | None = None) -> list[str]:
+            timeout: float | None = None,
+            shared: str | Sequence[str | None] | None = None) -> list[str]:
         """Write ``data`` for ``keys`` (new rows are created, fields of existing ones set).
 
         A key whose row was lost with its storage unit (counted ``unit_lost``) is
@@ -114,6 +102,9 @@ class Writer:
             data: TensorDict ``[n]`` or dict of fields (see ``tq_stream.convert``).
             tags: one dict per row of JSON-like scalars, merged into the row's tags.
             timeout: seconds to wait while the partition is at capacity.
+            shared: per row, the key of a shared entry (``put_shared``) whose fields the
+                row reads as its own, or None; one key for one row. A row names one
+                entry for its life; the entry is freed with the last row naming it.
         Returns:
             the keys skipped because their rows were lost with their unit (normally []).
         Raises:
@@ -123,15 +114,41 @@ class Writer:
             cols = single_row(data)
             keys_ = check_keys([keys])
             tags = [tags] if isinstance(tags, dict) else tags
+            shared = [shared] if isinstance(shared, str) else shared
         else:
             keys_ = check_keys(keys)
             cols = to_columns(data, len(keys_))
-        return self._rows.write(keys_, cols, check_tags(tags, len(keys_)), timeout)
+        return self._rows.write(keys_, cols, check_tags(tags, len(keys_)), timeout,
+                                shared=check_shared(shared, len(keys_)))
+
+    def put_shared(self, keys: str | Sequence[str], data: object,
+                   timeout: float | None = None) -> list[str]:
+        """Write shared entries: fields stored once under keys of their own (a GRPO
+        group's uid), which rows name with ``put(..., shared=)`` and read as their own.
+
+        An entry's bytes are written once: the same bytes again write nothing, other
+        bytes are refused (ConfigError); a later put may add fields. A shared field is
+        never a row field of the partition (SchemaError). The entry is freed once no
+        live row names it (or the partition is cleared).
+
+        Args:
+            keys, data: as in ``put`` (one key and one row, or a list and ``[n]``).
+        Returns:
+            the keys stored now (the others held these bytes already).
+        """
+        if isinstance(keys, str):
+            keys_, cols = check_keys([keys]), single_row(data)
+        else:
+            keys_ = check_keys(keys)
+            cols = to_columns(data, len(keys_))
+        timeout = self._conn.config.timeout if timeout is None else timeout
+        return put_shared(self._conn, self.partition, self._rows.unit, keys_, cols, timeout)
 
     async def aput(self, keys: str | Sequence[str], data: Any, tags: Any = None,
-                   timeout: float | None = None) -> list[str]:
+                   timeout: float | None = None,
+                   shared: str | Sequence[str | None] | None = None) -> list[str]:
         """``put`` for asyncio code: runs in a worker thread, never blocks the loop."""
-        return await asyncio.to_thread(self.put, keys, data, tags, timeout)
+        return await asyncio.to_thread(self.put, keys, data, tags, timeout, shared)
 
     def reserve(self, n: int, timeout: float | None = None) -> int:
         """Wait until ``n`` more rows may be started without going stale; returns ``n``.
@@ -168,14 +185,21 @@ class RowWriter:
         self.partition = partition
         self._unit = unit
 
+    @property
+    def unit(self) -> int:
+        return self._unit
+
     def write(self, keys: list[str], cols: dict[str, Column], tags: list[dict[str, Any]] | None,
               timeout: float | None, expect: Any = None,
-              holder: dict[str, Any] | None = None) -> list[str]:
+              holder: dict[str, Any] | None = None,
+              shared: list[str | None] | None = None) -> list[str]:
         """The put (see ``Writer.put``; ``expect``: the rows' generations, for fields of
         existing rows only; ``holder``: the reader of a write through a BatchMeta, see
-        ``Client.put_data``); returns the keys skipped as lost with their unit."""
+        ``Client.put_data``; ``shared``: the entry each row names); returns the keys
+        skipped as lost with their unit."""
         ctrl = self._conn.controller()
-        spares = None if expect is not None else self._conn.spares(self.partition, self._unit)
+        spares = None if expect is not None or shared is not None else \
+            self._conn.spares(self.partition, self._unit)
         if spares is not None and spares.put(ctrl, self._conn.units(), keys, cols, tags):
             return []  # bytes to spare rows (no call on the same host), then commit_new
         timeout = self._conn.config.timeout if timeout is None else timeout
@@ -185,7 +209,7 @@ class RowWriter:
         while True:
             try:
                 return skipped + self._write_placed(ctrl, spares, keys, cols, tags, left,
-                                                    expect, holder)
+                                                    expect, holder, shared)
             except PutAgain as exc:
                 if exc.skipped:  # told once: the put again names only the other rows
                     skipped += exc.skipped
@@ -195,6 +219,8 @@ class RowWriter:
                                                 keys, cols, tags)
                     if expect is not None:
                         expect = [g for g, k in zip(expect, keep, strict=True) if k]
+                    if shared is not None:
+                        shared = [s for s, k in zip(shared, keep, strict=True) if k]
                 # Placed on a unit that died (its calls were never sent) or that was
                 # replaced (it refuses the slots), or committed to a controller restarted
                 # without the rows: nothing of the put is visible. The controller notices
@@ -209,7 +235,8 @@ class RowWriter:
 
     def _write_placed(self, ctrl: ControllerAPI, spares: SparePool | None, keys: list[str],
                       cols: dict[str, Column], tags: list[dict[str, Any]] | None, timeout: float,
-                      expect: Any = None, holder: dict[str, Any] | None = None) -> list[str]:
+                      expect: Any = None, holder: dict[str, Any] | None = None,
+                      shared: list[str | None] | None = None) -> list[str]:
         """One put through ``reserve``: place, store the bytes, commit (or abort); returns
         the keys the controller skipped as lost with their unit.
 
@@ -235,6 +262,9 @@ class RowWriter:
             spares.learn(place.get("schemas", {}))
         skipped = self._lost(place.get("lost"), keys)
         if skipped:
+            if shared is not None:
+                gone = set(place["lost"]["pos"])
+                shared = [s for i, s in enumerate(shared) if i not in gone]
             keys, cols, tags = _without(place["lost"]["pos"], keys, cols, tags)
             if not keys:
                 return skipped  # nothing placed: every row is gone
@@ -242,7 +272,7 @@ class RowWriter:
             fixed = place.get("schemas", {})
             differ = {f: sc for f, sc in fixed.items() if sc != schemas[f]}
             if differ:  # most puts match their fields' fixed schemas: nothing to convert
-                cols = _coerced(cols, differ)
+                cols = coerced(cols, differ)
                 schemas = schemas_of(cols)
             if "holder_left" in place and time.monotonic() - asked >= place["holder_left"]:
                 # paused past the reader's lease since the reserve: another reader may own
@@ -263,7 +293,8 @@ class RowWriter:
             try:
                 ctrl.commit(partition=self.partition, index=place["index"],
                             generation=place["generation"], schemas=schemas, tags=tags,
-                            **({} if holder is None else {"holder": holder}))
+                            **({} if holder is None else {"holder": holder}),
+                            **({} if shared is None else {"shared": shared}))
             except (ClosedError, LeaseError):
                 raise
             except StateError as exc:  # "rows ... were cleared meanwhile": the controller

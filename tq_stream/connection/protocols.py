@@ -39,7 +39,14 @@ class ControllerAPI(Protocol):
 
     def commit(self, partition: str, index: np.ndarray, generation: np.ndarray,
                schemas: Mapping[str, Any], tags: list[dict[str, Any]] | None = None,
-               holder: Mapping[str, Any] | None = None) -> None: ...
+               holder: Mapping[str, Any] | None = None,
+               shared: Sequence[str | None] | None = None) -> None: ...
+
+    def reserve_shared(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
+                       digests: Sequence[Mapping[str, str]], nbytes: Sequence[int],
+                       unit: int = -1,
+                       timeout: float = 60.0, session: str = "",
+                       lease: float = ...) -> dict[str, Any]: ...
 
     def abort(self, partition: str, index: np.ndarray, generation: np.ndarray) -> None: ...
 

@@ -139,10 +139,23 @@ class RemoteController:
                           generation=generation)
 
     def commit(self, partition: str, index: Any, generation: Any, schemas: Mapping[str, Any],
-               tags: list | None = None, holder: Mapping[str, Any] | None = None) -> None:
-        extra = {} if holder is None else {"holder": holder}
+               tags: list | None = None, holder: Mapping[str, Any] | None = None,
+               shared: Sequence[str | None] | None = None) -> None:
+        extra: dict[str, Any] = {} if holder is None else {"holder": holder}
+        if shared is not None:
+            extra["shared"] = list(shared)
         self._call("commit", partition=partition, index=index, generation=generation,
                    schemas=schemas, tags=tags, **extra)
+
+    def reserve_shared(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
+                       digests: Sequence[Mapping[str, str]], nbytes: Sequence[int],
+                       unit: int = -1, timeout: float = 60.0, session: str = "",
+                       lease: float | None = None) -> dict[str, Any]:
+        extra = {} if lease is None else {"lease": lease}
+        return self._placed(self._long_poll(
+            "reserve_shared", timeout, partition=partition, keys=list(keys), schemas=schemas,
+            digests=[dict(d) for d in digests], nbytes=[int(n) for n in nbytes], unit=unit,
+            session=session, **extra))
 
     def abort(self, partition: str, index: Any, generation: Any) -> None:
         self._call("abort", partition=partition, index=index, generation=generation)

@@ -64,6 +64,7 @@ def locate(part: PartitionMeta, keys: Sequence[str]) -> dict[str, Any]:
         "unit": part.unit[idx], "slot": part.slot[idx], "generation": part.generation[idx],
         "fields": [], "held": held,
         "schemas": {f: part.schemas[f].to_dict() for f in held if f in part.schemas},
+        **part.shared.describe(part, idx, list(held)),
     }
 
 
@@ -78,6 +79,7 @@ def placement(part: PartitionMeta, idx: np.ndarray, fields: Sequence[str]) -> di
         "tags": part.tags.rows_as_dicts(idx),
         "fields": list(fields),
         "schemas": {f: part.schemas[f].to_dict() for f in fields if f in part.schemas},
+        **part.shared.describe(part, idx, fields),
     }
 
 
@@ -85,7 +87,7 @@ def list_rows(part: PartitionMeta, keys: Sequence[str] | None = None) -> list[di
     """Every row: key, tags and the fields written; oldest (first created) first.
     ``keys``: only those rows, in ``keys`` order (a key with no row is left out)."""
     if keys is None:
-        rows = part.oldest_first(np.flatnonzero(part.used))
+        rows = part.oldest_first(part.shared.rows(np.flatnonzero(part.used)))
     else:
         rows = part.lookup(list(keys))
         rows = rows[rows >= 0]
@@ -101,7 +103,7 @@ def list_tags(part: PartitionMeta) -> dict[str, Any]:
         ``{"keys": [...], "tags": {name: [positions, values]}}``: row
         ``keys[positions[j]]`` has tag ``name`` = ``values[j]``.
     """
-    rows = part.oldest_first(np.flatnonzero(part.used))
+    rows = part.oldest_first(part.shared.rows(np.flatnonzero(part.used)))
     tags = part.tags
     cols: dict[str, list[Any]] = {}
     for name in tags.columns:
@@ -129,7 +131,8 @@ def partition_stats(part: PartitionMeta, tasks: Mapping[str, TaskState],
     """Rows, fields, writer waits and per-task counters, rates and timings of one
     partition (the keys are documented by ``tq_stream.stats.PartitionStats``)."""
     out: dict[str, Any] = {
-        "rows": part.live, "capacity": part.capacity, "closed": part.closed,
+        "rows": part.live - part.shared.count, "capacity": part.capacity,
+        "closed": part.closed, "shared": part.shared.stats(),
         "consumers": None if part.consumers is None else list(part.consumers),
         "rows_lost": part.lost.rows, "lost_writes_skipped": part.lost.skipped,
         "held": held(part, tasks),
@@ -144,7 +147,7 @@ def held(part: PartitionMeta, tasks: Mapping[str, TaskState]) -> dict[str, int]:
     """Why live rows are not freed: per declared consumer, the rows it has not acked
     or discarded yet; ``"undeclared"`` for a partition without declared consumers
     (its rows stay until cleared)."""
-    rows = np.flatnonzero(part.used)
+    rows = part.shared.rows(np.flatnonzero(part.used))
     if part.consumers is None:
         return {"undeclared": len(rows)}
     out = {}

@@ -34,7 +34,7 @@ def candidates(part: PartitionMeta, state: TaskState, dp_size: int, step: int,
 def pending(part: PartitionMeta, state: TaskState) -> int:
     """Live rows that are neither available nor handed out: not yet ready."""
     n = min(part.size, state.state.shape[0])
-    return int(np.count_nonzero(part.used[:n] & (state.state[:n] == NEW)
+    return int(np.count_nonzero(part.row_mask(n) & (state.state[:n] == NEW)
                                 & ~state.queue.avail[:n]))
 
 

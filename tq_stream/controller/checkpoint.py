@@ -47,8 +47,8 @@ def _part_state(part: PartitionMeta) -> dict[str, Any]:
         "unit": part.unit[rows], "slot": part.slot[rows],
         "generation": generation, "write_time": part.write_time[rows],
         "created": part.created[rows], "next_created": part.next_created,
-        "ready": {f: r[rows] for f, r in part.ready.items()},
-        "tags": part.tags.state_dict(),
+        "ready": part.shared.own_ready(part, rows),  # what each row's slot holds
+        "tags": part.tags.state_dict(), "shared": part.shared.state_dict(),
         **part.free_state(spare),
     }
 
@@ -144,6 +144,8 @@ def load_controller(state: Any, n_units: int) -> tuple[dict, dict]:
         for f, r in s["ready"].items():
             part.ready[f][rows] = r
         part.tags.load_state_dict(s["tags"])
+        if "shared" in s:  # none in a checkpoint of an earlier version
+            part.shared.load_state_dict(part, s["shared"])
         part.key_index = dict(zip(s["keys"], rows.tolist(), strict=True))
         part.live = len(rows)
         part.load_free_state(s)

@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from tq_stream.checks import check_tags
 from tq_stream.controller import access, counts, registration
 from tq_stream.controller.admission import Admission
 from tq_stream.controller.book import Book, Journal
@@ -32,6 +31,7 @@ from tq_stream.controller.delivery import Delivery
 from tq_stream.controller.frees import FreeFn, Frees, no_free
 from tq_stream.controller.journal_replay import RowsOf, replay
 from tq_stream.controller.reservations import DEFAULT_WRITE_LEASE, Reservations, hold_restored
+from tq_stream.controller.shared_puts import reserve_shared
 from tq_stream.controller.spares import Spares
 from tq_stream.controller.task_config import DEFAULT_LEASE_TIMEOUT, TaskConfig
 from tq_stream.controller.timings import Timings
@@ -70,7 +70,7 @@ class Controller:
         "get_meta", "ack", "release", "renew", "clear", "lookup", "locate", "list_rows",
         "list_tags", "keys_of", "set_tags", "set_version", "reading", "stats", "partitions",
         "admit", "set_admission", "admission", "commit_new", "release_spares",
-        "first_unfinished", "cancel", "task_rows", "dead_units",
+        "first_unfinished", "cancel", "task_rows", "dead_units", "reserve_shared",
     })
     # Methods that never wait, so a server may run them on its IO thread: they hold the
     # lock only for short CPU work; reserve and admit raise WouldBlock instead of waiting.
@@ -85,7 +85,8 @@ class Controller:
     })
     # Methods that may wait long, by who waits (a server caps each class: see
     # ``tq_stream.transport.wait_slots``).
-    RPC_WAITS = {"get_meta": "consume", "reserve": "produce", "admit": "produce"}
+    RPC_WAITS = {"get_meta": "consume", "reserve": "produce", "admit": "produce",
+                 "reserve_shared": "produce"}
     # Methods a server calls with their request's reply handle: a commit may answer a
     # waiting get_meta (``waiters.py``).
     RPC_REPLIES = frozenset({"get_meta"})
@@ -167,29 +168,12 @@ class Controller:
                     for name, part in self._parts.items()}
 
     def clear(self, partition: str, keys: Sequence[str] | None = None) -> int:
-        """Free rows (all rows if ``keys`` is None); returns how many were freed."""
-        with self._cond:
-            part = self._book.part(partition)
-            if keys is None:
-                rows = np.flatnonzero(part.used)
-            else:
-                rows = part.lookup(list(keys))
-                rows = rows[rows >= 0]
-            part.lost.forget(keys)  # a cleared key may be written afresh
-            freed = self._book.release_rows(part, rows)
-        self._book.free_slots(partition, freed)
-        return len(rows)
+        """``Writes.clear``: free rows (all rows if ``keys`` is None); returns how many."""
+        return self._writes.clear(partition, keys)
 
     def set_tags(self, partition: str, keys: Sequence[str], tags: list[dict[str, Any]]) -> None:
-        """Merge ``tags[i]`` into the tags of ``keys[i]``; rows may become ready."""
-        tags_ = check_tags(tags, len(keys))
-        with self._cond:
-            part = self._book.part(partition)
-            idx = access.existing(part, keys)
-            part.tags.set(idx, tags_ or [])
-            for task in self._tasks[partition].values():  # rows may wait for these tags
-                task.offer(idx, part.ready_for(task.config.fields, idx, task.tags))
-            self._consuming.rows_ready(part)
+        """``Writes.set_tags``: merge ``tags[i]`` into the tags of ``keys[i]``."""
+        self._writes.set_tags(partition, keys, tags)
 
     # ------------------------------------------------------------ storage units
     def unit_lost(self, unit: int) -> dict[str, int]:
@@ -249,11 +233,23 @@ class Controller:
         return self._writes.reserve(partition, keys, schemas, unit, timeout, expect, spare,
                                     session, lease, holder)
 
+    def reserve_shared(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
+                       digests: Sequence[Mapping[str, str]], nbytes: Sequence[int],
+                       unit: int = -1, timeout: float = 60.0, session: str = "",
+                       lease: float = DEFAULT_WRITE_LEASE) -> dict[str, Any]:
+        """``shared_puts.reserve_shared`` (the other arguments as in ``reserve``)."""
+        return reserve_shared(self._cond, lambda p: self._book.part(p, create=True, by_put=True),
+                              self.reserve, self.abort, partition, keys, schemas, digests,
+                              nbytes, {"unit": unit, "timeout": timeout, "session": session,
+                                       "lease": lease})
+
     def commit(self, partition: str, index: np.ndarray, generation: np.ndarray,
                schemas: Mapping[str, Any], tags: list[dict[str, Any]] | None = None,
-               holder: Mapping[str, Any] | None = None) -> None:
-        """``Writes.commit``: mark the fields of rows ``index`` written."""
-        self._writes.commit(partition, index, generation, schemas, tags, holder)
+               holder: Mapping[str, Any] | None = None,
+               shared: Sequence[str | None] | None = None) -> None:
+        """``Writes.commit``: mark the fields of rows ``index`` written (``shared``: the
+        shared entry each row names, or None)."""
+        self._writes.commit(partition, index, generation, schemas, tags, holder, shared)
 
     def abort(self, partition: str, index: np.ndarray, generation: np.ndarray) -> None:
         """``Writes.abort``: undo ``reserve`` for rows that no field was committed to."""

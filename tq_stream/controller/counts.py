@@ -31,9 +31,9 @@ def task_rows(part: PartitionMeta | None, state: TaskState | None) -> dict[str, 
                 "ended": False}
     if state is None:
         return {"exists": True, "closed": bool(part.closed),
-                "remaining": int(part.live), "formed": 0, "ended": False}
+                "remaining": int(part.live - part.shared.count), "formed": 0, "ended": False}
     n = min(part.size, state.state.shape[0])
-    new = int(np.count_nonzero(part.used[:n] & (state.state[:n] == NEW)))
+    new = int(np.count_nonzero(part.row_mask(n) & (state.state[:n] == NEW)))
     return {
         "exists": True, "closed": bool(part.closed), "remaining": new,
         "formed": state.next_step - (1 if state.ended else 0),

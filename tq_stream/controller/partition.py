@@ -19,6 +19,7 @@ import numpy as np
 from tq_stream import fieldpath
 from tq_stream.columns import FieldSchema, coercible
 from tq_stream.controller.lost import LostKeys
+from tq_stream.controller.shared_entries import SharedTable
 from tq_stream.controller.tags import TagTable
 from tq_stream.errors import SchemaError, StateError
 
@@ -89,6 +90,7 @@ class PartitionMeta:
         self.created = np.zeros(_MIN, dtype=np.int64)
         self.ready: dict[str, np.ndarray] = {}
         self.tags = TagTable(_MIN)
+        self.shared = SharedTable(_MIN)  # entries put once, named by rows (shared_entries.py)
         self.live = 0
         self._free_rows: list[int] = []
         self._next_row = 0
@@ -130,6 +132,7 @@ class PartitionMeta:
         self.created = _grow(self.created, n)
         self.ready = {f: _grow(r, n, False) for f, r in self.ready.items()}
         self.tags.grow(n)
+        self.shared.grow(n)
 
     def free_state(self, spare: np.ndarray) -> dict[str, Any]:
         """The free rows and slots as plain data (a checkpoint), counting rows ``spare``
@@ -275,7 +278,7 @@ class PartitionMeta:
         The slots are reusable only after ``give_slots``, once storage freed them,
         so a late free can never hit a slot that a new row already uses.
         """
-        idx = idx[self.used[idx]]
+        idx = self.shared.release(self, idx[self.used[idx]])  # + entries no row names
         freed = self._slots_by_unit(idx)
         for k in self.keys[idx].tolist():
             del self.key_index[k]
@@ -289,6 +292,10 @@ class PartitionMeta:
         self.live -= len(idx)
         return freed
 
+    def row_mask(self, n: int) -> np.ndarray:
+        """``used[:n]`` without the shared entries (rows a task may be handed)."""
+        return self.used[:n] & ~self.shared.entry[:n] if self.shared.count else self.used[:n]
+
     def oldest_first(self, rows: np.ndarray) -> np.ndarray:
         """``rows`` sorted by creation."""
         return rows[np.argsort(self.created[rows], kind="stable")]
@@ -299,8 +306,8 @@ class PartitionMeta:
     def ready_for(self, fields: tuple[str, ...], idx: np.ndarray,
                   tags: tuple[str, ...] = ()) -> np.ndarray:
         """Mask over ``idx``: rows with every field in ``fields`` written (every field
-        under a parent path ``"obs"``) and every tag in ``tags`` set."""
-        mask = self.used[idx]
+        under a parent path ``"obs"``) and every tag in ``tags`` set; no shared entry."""
+        mask = self.used[idx] & ~self.shared.entry[idx] if self.shared.count else self.used[idx]
         for f in fields:
             for r in self._ready_masks(f):
                 if r is None:
@@ -315,7 +322,7 @@ class PartitionMeta:
 
     def row_ready(self, fields: tuple[str, ...], i: int, tags: tuple[str, ...] = ()) -> bool:
         """``ready_for`` of one row."""
-        if not self.used[i]:
+        if not self.used[i] or (self.shared.count and self.shared.entry[i]):
             return False
         for f in fields:
             for r in self._ready_masks(f):

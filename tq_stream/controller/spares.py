@@ -53,7 +53,8 @@ def _refusal(part: PartitionMeta, keys: list[str],
     if part.closed:
         raise ClosedError(f"partition {part.name!r} is closed to new rows, got new keys "
                           f"{keys[:5]}")
-    if any(part.schemas.get(f, s) != s for f, s in schemas_.items()):
+    if any(part.schemas.get(f, s) != s for f, s in schemas_.items()) or \
+            not part.shared.fields.isdisjoint(schemas_):  # reserve refuses a shared field
         return {"ok": False, "reason": "schema"}
     if any(k in part.key_index for k in keys):
         return {"ok": False, "reason": "exists"}

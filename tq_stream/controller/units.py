@@ -98,6 +98,7 @@ class Units:
             for u, slots in part.release_spares(spare):
                 part.give_slots(u, slots)
             rows = np.flatnonzero(part.used & (part.unit[: part.size] == unit))
+            rows = part.shared.with_namers(rows)  # their shared entry is gone with it
             lost = self.lose_rows(part, rows) if len(rows) else 0
             if lost:
                 dropped[name] = lost
@@ -113,8 +114,8 @@ class Units:
         written = np.zeros(len(rows), dtype=bool)
         for i, r in enumerate(rows.tolist()):
             fields = frozenset(part.fields_of(r))
-            written[i] = bool(fields)
-            if fields:  # a later put of fields they lacked must not make them again
+            written[i] = bool(fields) and not part.shared.entry[r]  # entries are no rows
+            if written[i]:  # a later put of fields they lacked must not make them again
                 part.lost.add(part.keys[r], int(part.unit[r]), fields)
         for task in self._book.tasks.get(part.name, {}).values():
             lost = int(np.isin(task.state[rows[written]], (NEW, LEASED)).sum())

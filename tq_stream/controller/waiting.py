@@ -23,7 +23,7 @@ def not_ready(part: PartitionMeta, state: TaskState) -> dict[str, Any]:
     """``{"rows": n, "lack_fields": {field: rows}, "lack_tags": {tag: rows}}``: live rows
     this task has not been handed that are not ready for it, and what they lack."""
     n = min(part.size, len(state.state), len(state.queue.avail))
-    waiting = part.used[:n] & (state.state[:n] == NEW) & ~state.queue.avail[:n]
+    waiting = part.row_mask(n) & (state.state[:n] == NEW) & ~state.queue.avail[:n]
     count = int(np.count_nonzero(waiting))
     fields: dict[str, int] = {}
     tags: dict[str, int] = {}

@@ -1,4 +1,4 @@
-"""Writes: how a put's rows are placed, committed and aborted.
+"""Writes: how a put's rows are placed, committed and aborted, tagged and cleared.
 
 The write protocol is ``reserve`` (validate, allocate rows; may wait for capacity)
 → the writer stores the bytes in the units → ``commit`` (rows become visible); a
@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from tq_stream.checks import check_tags
 from tq_stream.columns import FieldSchema
+from tq_stream.controller import access
 from tq_stream.controller.book import Book
 from tq_stream.controller.capacity import full_error, full_reason
 from tq_stream.controller.consuming import check_session
@@ -112,6 +114,7 @@ class Writes:
                     self._book.abort_reservations()  # a dead producer's rows hold capacity
                 part.check_schemas(schemas_, coerce=True)
                 keys, expect = asked
+                part.shared.check_fields(part, keys, schemas_)
                 idx = part.lookup(keys)
                 new = idx < 0
                 gone = part.lost.gone(keys, schemas_) if part.lost and new.any() else {}
@@ -187,9 +190,10 @@ class Writes:
 
     def commit(self, partition: str, index: np.ndarray, generation: np.ndarray,
                schemas: Mapping[str, Any], tags: list[dict[str, Any]] | None = None,
-               holder: Mapping[str, Any] | None = None) -> None:
+               holder: Mapping[str, Any] | None = None,
+               shared: Sequence[str | None] | None = None) -> None:
         """Mark the fields of rows ``index`` written (their bytes are stored); ``holder``
-        as in ``reserve``."""
+        as in ``reserve``; ``shared``: the shared entry each row names (or None)."""
         schemas_ = parse_schemas(schemas)
         index = np.asarray(index, dtype=np.int64)
         held = check_holder(holder)
@@ -197,6 +201,8 @@ class Writes:
             part = self._book.part(partition)
             self._check_holder(partition, held)
             part.check_generation(index, generation)
+            if shared is not None:
+                part.shared.bind(part, index, shared)
             self.mark_written(part, index, schemas_, tags)
             self._book.reservations.settle(partition, index)
 
@@ -211,6 +217,7 @@ class Writes:
         part.write_time[index] = self._book.clock()
         if tags is not None:  # no tags: nothing to merge
             part.tags.set(index, tags)
+        index = part.shared.written(part, index)  # rows naming entries written here
         for task in self._book.tasks[part.name].values():
             task.offer(index, part.ready_for(task.config.fields, index, task.tags))
         self._rows_ready(part)
@@ -232,3 +239,28 @@ class Writes:
             part = self._book.parts.get(partition)
             if part is not None and part.unused() and not self._book.tasks[partition]:
                 del self._book.parts[partition], self._book.tasks[partition]
+
+    def clear(self, partition: str, keys: Sequence[str] | None = None) -> int:
+        """Free rows (all rows if ``keys`` is None); returns how many were freed."""
+        with self._book.cond:
+            part = self._book.part(partition)
+            if keys is None:
+                rows = np.flatnonzero(part.used)
+            else:
+                rows = part.lookup(list(keys))
+                rows = rows[rows >= 0]
+            part.lost.forget(keys)  # a cleared key may be written afresh
+            freed = self._book.release_rows(part, rows)
+        self._book.free_slots(partition, freed)
+        return len(rows)
+
+    def set_tags(self, partition: str, keys: Sequence[str], tags: list[dict[str, Any]]) -> None:
+        """Merge ``tags[i]`` into the tags of ``keys[i]``; rows may become ready."""
+        tags_ = check_tags(tags, len(keys))
+        with self._book.cond:
+            part = self._book.part(partition)
+            idx = access.existing(part, keys)
+            part.tags.set(idx, tags_ or [])
+            for task in self._book.tasks[partition].values():  # rows may wait for these tags
+                task.offer(idx, part.ready_for(task.config.fields, idx, task.tags))
+            self._rows_ready(part)

@@ -32,7 +32,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from tq_stream.client import Client
 from tq_stream.config import DEFAULT_PREFETCH
 from tq_stream.connection.connection import Connection
-from tq_stream.convert import check_ragged
+from tq_stream.convert import check_ragged, check_shared_read
 from tq_stream.datasets import exit_stop, worker_imports
 from tq_stream.datasets.batch import attach_meta, batch_meta, loader_step
 from tq_stream.datasets.length import epoch_end, known_steps
@@ -107,9 +107,9 @@ class StreamingDataset(IterableDataset[TensorDict]):
         lease_timeout: seconds rows stay leased before they are handed out again.
         drop_last: when the partition is closed, drop a short last step
             (counted as discarded, reason "tail") instead of handing it out.
-        ragged: how ragged and multi-ragged fields are read: "nested" (jagged, or
-            strided for multi-ragged fields), "padded" or "list" (see
-            ``convert.to_tensordict``).
+        ragged, shared: how ragged and multi-ragged fields are read ("nested", "padded",
+            "list": ``convert.to_tensordict``), and shared fields ("rows": per row;
+            "index": once per entry plus ``f + "_index"``; ``Client.get_data``).
         prefetch: batches fetched ahead in the background (>= 1).
         rows_per_epoch: declare an epoch of this many rows (all ranks together): an
             iteration ends after ``len(dataset)`` steps (see ``datasets.length``);
@@ -130,7 +130,7 @@ class StreamingDataset(IterableDataset[TensorDict]):
                  timeout: float | None = None,
                  lease_timeout: float | None = None, drop_last: bool = False,
                  ragged: str = "nested", prefetch: int = DEFAULT_PREFETCH,
-                 rows_per_epoch: int | None = None) -> None:
+                 rows_per_epoch: int | None = None, shared: str = "rows") -> None:
         super().__init__()
         worker_imports.preload()  # before any DataLoader worker of it is forked
         self.connection = stream if isinstance(stream, Connection) else stream.connection
@@ -168,7 +168,7 @@ class StreamingDataset(IterableDataset[TensorDict]):
         self.lease_timeout = self.connection.config.lease_timeout if lease_timeout is None \
             else check_timeout("lease_timeout", lease_timeout)
         self.drop_last = bool(drop_last)
-        self.ragged = check_ragged(ragged)
+        self.ragged, self.shared = check_ragged(ragged), check_shared_read(shared)
         self.prefetch = check_positive("prefetch", prefetch)
         self.rows_per_epoch = None if rows_per_epoch is None else \
             check_positive("rows_per_epoch", rows_per_epoch)
@@ -294,7 +294,7 @@ class StreamingDataset(IterableDataset[TensorDict]):
         deadline = None
         while True:
             try:
-                return meta, client.get_data(meta, self.fields, ragged=self.ragged)
+                return meta, client.get_data(meta, self.fields, self.ragged, self.shared)
             except (StateError, WaitTimeout) as exc:
                 now = time.monotonic()
                 deadline = now + self.timeout if deadline is None else deadline

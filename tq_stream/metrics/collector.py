@@ -99,15 +99,21 @@ def _partition_metrics(stats: dict[str, PartitionStats]) -> Iterator[Metric]:
     blocked = CounterMetricFamily(P + "writer_blocked_seconds",
                                   "Seconds writers waited at capacity or for admission",
                                   labels=["partition", "reason"])
+    shared = {k: GaugeMetricFamily(P + "shared_" + k, d, labels=["partition"]) for k, d in (
+        ("entries", "Shared entries of a partition (put once, named by rows)"),
+        ("bytes", "Bytes put into a partition's shared entries"),
+        ("refs", "Live rows naming a shared entry"))}
     for name, p in stats.items():
         rows.add_metric([name], p["rows"])
+        for key, gauge in shared.items():
+            gauge.add_metric([name], p["shared"][key])
         if p["capacity"] is not None:
             cap.add_metric([name], p["capacity"])
         created.add_metric([name], p["rows_created"])
         waits = p["blocked_seconds"]
         blocked.add_metric([name, "capacity"], waits["capacity"])
         blocked.add_metric([name, "admission"], waits["admission"])
-    yield from (rows, cap, created, blocked)
+    yield from (rows, cap, created, blocked, *shared.values())
 
 
 def _task_metrics(stats: dict[str, PartitionStats]) -> Iterator[Metric]:
