@@ -293,8 +293,7 @@ class RowWriter:
             try:
                 ctrl.commit(partition=self.partition, index=place["index"],
                             generation=place["generation"], schemas=schemas, tags=tags,
-                            **({} if holder is None else {"holder": holder}),
-                            **({} if shared is None else {"shared": shared}))
+                            holder=holder, shared=shared)
             except (ClosedError, LeaseError):
                 raise
             except StateError as exc:  # "rows ... were cleared meanwhile": the controller

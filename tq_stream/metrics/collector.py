@@ -105,8 +105,10 @@ def _partition_metrics(stats: dict[str, PartitionStats]) -> Iterator[Metric]:
         ("refs", "Live rows naming a shared entry"))}
     for name, p in stats.items():
         rows.add_metric([name], p["rows"])
-        for key, gauge in shared.items():
-            gauge.add_metric([name], p["shared"][key])
+        counts = p["shared"]
+        shared["entries"].add_metric([name], counts["entries"])
+        shared["bytes"].add_metric([name], counts["bytes"])
+        shared["refs"].add_metric([name], counts["refs"])
         if p["capacity"] is not None:
             cap.add_metric([name], p["capacity"])
         created.add_metric([name], p["rows_created"])
