@@ -14,7 +14,7 @@ get checks them and raises StateError for a slot that no longer holds the row
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -72,23 +72,29 @@ class StorageUnit(ABC):
     def nbytes(self) -> int:
         """Bytes currently held for row data (allocated capacity)."""
 
-    def collect(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """The rows a checkpoint request names that still hold their tokens (see
+    def collect(self, request: Mapping[str, Any],
+                chunk_bytes: int) -> Iterator[tuple[str, np.ndarray, np.ndarray,
+                                                    dict[str, tuple[np.ndarray, Column]]]]:
+        """The rows a checkpoint request names that still hold their tokens, about
+        ``chunk_bytes`` of them at a time: ``(partition, slots, tokens, {field: (slots,
+        column)})`` per chunk, each copied only when asked for (see
         ``tq_stream.backends.unit_files``); units that keep bytes implement it."""
         raise NotImplementedError(f"{type(self).__name__} cannot write checkpoints")
 
     def save_rows(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """Write this unit's checkpoint file; returns the skipped slots per partition."""
+        """Write this unit's checkpoint file, one chunk of rows in memory at a time;
+        returns the skipped slots per partition."""
         from tq_stream.backends import unit_files
 
-        return unit_files.write(request, self.collect(request))
+        return unit_files.write(request, self.collect(request, unit_files.CHUNK_BYTES))
 
     def load_rows(self, path: str, save: str, unit: int) -> dict[str, Any]:
-        """Check and store the rows of this unit's checkpoint file ``path`` (all or none);
-        returns ``{partition: [slots, tokens]}`` of the rows stored."""
+        """Check and store the rows of this unit's checkpoint file ``path`` (all or none),
+        one chunk in memory at a time; returns ``{partition: [slots, tokens]}``."""
         from tq_stream.backends import unit_files
 
-        return unit_files.put_all(self, unit_files.read(path, save, unit))
+        return unit_files.load(self, path, save, unit)
+
     def stats(self) -> dict[str, Any]:
         """What this unit holds: ``{"nbytes": int, "partitions": {partition: {"rows": int,
         "fields": {field: bytes}}}}`` (a backend without a breakdown reports none)."""

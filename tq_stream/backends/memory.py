@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from tq_stream.backends import unit_files
 from tq_stream.backends.base import StorageUnit
+from tq_stream.backends.row_bytes import row_bytes
 from tq_stream.backends.slabs import (
     _MIN_ROWS,
     Alloc,
@@ -145,30 +147,54 @@ class MemoryUnit(StorageUnit):
         """Called with the lock held before a checkpoint copies ``slots`` (ShmUnit waits
         for open direct writes to them)."""
 
-    def collect(self, request: Mapping[str, Any]) -> dict[str, Any]:
+    def collect(self, request: Mapping[str, Any],
+                chunk_bytes: int) -> Iterator[tuple[str, np.ndarray, np.ndarray,
+                                                    dict[str, tuple[np.ndarray, Column]]]]:
         """Rows of a checkpoint request whose slots hold their tokens before and after
-        the copy (a same-host writer may write new rows without the lock: seqlock)."""
-        out = {}
+        the copy (a same-host writer may write new rows without the lock: seqlock), about
+        ``chunk_bytes`` at a time, each chunk copied under the lock when asked for."""
+        for name, spec in request["partitions"].items():
+            # Highest slots first: a restore's first put sizes each slab once (a slab
+            # grown row by row would hold its old and new memory at each doubling).
+            order = np.argsort(-np.asarray(spec["slots"], dtype=np.int64), kind="stable")
+            slots = np.asarray(spec["slots"], dtype=np.int64)[order]
+            tokens = np.asarray(spec["tokens"], dtype=np.int64)[order]
+            masks = {f: np.asarray(m, dtype=bool)[order] for f, m in spec["fields"].items()}
+            for rows in self._chunks(name, slots, masks, chunk_bytes):
+                chunk = self._copy(name, slots[rows], tokens[rows],
+                                   {f: m[rows] for f, m in masks.items()})
+                if chunk is not None:
+                    yield chunk
+
+    def _chunks(self, partition: str, slots: np.ndarray, masks: Mapping[str, np.ndarray],
+                chunk_bytes: int) -> list[slice]:
+        """Ranges of ``slots`` holding about ``chunk_bytes`` of the written fields."""
         with self._lock:
             self._check_open()
-            for name, spec in request["partitions"].items():
-                slots = np.asarray(spec["slots"], dtype=np.int64)
-                tokens = np.asarray(spec["tokens"], dtype=np.int64)
-                self._quiesce(name, slots)
-                part = self._parts.get(name)
-                if part is None:
-                    out[name] = (slots[:0], tokens[:0], {})
-                    continue
-                ok = part.gen.holds(slots, tokens)
-                fields = {f: (slots[np.asarray(m, dtype=bool) & ok], None)
-                          for f, m in spec["fields"].items()}
-                fields = {f: (s, part.fields[f].get(s)) for f, (s, _) in fields.items()
-                          if len(s)}
-                still = part.gen.holds(slots, tokens)
-                keep = ok & still
-                out[name] = (slots[keep], tokens[keep],
-                             {f: _rows_in(s, c, slots[keep]) for f, (s, c) in fields.items()})
-        return out
+            part = self._parts.get(partition)
+            sizes = np.zeros(len(slots), dtype=np.int64)
+            for f, mask in masks.items():
+                store = part.fields.get(f) if part is not None else None
+                if store is not None:
+                    sizes += row_bytes(store, slots) * mask
+        return unit_files.chunk_rows(sizes, chunk_bytes)
+
+    def _copy(self, name: str, slots: np.ndarray, tokens: np.ndarray,
+              masks: Mapping[str, np.ndarray]) -> tuple[
+                  str, np.ndarray, np.ndarray, dict[str, tuple[np.ndarray, Column]]] | None:
+        """The rows of ``slots`` still holding ``tokens`` (None: the partition is gone)."""
+        with self._lock:
+            self._check_open()
+            self._quiesce(name, slots)
+            part = self._parts.get(name)
+            if part is None:
+                return None
+            ok = part.gen.holds(slots, tokens)
+            fields = {f: slots[m & ok] for f, m in masks.items()}
+            fields = {f: (s, part.fields[f].get(s)) for f, s in fields.items() if len(s)}
+            keep = ok & part.gen.holds(slots, tokens)
+            return (name, slots[keep], tokens[keep],
+                    {f: _rows_in(s, c, slots[keep]) for f, (s, c) in fields.items()})
 
     def free(self, partition: str, slots: np.ndarray) -> None:
         slots = np.asarray(slots, dtype=np.int64)
