@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from tq_stream.errors import CheckpointError
-from tq_stream.framefile import write_atomically
+from tq_stream.framefile import FILE_MODE, write_atomically
 from tq_stream.serialization import decode, encode
 
 MAGIC = b"TQSRECS1"
@@ -40,9 +40,10 @@ _END = struct.Struct("<QQ")
 _ALIGN = 64  # each frame starts 64-byte aligned within its record (and its buffer)
 
 
-def write(path: str, records: Iterable[Any]) -> int:
+def write(path: str, records: Iterable[Any], durable: bool = True) -> int:
     """Write every record of ``records`` (each encoded, written, then dropped) to
-    ``path`` atomically; returns how many were written.
+    ``path`` atomically (``durable``: fsynced, renamed into place; else a plain new file
+    of mode 0600, for scratch data); returns how many were written.
 
     Raises:
         SerializationError: a record is not serializable (nothing is left at ``path``).
@@ -67,7 +68,11 @@ def write(path: str, records: Iterable[Any]) -> int:
         end = _END.pack(END, count)
         f.write(end + _CRC.pack(zlib.crc32(end)))
 
-    write_atomically(path, write_all)
+    if durable:
+        write_atomically(path, write_all)
+    else:
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE), "wb") as f:
+            write_all(f)
     return count
 
 

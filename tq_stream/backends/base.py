@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from tq_stream.columns import Column
+from tq_stream.errors import ConfigError
 
 
 def occupancy(index: np.ndarray, generation: np.ndarray) -> np.ndarray:
@@ -95,9 +96,21 @@ class StorageUnit(ABC):
 
         return unit_files.load(self, path, save, unit)
 
+    def set_memory(self, partition: str, memory_budget: int | None = None,
+                   cold: Sequence[str] = ()) -> None:
+        """Bound the bytes of ``partition``'s column values held in memory to
+        ``memory_budget`` (None: as it was; unbounded at first) and keep the fields
+        ``cold`` on local disk (added to those marked before; see
+        ``tq_stream.backends.spill``). A unit that cannot spill refuses both, never
+        ignores them."""
+        if memory_budget is not None or list(cold):
+            raise ConfigError(f"memory_budget and cold need a storage unit that spills "
+                              f"(storage 'memory' or 'shm'), not {type(self).__name__}")
+
     def stats(self) -> dict[str, Any]:
         """What this unit holds: ``{"nbytes": int, "partitions": {partition: {"rows": int,
-        "fields": {field: bytes}}}}`` (a backend without a breakdown reports none)."""
+        "fields": {field: bytes in memory}, "spilled": bytes on disk, "budget": bytes or
+        None}}}`` (a backend without a breakdown reports none)."""
         return {"nbytes": self.nbytes(), "partitions": {}}
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default

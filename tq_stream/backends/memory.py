@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -11,7 +12,7 @@ import torch
 
 from tq_stream.backends import unit_files
 from tq_stream.backends.base import StorageUnit
-from tq_stream.backends.row_bytes import row_bytes
+from tq_stream.backends.row_bytes import row_bytes, written_slots
 from tq_stream.backends.slabs import (
     _MIN_ROWS,
     Alloc,
@@ -22,8 +23,9 @@ from tq_stream.backends.slabs import (
     stale_rows,
     store_for,
 )
+from tq_stream.backends.spill import Spill, bounded, check_budget, check_cold
 from tq_stream.columns import Column, take
-from tq_stream.errors import ClosedError, KeyConflictError
+from tq_stream.errors import ClosedError, ConfigError, KeyConflictError
 
 
 def _rows_in(slots: np.ndarray, column: Column,
@@ -69,8 +71,9 @@ class MemoryUnit(StorageUnit):
         torch.Size([1, 3])
     """
 
-    def __init__(self, alloc: Alloc = heap_alloc) -> None:
+    def __init__(self, alloc: Alloc = heap_alloc, spill_dir: str | None = None) -> None:
         self._alloc = alloc
+        self._spill = Spill(spill_dir)  # budgets, cold fields, rows on disk (spill.py)
         self._parts: dict[str, _PartitionStore] = {}
         self._lock = threading.RLock()  # re-entered by ShmUnit's direct-write checks
         self._closed = False
@@ -81,8 +84,51 @@ class MemoryUnit(StorageUnit):
 
     def _alloc_for(self, partition: str, field: str, part: str = "") -> Alloc:
         """The allocator of one new store (``field`` "" for the partition's slot tokens;
-        ``part`` "flags" for a slab's written flags, "live" for the partition's)."""
+        ``part`` "flags" for a slab's written flags, "live" for the partition's): a
+        field's values are allocated within the partition's memory budget, never for a
+        cold field (``spill.py``)."""
+        raw = self._raw_alloc(partition, field, part)
+        if field == "" or part:
+            return raw
+        return bounded(raw, functools.partial(self._check_room, partition, field))
+
+    def _raw_alloc(self, partition: str, field: str, part: str = "") -> Alloc:
+        """Where a store's memory comes from (``ShmUnit``: shared-memory segments)."""
         return self._alloc
+
+    def _check_room(self, partition: str, field: str, need: int) -> None:
+        """Refuse an allocation of ``need`` bytes for ``field`` (lock held) that is cold
+        or would take ``partition`` past its memory budget."""
+        if self._spill.is_cold(partition, field):
+            raise ConfigError(f"field {field!r} of partition {partition!r} is cold: it is "
+                              f"kept on disk and written through put, never in memory")
+        part = self._parts.get(partition)
+        held = sum(s.nbytes() for s in part.fields.values()) if part is not None else 0
+        self._spill.check_room(partition, held, need)
+
+    def set_memory(self, partition: str, memory_budget: int | None = None,
+                   cold: Sequence[str] = ()) -> None:
+        budget, names = check_budget(memory_budget), check_cold(cold)
+        with self._lock:
+            self._check_open()
+            self._spill.set(partition, budget, names)
+            part = self._parts.get(partition)
+            moved = [f for f in names if part is not None and f in part.fields]
+            for f in moved:  # rows already in memory go to disk, then their store
+                assert part is not None
+                store = part.fields[f]
+                slots = written_slots(store)
+                if len(slots):
+                    self._spill.column(partition, f).put(slots, store.get(slots))
+            if moved:
+                assert part is not None
+                self._stores_may_go()
+                for f in moved:
+                    del part.fields[f]
+                self._stores_went()
+
+    def _stores_went(self) -> None:  # noqa: B027 - a hook for ShmUnit
+        """Called with the lock held after stores of a partition that holds rows went."""
 
     def _new_partition(self, partition: str) -> _PartitionStore:
         part = self._parts[partition] = _PartitionStore(
@@ -109,6 +155,9 @@ class MemoryUnit(StorageUnit):
             part.gen.begin(slots)  # same-host readers of these slots now retry
             try:
                 for name, column in columns.items():
+                    if self._spill.is_cold(partition, name):
+                        self._spill.column(partition, name).put(slots, column)
+                        continue
                     store = part.fields.get(name)
                     if store is None:
                         store = part.fields[name] = self._new_store(partition, name, column)
@@ -129,19 +178,20 @@ class MemoryUnit(StorageUnit):
                         raise stale_rows(partition, slots)
                 else:
                     part.gen.check(partition, slots, generations)
-            out: dict[str, Column] = {}
-            for name in fields:
-                store = part.fields.get(name) if part is not None else None
-                if store is None:
-                    raise KeyConflictError(
-                        f"field {name!r} has no stored values in partition {partition!r}"
-                    )
-                try:
-                    out[name] = store.get(slots)
-                except KeyConflictError as exc:
-                    raise KeyConflictError(
-                        f"field {name!r} of partition {partition!r}: {exc}") from None
-            return out
+            return {name: self._read(partition, part, name, slots) for name in fields}
+
+    def _read(self, partition: str, part: _PartitionStore | None, name: str,
+              slots: np.ndarray) -> Column:
+        """Rows ``slots`` of field ``name``, from memory or disk (lock held)."""
+        store = part.fields.get(name) if part is not None else None
+        source = store if store is not None else self._spill.on_disk(partition, name)
+        if source is None:
+            raise KeyConflictError(
+                f"field {name!r} has no stored values in partition {partition!r}")
+        try:
+            return source.get(slots)
+        except KeyConflictError as exc:
+            raise KeyConflictError(f"field {name!r} of partition {partition!r}: {exc}") from None
 
     def _quiesce(self, partition: str, slots: np.ndarray) -> None:  # noqa: B027 - a hook
         """Called with the lock held before a checkpoint copies ``slots`` (ShmUnit waits
@@ -175,8 +225,11 @@ class MemoryUnit(StorageUnit):
             sizes = np.zeros(len(slots), dtype=np.int64)
             for f, mask in masks.items():
                 store = part.fields.get(f) if part is not None else None
+                disk = self._spill.on_disk(partition, f)
                 if store is not None:
                     sizes += row_bytes(store, slots) * mask
+                elif disk is not None:
+                    sizes += disk.row_bytes(slots) * mask
         return unit_files.chunk_rows(sizes, chunk_bytes)
 
     def _copy(self, name: str, slots: np.ndarray, tokens: np.ndarray,
@@ -191,7 +244,7 @@ class MemoryUnit(StorageUnit):
                 return None
             ok = part.gen.holds(slots, tokens)
             fields = {f: slots[m & ok] for f, m in masks.items()}
-            fields = {f: (s, part.fields[f].get(s)) for f, s in fields.items() if len(s)}
+            fields = {f: (s, self._read(name, part, f, s)) for f, s in fields.items() if len(s)}
             keep = ok & part.gen.holds(slots, tokens)
             return (name, slots[keep], tokens[keep],
                     {f: _rows_in(s, c, slots[keep]) for f, (s, c) in fields.items()})
@@ -205,6 +258,7 @@ class MemoryUnit(StorageUnit):
             part.gen.free(slots)
             for store in part.fields.values():
                 store.free(slots)
+            self._spill.free(partition, slots)
             slots = slots[slots < part.live.shape[0]]
             part.live[slots] = False
             if not part.live.any():
@@ -231,6 +285,7 @@ class MemoryUnit(StorageUnit):
             part = self._parts.pop(partition, None)
             if part is not None:
                 part.gen.retire()
+            self._spill.drop(partition)
 
     def held(self) -> dict[str, dict[str, np.ndarray]]:
         """Every partition's written slots and their tokens (``{"slots", "tokens"}``):
@@ -254,7 +309,9 @@ class MemoryUnit(StorageUnit):
     def stats(self) -> dict[str, Any]:
         with self._lock:
             parts = {name: {"rows": int(p.live.sum()),
-                            "fields": {f: s.nbytes() for f, s in p.fields.items()}}
+                            "fields": {f: s.nbytes() for f, s in p.fields.items()},
+                            "spilled": self._spill.spilled(name),
+                            "budget": self._spill.budgets.get(name)}
                      for name, p in self._parts.items() if p.live.any()}
         nbytes = sum(sum(p["fields"].values()) for p in parts.values())
         return {"nbytes": nbytes, "partitions": parts}
@@ -265,3 +322,4 @@ class MemoryUnit(StorageUnit):
             for part in self._parts.values():
                 part.gen.retire()
             self._parts.clear()
+            self._spill.close()

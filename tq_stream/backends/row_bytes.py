@@ -1,4 +1,5 @@
-"""How many bytes each row of a store holds: what a save cuts its chunks by."""
+"""What a store holds: the bytes of each row (what a save cuts its chunks by) and the
+written slots (what a field marked cold moves to disk)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,12 @@ def _arena_bytes(arena: RaggedArena, slots: np.ndarray) -> np.ndarray:
     out = np.zeros(len(slots), dtype=np.int64)
     out[inside] = np.maximum(arena.length[slots[inside]], 0) * per + 16
     return out
+
+
+def written_slots(store: Store) -> np.ndarray:
+    """The slots of ``store`` that hold a value (ascending)."""
+    if isinstance(store, MultiRaggedArena):
+        return np.flatnonzero(store.elems.length >= 0).astype(np.int64)
+    if isinstance(store, RaggedArena):
+        return np.flatnonzero(store.length >= 0).astype(np.int64)
+    return np.flatnonzero(store.written).astype(np.int64)

@@ -131,7 +131,7 @@ class ShmUnit(DirectWrites, MemoryUnit):
     store's segment bumps the epoch before rows are written to it.
     """
 
-    def __init__(self, keep_bytes: int = 0) -> None:
+    def __init__(self, keep_bytes: int = 0, spill_dir: str | None = None) -> None:
         sweep_stale()
         self.keep_bytes = keep_bytes
         self._segments: dict[int, Segment] = {}  # data_ptr of a slab -> its segment
@@ -150,10 +150,10 @@ class ShmUnit(DirectWrites, MemoryUnit):
         # [0]: the layout epoch; [STORES]: bumped before stores may be dropped.
         self._epoch = np.frombuffer(self._epoch_seg.map, dtype=np.int64, count=2)
         self._allocs = 0  # segments created so far (a put that made none needs no collect)
-        super().__init__(alloc=self._alloc_dense)
+        super().__init__(alloc=self._alloc_dense, spill_dir=spill_dir)
         self._init_direct()
 
-    def _alloc_for(self, partition: str, field: str, part: str = "") -> Any:
+    def _raw_alloc(self, partition: str, field: str, part: str = "") -> Any:
         key = (partition, field, part) if part else (partition, field)
         return _SegmentAlloc(functools.partial(self._alloc_dense, key=key), self._grow_segment)
 
@@ -279,6 +279,9 @@ class ShmUnit(DirectWrites, MemoryUnit):
         if self._garbage:  # stores went (this partition's or warm ones): so did slabs
             self._garbage = False
             self._collect()
+
+    def _stores_went(self) -> None:
+        self._collect(keep=False)  # their segments go (a reader re-reads the layout)
 
     def _drop_store(self, partition: str, part: Any) -> bool:
         dropped = super()._drop_store(partition, part)

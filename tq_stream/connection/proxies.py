@@ -314,6 +314,11 @@ class RemoteUnit(StorageUnit):
     def drop(self, partition: str) -> None:
         self._admin("drop", {"partition": partition}, self._timeout)
 
+    def set_memory(self, partition: str, memory_budget: int | None = None,
+                   cold: Sequence[str] = ()) -> None:
+        self._rpc.call("set_memory", {"partition": partition, "memory_budget": memory_budget,
+                                      "cold": list(cold)}, timeout=self._timeout)
+
     # --- same-host abilities (``backends.shared.SharedSlabs``): a unit without shared
     # memory answers layout with {} and prepare_write with a ConfigError
     def layout(self, partition: str, fields: Sequence[str],

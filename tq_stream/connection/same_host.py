@@ -429,6 +429,10 @@ class SameHostUnit(StorageUnit):
     def drop(self, partition: str) -> None:
         self._remote.drop(partition)
 
+    def set_memory(self, partition: str, memory_budget: int | None = None,
+                   cold: Sequence[str] = ()) -> None:
+        self._remote.set_memory(partition, memory_budget, cold)
+
     def nbytes(self) -> int:
         return self._remote.nbytes()
 
