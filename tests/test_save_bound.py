@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 from conftest import assert_same_snapshot, nested, snapshot
@@ -110,3 +111,22 @@ def test_a_unit_file_is_written_in_chunks_of_the_chunk_size(tmp_path, monkeypatc
         assert x.numel() * 4 <= (1 << 20)
     with tq.init(restore=path) as stream:
         assert_same_snapshot(before, snapshot(stream))
+
+
+def test_a_unit_file_of_format_1_is_still_read(tmp_path):
+    from tq_stream import framefile
+    from tq_stream.backends.memory import MemoryUnit
+
+    path = str(tmp_path / "unit-0-abc.tq")
+    slots, tokens = np.array([2, 0]), np.array([7, 8])
+    framefile.dump({"format": 1, "save": "abc", "unit": 0, "partitions": {"p": {
+        "slots": slots, "tokens": tokens,
+        "fields": {"x": {"slots": slots, "column": torch.tensor([[1.0], [2.0]])}}}}}, path)
+    unit = MemoryUnit()
+    try:
+        loaded = unit_files.load(unit, path, "abc", 0)
+        assert loaded["p"][0].tolist() == [2, 0]
+        got = unit.get("p", np.array([0, 2]), ["x"], np.array([8, 7]))["x"]
+        assert got.flatten().tolist() == [2.0, 1.0]
+    finally:
+        unit.close()

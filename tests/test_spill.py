@@ -106,3 +106,16 @@ def test_a_bad_spill_dir_names_it(tmp_path):
     with pytest.raises(ConfigError, match="spill_dir"):
         tq.init(spill_dir="relative/dir")
     assert os.path.exists(afile)
+
+
+def test_a_checkpoint_keeps_the_budget_and_cold_fields(tmp_path):
+    path = str(tmp_path / "ckpt")
+    keys = keys_of("k", 8)
+    with tq.init() as stream:
+        stream.create_partition(P, memory_budget=1 << 20, cold=["image"])
+        stream.writer(P).put(keys, {"image": images(8), "x": torch.ones(8)})
+        stream.save(path)
+    with tq.init(restore=path) as stream:
+        part = unit_part(stream)
+        assert part["budget"] == 1 << 20 and set(part["fields"]) == {"x"}
+        assert torch.equal(stream.kv.get(keys[6], partition=P)["image"], images(1, 6)[0])

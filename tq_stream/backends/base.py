@@ -87,7 +87,8 @@ class StorageUnit(ABC):
         returns the skipped slots per partition."""
         from tq_stream.backends import unit_files
 
-        return unit_files.write(request, self.collect(request, unit_files.CHUNK_BYTES))
+        return unit_files.write(request, self.collect(request, unit_files.CHUNK_BYTES),
+                                self.memory_settings())
 
     def load_rows(self, path: str, save: str, unit: int) -> dict[str, Any]:
         """Check and store the rows of this unit's checkpoint file ``path`` (all or none),
@@ -106,6 +107,11 @@ class StorageUnit(ABC):
         if memory_budget is not None or list(cold):
             raise ConfigError(f"memory_budget and cold need a storage unit that spills "
                               f"(storage 'memory' or 'shm'), not {type(self).__name__}")
+
+    def memory_settings(self) -> dict[str, dict[str, Any]]:
+        """Every ``set_memory`` in force: ``{partition: {"budget", "cold"}}`` (a save
+        keeps them, a restore sets them again before it stores a row)."""
+        return {}
 
     def stats(self) -> dict[str, Any]:
         """What this unit holds: ``{"nbytes": int, "partitions": {partition: {"rows": int,

@@ -127,6 +127,10 @@ class MemoryUnit(StorageUnit):
                     del part.fields[f]
                 self._stores_went()
 
+    def memory_settings(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            return self._spill.settings()
+
     def _stores_went(self) -> None:  # noqa: B027 - a hook for ShmUnit
         """Called with the lock held after stores of a partition that holds rows went."""
 

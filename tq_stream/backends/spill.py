@@ -205,6 +205,11 @@ class Spill:
             self.budgets[partition] = budget
         self.cold[partition] = self.cold.get(partition, frozenset()) | cold
 
+    def settings(self) -> dict[str, dict[str, object]]:
+        """``{partition: {"budget", "cold"}}`` of every partition with a setting."""
+        return {p: {"budget": self.budgets.get(p), "cold": sorted(self.cold.get(p, ()))}
+                for p in set(self.budgets) | set(self.cold)}
+
     def is_cold(self, partition: str, field: str) -> bool:
         return field in self.cold.get(partition, ())
 

@@ -19,7 +19,7 @@ A file of format 1 (one ``framefile`` dump of every row) is still read.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -27,6 +27,7 @@ import numpy as np
 
 from tq_stream import framefile, recordfile
 from tq_stream.backends.slots import check_slots
+from tq_stream.backends.spill import check_budget, check_cold
 from tq_stream.columns import Column, column_len
 from tq_stream.errors import CheckpointError, ConfigError
 
@@ -48,6 +49,9 @@ class PutsRows(Protocol):
             generations: np.ndarray | None = None) -> None: ...
 
     def drop(self, partition: str) -> None: ...
+
+    def set_memory(self, partition: str, memory_budget: int | None = None,
+                   cold: Sequence[str] = ()) -> None: ...
 
 
 def check_file(file: Any, save: Any, unit: Any) -> None:
@@ -79,14 +83,19 @@ def check_request(request: Any) -> Request:
     return request
 
 
-def write(request: Request, chunks: Iterable[Chunk]) -> dict[str, Any]:
+def write(request: Request, chunks: Iterable[Chunk],
+          memory: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """Write the rows ``chunks`` yields (each written before the next is copied) to
-    ``request["file"]``; returns the skipped slots and how many rows were written."""
+    ``request["file"]``, after the unit's ``memory`` settings
+    (``StorageUnit.memory_settings``); returns the skipped slots and how many rows were
+    written."""
     os.makedirs(os.path.dirname(request["file"]), mode=0o700, exist_ok=True)
     kept: dict[str, list[np.ndarray]] = {name: [] for name in request["partitions"]}
 
     def records() -> Iterator[dict[str, Any]]:
-        yield {"format": FORMAT, "save": request["save"], "unit": request["unit"]}
+        yield {"format": FORMAT, "save": request["save"], "unit": request["unit"],
+               "memory": {p: m for p, m in (memory or {}).items()
+                          if p in request["partitions"]}}
         for name, slots, tokens, fields in chunks:
             kept[name].append(slots)
             yield {"partition": name, "slots": slots, "tokens": tokens,
@@ -127,13 +136,16 @@ def load(unit: PutsRows, path: str, save: str, unit_index: int) -> dict[str, Any
             return put_all(unit, read(path, save, unit_index))
         records = recordfile.read(path)
         with invalid_as_checkpoint_error(path):
-            _check_head(next(records, None), save, unit_index)
+            head = _check_head(next(records, None), save, unit_index)
     except FileNotFoundError:
         raise _missing(path) from None
     except OSError as exc:
         raise CheckpointError(f"checkpoint file {path!r} cannot be read: {exc}") from None
     loaded: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
     try:
+        for name, settings in head["memory"].items():  # before any row: cold fields
+            loaded[name] = ([], [])  # go straight to disk
+            unit.set_memory(name, settings["budget"], settings["cold"])
         while (record := next(records, None)) is not None:
             with invalid_as_checkpoint_error(path):
                 name = _check_chunk(record)
@@ -142,7 +154,9 @@ def load(unit: PutsRows, path: str, save: str, unit_index: int) -> dict[str, Any
             have = loaded.setdefault(name, ([], []))
             have[0].append(slots)
             have[1].append(tokens)
-        out = {name: [np.concatenate(s), np.concatenate(t)] for name, (s, t) in loaded.items()}
+        none = np.zeros(0, dtype=np.int64)
+        out = {name: [np.concatenate([none, *s]), np.concatenate([none, *t])]
+               for name, (s, t) in loaded.items()}
         for name, (slots, _) in out.items():
             if len(np.unique(slots)) != len(slots):
                 raise CheckpointError(f"{path!r} is not a valid checkpoint file: slots of "
@@ -160,15 +174,25 @@ def _missing(path: str) -> CheckpointError:
                            f"storage every node sees)")
 
 
-def _check_head(head: object, save: str, unit: int) -> None:
-    if not isinstance(head, dict) or set(head) != {"format", "save", "unit"}:
-        raise CheckpointError(f"a unit file must start with format, save and unit, got "
+def _check_head(head: object, save: str, unit: int) -> dict[str, Any]:
+    if not isinstance(head, dict) or set(head) != {"format", "save", "unit", "memory"}:
+        raise CheckpointError(f"a unit file must start with format, save, unit and memory, "
+                              f"got "
                               f"{sorted(head) if isinstance(head, dict) else head!r}")
     if head["format"] != FORMAT or head["save"] != save or head["unit"] != unit:
         raise CheckpointError(
             f"the file must be format {FORMAT} of save {save} for unit {unit}, got format "
             f"{head['format']!r} of save {head['save']!r} for unit {head['unit']!r} (a "
             f"file of another save or unit)")
+    memory = head["memory"]
+    if not isinstance(memory, dict) or not all(
+            isinstance(m, dict) and set(m) == {"budget", "cold"} for m in memory.values()):
+        raise CheckpointError(f"memory settings must map partitions to budget and cold, "
+                              f"got {memory!r}")
+    for settings in memory.values():
+        check_budget(settings["budget"])
+        check_cold(settings["cold"])
+    return head
 
 
 def _check_chunk(record: object) -> str:
