@@ -203,6 +203,8 @@ class LocalDeployment:
             None: no checkpoints.
         restart_controller: restart a controller whose process died, from the last
             checkpoint (needs ``checkpoint_interval``); clients reconnect by themselves.
+        spill_dir: the folder units spill rows under (``backends/spill.py``; default
+            the deployment's folder, else the system's temporary folder).
     """
 
     def __init__(self, n_units: int, sampler_modules: Sequence[str] = (),

@@ -163,6 +163,8 @@ class RayDeployment:
             the deployment up by name (``controller_info(name, namespace)
             ["annotations"]``), kept across controller restarts; set at start, so a
             process that finds the deployment finds them.
+        spill_dir: the folder each unit spills rows under on its node
+            (``backends/spill.py``; default the node's temporary folder).
 
     A deployment whose driver ends without ``stream.close()`` is closed at exit.
     """
