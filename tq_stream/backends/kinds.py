@@ -12,6 +12,7 @@ the kinds written here.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from functools import partial
 
@@ -42,7 +43,9 @@ def make_unit(storage: str, spill_dir: str | None = None) -> StorageUnit:
     """A new, empty storage unit of kind ``storage`` (``spill_dir``: the folder its
     spilled rows go under, ``tq_stream.backends.spill``; a kind taking none gets none)."""
     kind = KINDS[check_storage(storage)]
-    return kind(spill_dir=spill_dir) if spill_dir else kind()
+    if spill_dir and "spill_dir" in inspect.signature(kind).parameters:
+        return kind(spill_dir=spill_dir)
+    return kind()
 
 
 def storage_or_shm(storage: str | None, shm: bool | None) -> str:
