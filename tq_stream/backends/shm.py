@@ -1,22 +1,19 @@
 """Shared-memory storage: a unit whose dense slabs live in /dev/shm segments.
 
-The unit process owns the segments (creates, grows, unlinks them); a client
-on the same host asks the unit for a field's ``layout`` (segment name, dtype,
-shape) and gathers rows straight out of the mapped segment: one copy, no
-socket for the bytes. A slab that grows moves to a new segment and the old
-one is unlinked; a reader that still maps it keeps a valid (older) view, which
-holds every row committed before its ``get_meta``. A ragged or multi-ragged arena
-grows in place instead: its segment's file is extended and mapped again, nothing is
-copied and no byte moves (``slabs.GrowsInPlace``), so growing it needs no wait for a
-same-host writer copying into it. Slots are reused after a
-clear, so the layout also names the partition's token array (``Generations``,
-a seqlock word per slot): after copying, a reader checks that every slot still
-holds the token of the row it asked for (``ShmReader.current``) and otherwise
-reads through the unit, which decides under its lock. Segment names carry the
-owner's pid (``tq_<pid>_<n>``), so segments of a unit that died are found and
-removed by ``sweep_stale`` (called by every new unit and by the deployment),
-which first moves the dead unit's layout epoch so that readers still mapping
-its segments stop trusting them.
+The unit process owns the segments (creates, grows, unlinks them); a client on the same host
+asks the unit for a field's ``layout`` (segment name, dtype, shape) and gathers rows straight
+out of the mapped segment: one copy, no socket for the bytes. A slab that grows moves to a new
+segment and the old one is unlinked; a reader that still maps it keeps a valid (older) view,
+which holds every row committed before its ``get_meta``. A ragged or multi-ragged arena grows in
+place instead: its segment's file is extended and mapped again, nothing is copied and no byte
+moves (``slabs.GrowsInPlace``), so growing it needs no wait for a same-host writer copying into
+it. Slots are reused after a clear, so the layout also names the partition's token array
+(``Generations``, a seqlock word per slot): after copying, a reader checks that every slot still
+holds the token of the row it asked for (``ShmReader.current``) and otherwise reads through the
+unit, which decides under its lock. Segment names carry the owner's pid (``tq_<pid>_<n>``), so
+segments of a unit that died are found and removed by ``sweep_stale`` (called by every new unit
+and by the deployment), which first moves the dead unit's layout epoch so that readers still
+mapping its segments stop trusting them.
 """
 
 from __future__ import annotations
