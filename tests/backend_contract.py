@@ -320,3 +320,20 @@ class BackendContract:
     def test_a_bad_budget_names_memory_budget(self, unit, bad):
         with pytest.raises(ConfigError, match="memory_budget"):
             unit.set_memory("p", bad, [])
+
+    def test_rows_told_they_may_spill_read_back_equal(self, unit):
+        spills = self._spills(unit)  # with a budget, a spilling unit moves them to disk
+        unit.put("p", slots(0, 1, 2, 3), {"r": ragged([3, 1, 0, 2]), "x": dense(4)},
+                 occupancy(slots(0, 1, 2, 3), slots(0, 0, 0, 0)))
+        unit.may_spill("p", slots(3, 1), ["r"])
+        got = unit.get("p", slots(3, 0, 1, 2), ["r", "x"],
+                       occupancy(slots(3, 0, 1, 2), slots(0, 0, 0, 0)))
+        want = ragged_rows(ragged([3, 1, 0, 2]))
+        assert ragged_rows(got["r"]) == [want[i] for i in (3, 0, 1, 2)]
+        assert torch.equal(got["x"], dense(4)[[3, 0, 1, 2]])
+        if spills:
+            assert unit.stats()["partitions"]["p"]["spilled"] > 0
+        unit.put("p", slots(1), {"r": ragged([4], 7)})  # a later put overwrites
+        assert ragged_rows(unit.get("p", slots(1), ["r"])["r"]) == ragged_rows(ragged([4], 7))
+        unit.free("p", slots(0, 1, 2, 3))
+        assert unit.stats()["partitions"].get("p", {"spilled": 0})["spilled"] == 0

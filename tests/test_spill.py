@@ -119,3 +119,73 @@ def test_a_checkpoint_keeps_the_budget_and_cold_fields(tmp_path):
         part = unit_part(stream)
         assert part["budget"] == 1 << 20 and set(part["fields"]) == {"x"}
         assert torch.equal(stream.kv.get(keys[6], partition=P)["image"], images(1, 6)[0])
+
+
+def loader_of(stream: tq.Stream, task: str, fields: list[str]) -> tq.StreamingDataLoader:
+    return tq.StreamingDataLoader(tq.StreamingDataset(
+        stream, P, task, fields, batch_size=8, timeout=5))
+
+
+def read_all(stream: tq.Stream, task: str, fields: list[str], n_batches: int) -> list:
+    loader = loader_of(stream, task, fields)
+    out = []
+    for i, batch in enumerate(loader):
+        out.append(batch)
+        if i == n_batches - 1:
+            break  # acks the last batch too
+    return out
+
+
+def test_fields_every_declared_reader_finished_spill_and_read_back(tmp_path):
+    with tq.init(spill_dir=str(tmp_path)) as stream:
+        stream.create_partition(P, consumers=["gen", "train"], memory_budget=64 << 20)
+        keys = keys_of("k", 32)
+        stream.writer(P).put(keys, {"prompt": images(32), "response": images(32, 100)})
+        loader_of(stream, "train", ["response"]).dataset.register()  # reads no prompt
+        read_all(stream, "gen", ["prompt"], 4)  # gen is done with every prompt
+        part = unit_part(stream)
+        assert set(part["fields"]) == {"response"}  # prompt's store went
+        assert part["spilled"] >= 32 * ROW * 4
+        assert torch.equal(stream.kv.get(keys[5], partition=P)["prompt"], images(1, 5)[0])
+        read_all(stream, "train", ["response"], 4)  # every row done: freed, files gone
+        assert unit_part(stream) == {}
+        assert not glob.glob(str(tmp_path / "tq_spill_*" / "*.col"))
+
+
+def test_a_field_another_reader_still_needs_stays_in_memory():
+    with tq.init() as stream:
+        stream.create_partition(P, consumers=["gen", "score", "train"],
+                                memory_budget=64 << 20)
+        keys = keys_of("k", 16)
+        stream.writer(P).put(keys, {"prompt": images(16), "response": images(16, 50)})
+        loader_of(stream, "score", ["prompt", "response"]).dataset.register()
+        loader_of(stream, "train", ["response"]).dataset.register()
+        read_all(stream, "gen", ["prompt"], 2)  # score reads prompt too: it stays
+        assert set(unit_part(stream)["fields"]) == {"prompt", "response"}
+        read_all(stream, "score", ["prompt", "response"], 2)  # now prompt may go;
+        assert set(unit_part(stream)["fields"]) == {"response"}  # train reads response
+        got = stream.kv.get(keys[9], partition=P)
+        assert torch.equal(got["prompt"], images(1, 9)[0])
+        assert torch.equal(got["response"], images(1, 59)[0])
+
+
+def test_without_a_budget_nothing_spills():
+    with tq.init() as stream:
+        stream.create_partition(P, consumers=["gen", "train"])
+        stream.writer(P).put(keys_of("k", 8), {"prompt": images(8), "x": torch.ones(8)})
+        loader_of(stream, "train", ["x"]).dataset.register()
+        read_all(stream, "gen", ["prompt"], 1)
+        assert unit_part(stream)["spilled"] == 0
+
+
+def test_a_field_half_spilled_reads_back_in_order():
+    with tq.init() as stream:
+        stream.create_partition(P, consumers=["gen", "train"], memory_budget=64 << 20)
+        keys = keys_of("k", 32)
+        stream.writer(P).put(keys, {"prompt": images(32), "x": torch.ones(32)})
+        loader_of(stream, "train", ["x"]).dataset.register()
+        read_all(stream, "gen", ["prompt"], 2)  # half the prompts done
+        part = unit_part(stream)
+        assert "prompt" in part["fields"] and part["spilled"] >= 16 * ROW * 4
+        got = stream.kv.get_batch(keys[::-1], partition=P)["prompt"]
+        assert torch.equal(got, images(32).flip(0))

@@ -107,8 +107,9 @@ class Stream:
                 (``mark_cold``). See README, "Memory budget and spilling".
         """
         budget, names = check_budget(memory_budget), sorted(check_cold(cold))
-        self.connection.controller().create_partition(partition=partition, capacity=capacity,
-                                            consumers=consumers)
+        self.connection.controller().create_partition(
+            partition=partition, capacity=capacity, consumers=consumers,
+            **({"spills": True} if budget is not None else {}))
         if budget is not None or names:
             for unit in self.connection.units():
                 unit.set_memory(partition, budget, names)

@@ -118,3 +118,26 @@ def test_spill_files_go_under_the_deployment_s_folder_by_default():
     finally:
         stream.close()
     assert not os.path.exists(folder)
+
+
+def test_fields_every_reader_finished_spill_from_shared_memory():
+    stream = start_local(storage_units=1)
+    pids = list(stream._owner.pids)
+    try:
+        stream.create_partition(P, consumers=["gen", "train"], memory_budget=64 << 20)
+        keys = [f"k{i}" for i in range(32)]
+        stream.writer(P).put(keys, {"prompt": rows(32, 0), "x": torch.arange(32.0)})
+        tq.StreamingDataset(stream, P, "train", ["x"], batch_size=8).register()
+        before = shm_bytes(pids)
+        loader = tq.StreamingDataLoader(tq.StreamingDataset(
+            stream, P, "gen", ["prompt"], batch_size=8, timeout=30))
+        for i, _ in enumerate(loader):
+            if i == 3:
+                break  # every prompt read and acked
+        part = stream.deployment_stats()["units"][0]["partitions"][P]
+        assert set(part["fields"]) == {"x"} and part["spilled"] >= 32 * ROW * 4
+        assert shm_bytes(pids) <= before - 32 * ROW * 4
+        got = stream.kv.get_batch(keys[::-1], partition=P)
+        assert torch.equal(got["prompt"], rows(32, 0).flip(0))
+    finally:
+        stream.close()

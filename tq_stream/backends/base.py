@@ -108,6 +108,11 @@ class StorageUnit(ABC):
             raise ConfigError(f"memory_budget and cold need a storage unit that spills "
                               f"(storage 'memory' or 'shm'), not {type(self).__name__}")
 
+    def may_spill(self, partition: str, slots: np.ndarray, fields: Sequence[str]) -> None:  # noqa: B027
+        """Advice from the controller: ``fields`` of ``slots`` hold rows every declared
+        reader of the field finished (the rows live on for other consumers). A unit that
+        spills may move them to disk; a get still returns them. The default keeps them."""
+
     def memory_settings(self) -> dict[str, dict[str, Any]]:
         """Every ``set_memory`` in force: ``{partition: {"budget", "cold"}}`` (a save
         keeps them, a restore sets them again before it stores a row)."""

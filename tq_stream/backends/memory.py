@@ -23,7 +23,7 @@ from tq_stream.backends.slabs import (
     stale_rows,
     store_for,
 )
-from tq_stream.backends.spill import Spill, bounded, check_budget, check_cold
+from tq_stream.backends.spill import Spill, bounded, check_budget, check_cold, merged
 from tq_stream.columns import Column, take
 from tq_stream.errors import ClosedError, ConfigError, KeyConflictError
 
@@ -127,6 +127,31 @@ class MemoryUnit(StorageUnit):
                     del part.fields[f]
                 self._stores_went()
 
+    def may_spill(self, partition: str, slots: np.ndarray, fields: Sequence[str]) -> None:
+        """Move the rows of ``slots`` of ``fields`` to disk if ``partition`` has a memory
+        budget (without one nothing is gained); a store left without rows in memory goes."""
+        slots = np.asarray(slots, dtype=np.int64)
+        with self._lock:
+            part = self._parts.get(partition)
+            if part is None or partition not in self._spill.budgets or self._closed:
+                return
+            emptied = []
+            for f in fields:
+                store = part.fields.get(f)
+                if store is None:
+                    continue
+                held = slots[np.isin(slots, written_slots(store))]
+                if len(held):
+                    self._spill.column(partition, f).put(held, store.get(held))
+                    store.free(held)
+                if not len(written_slots(store)):
+                    emptied.append(f)
+            if emptied:
+                self._stores_may_go()
+                for f in emptied:
+                    del part.fields[f]
+                self._stores_went()
+
     def memory_settings(self) -> dict[str, dict[str, Any]]:
         with self._lock:
             return self._spill.settings()
@@ -166,6 +191,9 @@ class MemoryUnit(StorageUnit):
                     if store is None:
                         store = part.fields[name] = self._new_store(partition, name, column)
                     store.put(slots, column)
+                    disk = self._spill.on_disk(partition, name)
+                    if disk is not None:  # rows spilled before: this put overwrites them
+                        disk.free(slots)
                 part.mark(slots, True)
             finally:
                 part.gen.end(slots, generations)
@@ -188,12 +216,17 @@ class MemoryUnit(StorageUnit):
               slots: np.ndarray) -> Column:
         """Rows ``slots`` of field ``name``, from memory or disk (lock held)."""
         store = part.fields.get(name) if part is not None else None
-        source = store if store is not None else self._spill.on_disk(partition, name)
-        if source is None:
+        disk = self._spill.on_disk(partition, name)
+        if store is None and disk is None:
             raise KeyConflictError(
                 f"field {name!r} has no stored values in partition {partition!r}")
         try:
-            return source.get(slots)
+            if disk is None:
+                assert store is not None
+                return store.get(slots)
+            if store is None:
+                return disk.get(slots)
+            return merged(slots, disk.holds(slots), store.get, disk.get)
         except KeyConflictError as exc:
             raise KeyConflictError(f"field {name!r} of partition {partition!r}: {exc}") from None
 

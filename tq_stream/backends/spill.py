@@ -185,6 +185,19 @@ class DiskColumn:
         self.free(np.flatnonzero(self._file >= 0).astype(np.int64))
 
 
+def merged(slots: np.ndarray, on_disk: np.ndarray, memory: Callable[[np.ndarray], Column],
+           disk: Callable[[np.ndarray], Column]) -> Column:
+    """Rows ``slots`` in order, those ``on_disk`` read by ``disk``, the others by
+    ``memory``."""
+    if on_disk.all():
+        return disk(slots)
+    if not on_disk.any():
+        return memory(slots)
+    where = np.concatenate([np.flatnonzero(~on_disk), np.flatnonzero(on_disk)])
+    column = concat([memory(slots[~on_disk]), disk(slots[on_disk])])
+    return take(column, torch.from_numpy(np.argsort(where)))
+
+
 class Spill:
     """A unit's budgets, cold fields and disk columns, per partition (module doc)."""
 

@@ -36,6 +36,7 @@ from tq_stream.controller.reservations import (
     hold_restored,
 )
 from tq_stream.controller.spares import SpareLogic, check_spare
+from tq_stream.controller.spill_hints import SpillFn, SpillHints, no_spill
 from tq_stream.controller.steps import StepLogic
 from tq_stream.controller.takeovers import check_holder
 from tq_stream.controller.task import TaskConfig, TaskState, check_replicas
@@ -98,7 +99,7 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
     RPC_REPLIES = frozenset({"get_meta"})
 
     def __init__(self, n_units: int = 1, free: FreeFn = no_free,
-                 timings: Timings | None = None) -> None:
+                 timings: Timings | None = None, may_spill: SpillFn = no_spill) -> None:
         self.n_units = check_positive("n_units", n_units)
         self._cond = threading.Condition(threading.RLock())
         self._parts: dict[str, PartitionMeta] = {}
@@ -107,6 +108,7 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
         self._closed = False
         self._cancelled: dict[str, float] = {}  # consumer sessions told to stop waiting
         self._frees = Frees(free, self._cond)  # slots freed in storage, retried (frees.py)
+        self._spill_hints = SpillHints(may_spill, self._cond)  # (spill_hints.py)
         # metrics: waits, hand-out latency, rates; slow waits logged
         self._timings = Timings() if timings is None else timings
         self._reservations = Reservations()  # rows reserved, not committed (reservations.py)
@@ -235,7 +237,8 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
         return part
 
     def create_partition(self, partition: str, capacity: int | None = None,
-                         consumers: Sequence[str] | None = None) -> None:
+                         consumers: Sequence[str] | None = None,
+                         spills: bool = False) -> None:
         """Create ``partition`` (a no-op if it exists with the same settings).
 
         Args:
@@ -243,6 +246,8 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
             consumers: the tasks that will read every row. A row is freed once each of
                 them acked or discarded it; without a declaration rows stay until cleared.
                 Declared once; tasks not in the list cannot register.
+            spills: its units keep a memory budget: tell them which fields of live rows
+                every declared reader finished (``spill_hints.py``); never unset.
         """
         if capacity is not None:
             check_positive("capacity", capacity)
@@ -266,6 +271,7 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
                         f"consumers must include every task already registered on partition "
                         f"{partition!r}, missing {stray} from {list(declared)}")
             part.capacity = capacity
+            part.spills = part.spills or spills is True
             if declared is not None and part.consumers is None:
                 part.consumers = declared
                 freed = self._finish_rows(part, np.flatnonzero(part.used))
@@ -483,8 +489,10 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
             part.name, self._release_rows(part, rows)), session)
 
     def _free_slots(self, partition: str, freed: list) -> None:
-        """Free slots in storage, then make them reusable (``frees.py``)."""
+        """Free slots in storage, then make them reusable (``frees.py``); tell units
+        which fields may spill (``spill_hints.py``)."""
         self._frees.run(partition, freed, self._give_slots)
+        self._spill_hints.send()
 
     def _give_slots(self, unit: int, partition: str, slots: np.ndarray) -> None:
         part = self._parts.get(partition)

@@ -46,6 +46,7 @@ import numpy as np
 
 from tq_stream.controller import access, events, turns
 from tq_stream.controller.partition import PartitionMeta
+from tq_stream.controller.spill_hints import SpillHints, done_fields
 from tq_stream.controller.task import ACKED, LEASED, Claim, StepRecord, TaskState
 from tq_stream.controller.waiters import Waiters
 from tq_stream.errors import LeaseError, ReplicaClash, StateError
@@ -71,6 +72,7 @@ class StepLogic:
     _tasks: dict[str, dict[str, TaskState]]
     _journal: Any  # the ack journal (deploy/ack_journal.py), or None
     _waiters: Waiters  # the get_meta calls waiting (waiters.py)
+    _spill_hints: SpillHints  # fields units may spill (spill_hints.py)
 
     def _candidates(self, part: PartitionMeta, state: TaskState, dp_size: int,
                     step: int, limit: int | None = None,
@@ -436,6 +438,8 @@ class StepLogic:
         a partition without declared consumers keeps its rows until cleared."""
         if len(rows) == 0 or part.consumers is None:
             return []
+        if part.spills:  # fields no declared reader needs may spill (spill_hints.py)
+            self._spill_hints.add(part.name, done_fields(part, self._tasks[part.name], rows))
         tasks = self._tasks[part.name]
         for name in part.consumers:
             task = tasks.get(name)

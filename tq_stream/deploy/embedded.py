@@ -37,12 +37,16 @@ class EmbeddedBackend:
         spill_dir = check_spill_dir(spill_dir)
         self._units: list[StorageUnit] = [make_unit(storage, spill_dir)
                                           for _ in range(n_units)]
-        self._ctrl = Controller(n_units, free=self._free)
+        self._ctrl = Controller(n_units, free=self._free, may_spill=self._may_spill)
         if restore is not None:
             snapshot.restore(restore, self._ctrl, self._units)
 
     def _free(self, unit: int, partition: str, slots: np.ndarray) -> None:
         self._units[unit].free(partition, slots)
+
+    def _may_spill(self, unit: int, partition: str, slots: np.ndarray,
+                   fields: list[str]) -> None:
+        self._units[unit].may_spill(partition, slots, fields)
 
     def controller(self) -> Controller:
         return self._ctrl

@@ -62,7 +62,7 @@ class UnitService:
 
     RPC_METHODS = frozenset({"put", "get", "free", "drop", "nbytes", "ping", "layout", "spans",
                              "prepare_write", "finish_write", "save_rows", "load_rows", "stats",
-                             "grant", "held", "set_memory"})
+                             "grant", "held", "set_memory", "may_spill"})
     # Owner-only: what changes placement or every row, and what touches files or lists
     # every row (a client could otherwise read or write files of its choosing).
     RPC_ADMIN = frozenset({"drop", "grant", "save_rows", "load_rows", "held"})
@@ -70,8 +70,9 @@ class UnitService:
     # thread; large transfers go to worker threads (``INLINE_BYTES``/``INLINE_ROWS``), so
     # a bulk copy never delays small requests and several copies run in parallel.
     # prepare_write may wait for open writes; save_rows / load_rows write / read files.
-    # set_memory may move a field's rows to disk.
-    RPC_INLINE = RPC_METHODS - {"prepare_write", "save_rows", "load_rows", "set_memory"}
+    # set_memory and may_spill may move rows to disk.
+    RPC_INLINE = RPC_METHODS - {"prepare_write", "save_rows", "load_rows", "set_memory",
+                                "may_spill"}
     INLINE_BYTES = 1 << 20  # a put carrying more bytes than this runs on a worker
     INLINE_ROWS = 64  # a get of more rows than this runs on a worker
 
@@ -144,6 +145,11 @@ class UnitService:
 
         check_file(path, save, unit)
         return self.unit.load_rows(path, save, unit)
+    def may_spill(self, partition: str, slots: object, fields: Sequence[str]) -> None:
+        """Advice: these slots' fields may spill (``StorageUnit.may_spill``)."""
+        self.unit.may_spill(check_name("partition", partition), _slots(slots),
+                            sorted(check_cold(fields)))
+
     def set_memory(self, partition: str, memory_budget: object = None,
                    cold: object = ()) -> None:
         """The partition's memory budget and cold fields (``StorageUnit.set_memory``)."""
