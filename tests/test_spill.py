@@ -112,13 +112,18 @@ def test_a_checkpoint_keeps_the_budget_and_cold_fields(tmp_path):
     path = str(tmp_path / "ckpt")
     keys = keys_of("k", 8)
     with tq.init() as stream:
-        stream.create_partition(P, memory_budget=1 << 20, cold=["image"])
-        stream.writer(P).put(keys, {"image": images(8), "x": torch.ones(8)})
+        stream.create_partition(P, memory_budget=1 << 20, cold=["image"],
+                                consumers=["gen", "train"])
+        stream.writer(P).put(keys, {"image": images(8), "x": torch.ones(8),
+                                    "prompt": images(8, 8)})
         stream.save(path)
     with tq.init(restore=path) as stream:
         part = unit_part(stream)
-        assert part["budget"] == 1 << 20 and set(part["fields"]) == {"x"}
+        assert part["budget"] == 1 << 20 and set(part["fields"]) == {"x", "prompt"}
         assert torch.equal(stream.kv.get(keys[6], partition=P)["image"], images(1, 6)[0])
+        loader_of(stream, "train", ["x"]).dataset.register()
+        read_all(stream, "gen", ["prompt"], 1)  # the restored controller still hints
+        assert set(unit_part(stream)["fields"]) == {"x"}
 
 
 def loader_of(stream: tq.Stream, task: str, fields: list[str]) -> tq.StreamingDataLoader:
