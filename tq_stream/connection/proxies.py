@@ -317,13 +317,13 @@ class RemoteUnit(StorageUnit):
         self._admin("drop", {"partition": partition}, self._timeout)
 
     def may_spill(self, partition: str, slots: np.ndarray, fields: Sequence[str]) -> None:
-        self._rpc.call("may_spill", {"partition": partition, "slots": np.asarray(slots),
-                                     "fields": list(fields)}, timeout=self._timeout)
+        self._admin("may_spill", {"partition": partition, "slots": np.asarray(slots),
+                                  "fields": list(fields)}, self._timeout)
 
     def set_memory(self, partition: str, memory_budget: int | None = None,
                    cold: Sequence[str] = ()) -> None:
-        self._rpc.call("set_memory", {"partition": partition, "memory_budget": memory_budget,
-                                      "cold": list(cold)}, timeout=self._timeout)
+        self._admin("set_memory", {"partition": partition, "memory_budget": memory_budget,
+                                   "cold": list(cold)}, self._timeout)
 
     # --- same-host abilities (``backends.shared.SharedSlabs``): a unit without shared
     # memory answers layout with {} and prepare_write with a ConfigError

@@ -148,7 +148,7 @@ class ControllerService(Controller, Recovery):
         if self._silent(unit):
             raise StateError(f"storage unit {unit} is not answering its heartbeat")
         self._call_unit(unit, "may_spill", {"partition": partition, "slots": slots,
-                                            "fields": fields})
+                                            "fields": fields, OWNER_ARG: self._owner_token})
 
     def _send_grant(self, unit: int, partition: str, slots: int) -> None:
         # A restarted controller serves calls before its owner attached the units again

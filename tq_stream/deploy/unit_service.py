@@ -64,8 +64,10 @@ class UnitService:
                              "prepare_write", "finish_write", "save_rows", "load_rows", "stats",
                              "grant", "held", "set_memory", "may_spill"})
     # Owner-only: what changes placement or every row, and what touches files or lists
-    # every row (a client could otherwise read or write files of its choosing).
-    RPC_ADMIN = frozenset({"drop", "grant", "save_rows", "load_rows", "held"})
+    # every row (a client could otherwise read or write files of its choosing), or a
+    # partition's memory budget (the owner's bound) and what goes to disk.
+    RPC_ADMIN = frozenset({"drop", "grant", "save_rows", "load_rows", "held", "set_memory",
+                           "may_spill"})
     # The unit's lock guards only copies, so every method may run on the server's IO
     # thread; large transfers go to worker threads (``INLINE_BYTES``/``INLINE_ROWS``), so
     # a bulk copy never delays small requests and several copies run in parallel.
