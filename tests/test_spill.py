@@ -194,3 +194,22 @@ def test_a_field_half_spilled_reads_back_in_order():
         assert "prompt" in part["fields"] and part["spilled"] >= 16 * ROW * 4
         got = stream.kv.get_batch(keys[::-1], partition=P)["prompt"]
         assert torch.equal(got, images(32).flip(0))
+
+
+def test_a_restore_keeps_spilled_rows_on_disk(tmp_path):
+    path = str(tmp_path / "ckpt")
+    with tq.init() as stream:
+        stream.create_partition(P, consumers=["gen", "train"], memory_budget=2 << 20)
+        keys = keys_of("k", 64)
+        for i in range(0, 64, 16):
+            stream.writer(P).put(keys[i:i + 16], {"prompt": images(16, i),
+                                                  "x": torch.ones(16)})
+        loader_of(stream, "train", ["x"]).dataset.register()
+        read_all(stream, "gen", ["prompt"], 8)
+        assert set(unit_part(stream)["fields"]) == {"x"}
+        stream.save(path)
+    with tq.init(restore=path) as stream:  # the prompts stay on disk
+        part = unit_part(stream)
+        assert set(part["fields"]) == {"x"} and part["spilled"] >= 64 * ROW * 4
+        got = stream.kv.get_batch(keys, partition=P)["prompt"]
+        assert torch.equal(got, images(64))

@@ -73,12 +73,12 @@ class StorageUnit(ABC):
     def nbytes(self) -> int:
         """Bytes currently held for row data (allocated capacity)."""
 
-    def collect(self, request: Mapping[str, Any],
-                chunk_bytes: int) -> Iterator[tuple[str, np.ndarray, np.ndarray,
-                                                    dict[str, tuple[np.ndarray, Column]]]]:
+    def collect(self, request: Mapping[str, Any], chunk_bytes: int) -> Iterator[
+            tuple[str, np.ndarray, np.ndarray, dict[str, tuple[np.ndarray, Column, np.ndarray]]]]:
         """The rows a checkpoint request names that still hold their tokens, about
         ``chunk_bytes`` of them at a time: ``(partition, slots, tokens, {field: (slots,
-        column)})`` per chunk, each copied only when asked for (see
+        column, on disk)})`` per chunk (``on disk``: a bool per slot, rows that spilled),
+        each copied only when asked for (see
         ``tq_stream.backends.unit_files``); units that keep bytes implement it."""
         raise NotImplementedError(f"{type(self).__name__} cannot write checkpoints")
 
@@ -107,6 +107,12 @@ class StorageUnit(ABC):
         if memory_budget is not None or list(cold):
             raise ConfigError(f"memory_budget and cold need a storage unit that spills "
                               f"(storage 'memory' or 'shm'), not {type(self).__name__}")
+
+    def put_spilled(self, partition: str, slots: np.ndarray, columns: Mapping[str, Column],
+                    generations: np.ndarray | None = None) -> None:
+        """``put`` of rows a checkpoint had spilled: a unit that spills writes them to
+        disk (a restore does not bring them back into memory); others ``put`` them."""
+        self.put(partition, slots, columns, generations)
 
     def may_spill(self, partition: str, slots: np.ndarray, fields: Sequence[str]) -> None:  # noqa: B027
         """Advice from the controller: ``fields`` of ``slots`` hold rows every declared

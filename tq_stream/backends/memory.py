@@ -173,6 +173,14 @@ class MemoryUnit(StorageUnit):
 
     def put(self, partition: str, slots: np.ndarray, columns: Mapping[str, Column],
             generations: np.ndarray | None = None) -> None:
+        self._put(partition, slots, columns, generations)
+
+    def put_spilled(self, partition: str, slots: np.ndarray, columns: Mapping[str, Column],
+                    generations: np.ndarray | None = None) -> None:
+        self._put(partition, slots, columns, generations, to_disk=True)
+
+    def _put(self, partition: str, slots: np.ndarray, columns: Mapping[str, Column],
+             generations: np.ndarray | None = None, to_disk: bool = False) -> None:
         slots = np.asarray(slots, dtype=np.int64)
         if len(slots) == 0:
             return
@@ -184,7 +192,7 @@ class MemoryUnit(StorageUnit):
             part.gen.begin(slots)  # same-host readers of these slots now retry
             try:
                 for name, column in columns.items():
-                    if self._spill.is_cold(partition, name):
+                    if to_disk or self._spill.is_cold(partition, name):
                         self._spill.column(partition, name).put(slots, column)
                         continue
                     store = part.fields.get(name)
@@ -226,7 +234,10 @@ class MemoryUnit(StorageUnit):
                 return store.get(slots)
             if store is None:
                 return disk.get(slots)
-            return merged(slots, disk.holds(slots), store.get, disk.get)
+            # in memory where the store holds a row (a same-host direct write after a
+            # spill is newer), else on disk
+            on_disk = disk.holds(slots) & ~np.isin(slots, written_slots(store))
+            return merged(slots, on_disk, store.get, disk.get)
         except KeyConflictError as exc:
             raise KeyConflictError(f"field {name!r} of partition {partition!r}: {exc}") from None
 
@@ -234,9 +245,8 @@ class MemoryUnit(StorageUnit):
         """Called with the lock held before a checkpoint copies ``slots`` (ShmUnit waits
         for open direct writes to them)."""
 
-    def collect(self, request: Mapping[str, Any],
-                chunk_bytes: int) -> Iterator[tuple[str, np.ndarray, np.ndarray,
-                                                    dict[str, tuple[np.ndarray, Column]]]]:
+    def collect(self, request: Mapping[str, Any], chunk_bytes: int) -> Iterator[
+            tuple[str, np.ndarray, np.ndarray, dict[str, tuple[np.ndarray, Column, np.ndarray]]]]:
         """Rows of a checkpoint request whose slots hold their tokens before and after
         the copy (a same-host writer may write new rows without the lock: seqlock), about
         ``chunk_bytes`` at a time, each chunk copied under the lock when asked for."""
@@ -271,7 +281,8 @@ class MemoryUnit(StorageUnit):
 
     def _copy(self, name: str, slots: np.ndarray, tokens: np.ndarray,
               masks: Mapping[str, np.ndarray]) -> tuple[
-                  str, np.ndarray, np.ndarray, dict[str, tuple[np.ndarray, Column]]] | None:
+                  str, np.ndarray, np.ndarray,
+                  dict[str, tuple[np.ndarray, Column, np.ndarray]]] | None:
         """The rows of ``slots`` still holding ``tokens`` (None: the partition is gone)."""
         with self._lock:
             self._check_open()
@@ -283,8 +294,15 @@ class MemoryUnit(StorageUnit):
             fields = {f: slots[m & ok] for f, m in masks.items()}
             fields = {f: (s, self._read(name, part, f, s)) for f, s in fields.items() if len(s)}
             keep = ok & part.gen.holds(slots, tokens)
-            return (name, slots[keep], tokens[keep],
-                    {f: _rows_in(s, c, slots[keep]) for f, (s, c) in fields.items()})
+            out = {}
+            for f, (s, c) in fields.items():
+                s, c = _rows_in(s, c, slots[keep])
+                disk, store = self._spill.on_disk(name, f), part.fields.get(f)
+                on_disk = np.zeros(len(s), dtype=bool) if disk is None else disk.holds(s)
+                if store is not None and on_disk.any():
+                    on_disk &= ~np.isin(s, written_slots(store))
+                out[f] = (s, c, on_disk)
+            return name, slots[keep], tokens[keep], out
 
     def free(self, partition: str, slots: np.ndarray) -> None:
         slots = np.asarray(slots, dtype=np.int64)

@@ -24,11 +24,12 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 
 from tq_stream import framefile, recordfile
 from tq_stream.backends.slots import check_slots
 from tq_stream.backends.spill import check_budget, check_cold
-from tq_stream.columns import Column, column_len
+from tq_stream.columns import Column, column_len, take
 from tq_stream.errors import CheckpointError, ConfigError
 
 FORMAT = 2
@@ -39,7 +40,7 @@ CHUNK_BYTES = 64 << 20  # column bytes a save copies (or a restore reads) at a t
 # "fields": {field: bool mask over slots}}}}.
 Request = Mapping[str, Any]
 # What ``collect`` yields: (partition, slots kept, tokens kept, {field: (slots, column)}).
-Chunk = tuple[str, np.ndarray, np.ndarray, dict[str, tuple[np.ndarray, Column]]]
+Chunk = tuple[str, np.ndarray, np.ndarray, dict[str, tuple[np.ndarray, Column, np.ndarray]]]
 
 
 class PutsRows(Protocol):
@@ -49,6 +50,9 @@ class PutsRows(Protocol):
             generations: np.ndarray | None = None) -> None: ...
 
     def drop(self, partition: str) -> None: ...
+
+    def put_spilled(self, partition: str, slots: np.ndarray, columns: Mapping[str, Column],
+                    generations: np.ndarray | None = None) -> None: ...
 
     def set_memory(self, partition: str, memory_budget: int | None = None,
                    cold: Sequence[str] = ()) -> None: ...
@@ -99,7 +103,8 @@ def write(request: Request, chunks: Iterable[Chunk],
         for name, slots, tokens, fields in chunks:
             kept[name].append(slots)
             yield {"partition": name, "slots": slots, "tokens": tokens,
-                   "fields": {f: {"slots": s, "column": c} for f, (s, c) in fields.items()}}
+                   "fields": {f: {"slots": s, "column": c, "disk": d}
+                              for f, (s, c, d) in fields.items()}}
 
     recordfile.write(request["file"], records())
     missing = {name: np.setdiff1d(np.asarray(spec["slots"], dtype=np.int64),
@@ -217,7 +222,13 @@ def _put_chunk(unit: PutsRows, record: dict[str, Any]) -> tuple[np.ndarray, np.n
     for field, entry in record["fields"].items():
         fslots = np.asarray(entry["slots"], dtype=np.int64)
         ftokens = tokens[order[np.searchsorted(slots, fslots, sorter=order)]]
-        unit.put(name, fslots, {field: entry["column"]}, ftokens)
+        disk = np.asarray(entry.get("disk", np.zeros(len(fslots), dtype=bool)), dtype=bool)
+        for put, rows in ((unit.put, ~disk), (unit.put_spilled, disk)):
+            if rows.all():
+                put(name, fslots, {field: entry["column"]}, ftokens)
+            elif rows.any():
+                at = torch.from_numpy(np.flatnonzero(rows))
+                put(name, fslots[rows], {field: take(entry["column"], at)}, ftokens[rows])
     return slots, tokens
 
 
@@ -287,6 +298,10 @@ def _check_part(name: str, part: dict[str, Any]) -> None:
         if n != len(fslots):
             raise bad(f"field {field!r} of partition {name!r} must hold one value per "
                       f"slot ({len(fslots)}), got {n}")
+        disk = np.asarray(entry.get("disk", np.zeros(n, dtype=bool)))
+        if disk.shape != fslots.shape or disk.dtype != bool:
+            raise bad(f"the on-disk mask of field {field!r} of partition {name!r} must be "
+                      f"a bool per slot ({len(fslots)}), got {disk.dtype} {disk.shape}")
 
 
 def put_all(unit: Any, data: dict[str, Any]) -> dict[str, Any]:
