@@ -89,7 +89,8 @@ def test_save_and_restore_of_a_large_partition_hold_about_one_chunk(tmp_path):
     assert saved["peak"] - saved["before"] <= CHUNK * 2 + SLACK, saved
     restored = _run(RESTORE, path)
     assert restored["rows"] == ROWS and restored["last"] == ROWS // 4 - 1
-    assert restored["peak"] - restored["before"] <= data + CHUNK * 2 + SLACK, restored
+    # the rows stored, plus what the deployment's start makes beside them
+    assert restored["peak"] - restored["before"] <= data + CHUNK * 2 + 2 * SLACK, restored
 
 
 def test_a_unit_file_is_written_in_chunks_of_the_chunk_size(tmp_path, monkeypatch):

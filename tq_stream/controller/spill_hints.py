@@ -73,9 +73,9 @@ class SpillHints:
     def send(self) -> None:
         """Send every pending hint, one call per (unit, partition, field) (lock not
         held)."""
+        if not self._pending:  # nearly always (an unlocked look: a miss waits a call)
+            return
         with self._lock:
-            if not self._pending:
-                return
             pending, self._pending = self._pending, {}
         for (unit, partition, field), parts in pending.items():
             slots = np.unique(np.concatenate(parts))
