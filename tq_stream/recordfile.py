@@ -22,6 +22,7 @@ import os
 import struct
 import zlib
 from collections.abc import Iterable, Iterator
+from io import BufferedReader
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -115,7 +116,7 @@ def read(path: str) -> Iterator[Any]:
             count += 1
 
 
-def _record(f: BinaryIO, head: bytes, n: int, path: str, size: int) -> object:
+def _record(f: BufferedReader, head: bytes, n: int, path: str, size: int) -> object:
     left = size - f.tell()
     if not 1 <= n <= left // _ENTRY.size:
         raise CheckpointError(f"{path!r} is truncated or corrupted: a record announces "
@@ -130,7 +131,7 @@ def _record(f: BinaryIO, head: bytes, n: int, path: str, size: int) -> object:
         raise CheckpointError(f"{path!r} is truncated: a record of {total} bytes has "
                               f"{size - f.tell()} left")
     buf = torch.empty(total, dtype=torch.uint8).numpy()  # aligned, one per record
-    view, frames, at = memoryview(buf), [], 0
+    view, frames, at = buf.data, [], 0
     if f.readinto(view) != total:
         raise CheckpointError(f"{path!r} changed size while being read")
     for length, frame_crc in entries:
@@ -161,7 +162,7 @@ def _padding_dirty(buf: np.ndarray, entries: list[tuple[int, int]]) -> bool:
     return False
 
 
-def _exact(f: BinaryIO, n: int, path: str, size: int) -> bytes:
+def _exact(f: BufferedReader, n: int, path: str, size: int) -> bytes:
     data = f.read(n)
     if len(data) != n:
         raise CheckpointError(f"{path!r} is truncated ({size} bytes): it ends inside a "

@@ -141,3 +141,28 @@ def test_fields_every_reader_finished_spill_from_shared_memory():
         assert torch.equal(got["prompt"], rows(32, 0).flip(0))
     finally:
         stream.close()
+
+
+def test_a_same_host_reader_reads_half_spilled_images_and_tensors():
+    stream = start_local(storage_units=1)
+    try:
+        stream.create_partition(P, consumers=["gen", "train"], memory_budget=64 << 20)
+        keys = [f"k{i}" for i in range(32)]
+        imgs = [torch.full((3, 4 + i % 5, 6), i, dtype=torch.uint8) for i in range(32)]
+        dense = torch.arange(32.0)[:, None] * torch.ones(1, 1000)
+        stream.writer(P).put(keys, {"d": dense, "x": torch.ones(32),
+                                    "img": tq.MultiRagged.from_list(imgs, fixed_dims=(0,))})
+        stream.kv.get_batch(keys, partition=P, ragged="list")  # the reader knows the layout
+        tq.StreamingDataset(stream, P, "train", ["x"], batch_size=8).register()
+        loader = tq.StreamingDataLoader(tq.StreamingDataset(
+            stream, P, "gen", ["d", "img"], batch_size=8, timeout=30))
+        for i, _ in enumerate(loader):
+            if i == 1:
+                break  # half the rows' d and img spill, half stay in shared memory
+        assert stream.deployment_stats()["units"][0]["partitions"][P]["spilled"] > 0
+        got = stream.kv.get_batch(keys[::-1], partition=P, ragged="list")
+        assert torch.equal(got.get("d"), dense.flip(0))
+        assert all(torch.equal(a, b) for a, b in zip(got.get("img").tolist(), imgs[::-1],
+                                                     strict=True))
+    finally:
+        stream.close()

@@ -12,7 +12,7 @@ import torch
 
 from tq_stream.backends import unit_files
 from tq_stream.backends.base import StorageUnit
-from tq_stream.backends.row_bytes import row_bytes, written_slots
+from tq_stream.backends.row_bytes import held, row_bytes, written_slots
 from tq_stream.backends.slabs import (
     _MIN_ROWS,
     Alloc,
@@ -140,10 +140,10 @@ class MemoryUnit(StorageUnit):
                 store = part.fields.get(f)
                 if store is None:
                     continue
-                held = slots[np.isin(slots, written_slots(store))]
-                if len(held):
-                    self._spill.column(partition, f).put(held, store.get(held))
-                    store.free(held)
+                there = slots[held(store, slots)]
+                if len(there):
+                    self._spill.column(partition, f).put(there, store.get(there))
+                    store.free(there)
                 if not len(written_slots(store)):
                     emptied.append(f)
             if emptied:
@@ -236,7 +236,7 @@ class MemoryUnit(StorageUnit):
                 return disk.get(slots)
             # in memory where the store holds a row (a same-host direct write after a
             # spill is newer), else on disk
-            on_disk = disk.holds(slots) & ~np.isin(slots, written_slots(store))
+            on_disk = disk.holds(slots) & ~held(store, slots)
             return merged(slots, on_disk, store.get, disk.get)
         except KeyConflictError as exc:
             raise KeyConflictError(f"field {name!r} of partition {partition!r}: {exc}") from None
@@ -300,7 +300,7 @@ class MemoryUnit(StorageUnit):
                 disk, store = self._spill.on_disk(name, f), part.fields.get(f)
                 on_disk = np.zeros(len(s), dtype=bool) if disk is None else disk.holds(s)
                 if store is not None and on_disk.any():
-                    on_disk &= ~np.isin(s, written_slots(store))
+                    on_disk &= ~held(store, s)
                 out[f] = (s, c, on_disk)
             return name, slots[keep], tokens[keep], out
 
@@ -363,13 +363,13 @@ class MemoryUnit(StorageUnit):
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            parts = {name: {"rows": int(p.live.sum()),
-                            "fields": {f: s.nbytes() for f, s in p.fields.items()},
+            held = {name: {f: s.nbytes() for f, s in p.fields.items()}
+                    for name, p in self._parts.items() if p.live.any()}
+            parts = {name: {"rows": int(self._parts[name].live.sum()), "fields": fields,
                             "spilled": self._spill.spilled(name),
                             "budget": self._spill.budgets.get(name)}
-                     for name, p in self._parts.items() if p.live.any()}
-        nbytes = sum(sum(p["fields"].values()) for p in parts.values())
-        return {"nbytes": nbytes, "partitions": parts}
+                     for name, fields in held.items()}
+        return {"nbytes": sum(sum(f.values()) for f in held.values()), "partitions": parts}
 
     def close(self) -> None:
         with self._lock:

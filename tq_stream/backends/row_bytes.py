@@ -1,5 +1,5 @@
-"""What a store holds: the bytes of each row (what a save cuts its chunks by) and the
-written slots (what a field marked cold moves to disk)."""
+"""What a store holds: which slots, the bytes of each row (what a save cuts its chunks by),
+the written slots (what a field marked cold moves to disk)."""
 
 from __future__ import annotations
 
@@ -40,3 +40,14 @@ def written_slots(store: Store) -> np.ndarray:
     if isinstance(store, RaggedArena):
         return np.flatnonzero(store.length >= 0).astype(np.int64)
     return np.flatnonzero(store.written).astype(np.int64)
+
+
+def held(store: Store, slots: np.ndarray) -> np.ndarray:
+    """A bool per slot of ``slots``: ``store`` holds a value there."""
+    if isinstance(store, MultiRaggedArena):
+        store = store.elems
+    flags = store.length >= 0 if isinstance(store, RaggedArena) else store.written
+    inside = slots < flags.shape[0]
+    out = np.zeros(len(slots), dtype=bool)
+    out[inside] = flags[slots[inside]]
+    return out

@@ -33,6 +33,7 @@ import torch
 from tq_stream.backends.arena_writes import appended
 from tq_stream.backends.direct import DirectWrites
 from tq_stream.backends.memory import MemoryUnit
+from tq_stream.backends.row_bytes import held
 from tq_stream.backends.segments import SHM_DIR, Segment
 from tq_stream.backends.slabs import DenseSlab, MultiRaggedArena, fence
 from tq_stream.columns import Column
@@ -114,18 +115,17 @@ class ShmUnit(DirectWrites, MemoryUnit):
             this many bytes in all (not counted by ``nbytes``), for the partition's
             next rows; 0 (the default) unlinks them at once.
 
-    Kept stores and segments serve streaming: a consumer that keeps up with a few rows
-    at a time empties a partition again and again. So the stores of a partition whose
-    last row was freed stay (``warm``) while they fit in ``keep_bytes`` with the kept
-    segments (oldest evicted first): a same-host writer's layout of them stays valid,
-    and its next small put makes no call to the unit (``SameHostUnit``). A store that
-    did go costs, when made again, a file, a mapping in the unit and in every reader
-    and a new layout epoch, unless its segment was kept. A kept segment is reused
-    only by the store it served last (same partition and field), and only while that
-    store does not exist; so a reader's layout that maps it is right again once it is
-    reused, and needs no new epoch. Invariants: at most one kept segment per
-    (partition, field), the one that store used last; every other change of a
-    store's segment bumps the epoch before rows are written to it.
+    Kept stores and segments serve streaming: a consumer that keeps up with a few rows at a time
+    empties a partition again and again. So the stores of a partition whose last row was freed
+    stay (``warm``) while they fit in ``keep_bytes`` with the kept segments (oldest evicted
+    first): a same-host writer's layout of them stays valid, and its next small put makes no
+    call to the unit (``SameHostUnit``). A store that did go costs, when made again, a file, a
+    mapping in the unit and in every reader and a new layout epoch, unless its segment was kept.
+    A kept segment is reused only by the store it served last (same partition and field), and
+    only while that store does not exist; so a reader's layout that maps it is right again once
+    it is reused, and needs no new epoch. Invariants: at most one kept segment per (partition,
+    field), the one that store used last; every other change of a store's segment bumps the
+    epoch before rows are written to it.
     """
 
     def __init__(self, keep_bytes: int = 0, spill_dir: str | None = None) -> None:
@@ -362,9 +362,9 @@ class ShmUnit(DirectWrites, MemoryUnit):
 
         Returns:
             ``{field: {"arena": {"shm", "dtype", "shape"}, "start": first element
-            per row, "shapes": int64 [n, ndim], "dims"}}``; fields of other kinds are
-            left out. Raises as ``get`` for rows cleared since their meta was read.
-        """
+            per row, "shapes": int64 [n, ndim], "dims"}}``; fields of other kinds, or
+            with rows spilled to disk, are left out (``get`` answers). Raises as ``get``
+            for rows cleared since their meta was read."""
         slots = np.asarray(slots, dtype=np.int64)
         out: dict[str, Any] = {}
         with self._lock:
@@ -375,8 +375,8 @@ class ShmUnit(DirectWrites, MemoryUnit):
                 part.gen.check(partition, slots, generations)
             for f in fields:
                 store = part.fields.get(f)
-                arena = self._describe(store.values) \
-                    if isinstance(store, MultiRaggedArena) else None
+                arena = self._describe(store.values) if isinstance(store, MultiRaggedArena) \
+                    and held(store, slots).all() else None  # spilled rows: get answers
                 if isinstance(store, MultiRaggedArena) and arena is not None:
                     start, shapes = store.locate(slots)
                     out[f] = {"arena": arena, "start": start, "shapes": shapes,

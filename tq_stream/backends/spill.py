@@ -109,7 +109,7 @@ def bounded(inner: Alloc, check: Callable[[int], None]) -> Alloc:
 class DiskColumn:
     """One field's rows of one partition, in files of the rows each put wrote."""
 
-    def __init__(self, folder: str, names: itertools.count) -> None:
+    def __init__(self, folder: str, names: itertools.count[int]) -> None:
         self._folder, self._names = folder, names
         self._file = np.full(16, -1, dtype=np.int64)  # per slot: its file (-1: none)
         self._pos = np.zeros(16, dtype=np.int64)  # per slot: its row in that file
