@@ -103,8 +103,8 @@ class MemoryUnit(StorageUnit):
             raise ConfigError(f"field {field!r} of partition {partition!r} is cold: it is "
                               f"kept on disk and written through put, never in memory")
         part = self._parts.get(partition)
-        held = sum(s.nbytes() for s in part.fields.values()) if part is not None else 0
-        self._spill.check_room(partition, held, need)
+        in_memory = sum(s.nbytes() for s in part.fields.values()) if part is not None else 0
+        self._spill.check_room(partition, in_memory, need)
 
     def set_memory(self, partition: str, memory_budget: int | None = None,
                    cold: Sequence[str] = ()) -> None:
@@ -113,19 +113,9 @@ class MemoryUnit(StorageUnit):
             self._check_open()
             self._spill.set(partition, budget, names)
             part = self._parts.get(partition)
-            moved = [f for f in names if part is not None and f in part.fields]
-            for f in moved:  # rows already in memory go to disk, then their store
-                assert part is not None
-                store = part.fields[f]
-                slots = written_slots(store)
-                if len(slots):
-                    self._spill.column(partition, f).put(slots, store.get(slots))
-            if moved:
-                assert part is not None
-                self._stores_may_go()
-                for f in moved:
-                    del part.fields[f]
-                self._stores_went()
+            if part is not None:  # rows already in memory go to disk, then their store
+                self._to_disk(partition, part, {f: written_slots(s) for f, s in
+                                                part.fields.items() if f in names})
 
     def may_spill(self, partition: str, slots: np.ndarray, fields: Sequence[str]) -> None:
         """Move the rows of ``slots`` of ``fields`` to disk if ``partition`` has a memory
@@ -135,22 +125,31 @@ class MemoryUnit(StorageUnit):
             part = self._parts.get(partition)
             if part is None or partition not in self._spill.budgets or self._closed:
                 return
-            emptied = []
-            for f in fields:
-                store = part.fields.get(f)
-                if store is None:
-                    continue
-                there = slots[held(store, slots)]
-                if len(there):
-                    self._spill.column(partition, f).put(there, store.get(there))
-                    store.free(there)
-                if not len(written_slots(store)):
-                    emptied.append(f)
-            if emptied:
-                self._stores_may_go()
-                for f in emptied:
-                    del part.fields[f]
-                self._stores_went()
+            self._quiesce(partition, slots)  # (ShmUnit) no direct write to them is open
+            self._to_disk(partition, part, {f: slots[held(part.fields[f], slots)]
+                                            for f in fields if f in part.fields})
+
+    def _to_disk(self, partition: str, part: _PartitionStore,
+                 rows: Mapping[str, np.ndarray]) -> None:
+        """Move ``rows[field]`` of each field to disk (lock held); a store left without a
+        row goes, unless a same-host write to the partition is open (a later call)."""
+        emptied = []
+        for f, slots in rows.items():
+            store = part.fields[f]
+            if len(slots):
+                self._spill.column(partition, f).put(slots, store.get(slots))
+                store.free(slots)
+            if not len(written_slots(store)):
+                emptied.append(f)
+        if emptied and not self._writes_open(partition):
+            self._stores_may_go()
+            for f in emptied:
+                del part.fields[f]
+            self._stores_went()
+
+    def _writes_open(self, partition: str) -> bool:
+        """True while a same-host write into ``partition``'s stores is open (ShmUnit)."""
+        return False
 
     def memory_settings(self) -> dict[str, dict[str, Any]]:
         with self._lock:
