@@ -28,9 +28,11 @@ from tq_stream.controller.admission import Admission
 from tq_stream.controller.capacity import full_error, full_reason
 from tq_stream.controller.consuming import ConsumingLogic, check_session
 from tq_stream.controller.frees import FreeFn, Frees, no_free
+from tq_stream.controller.media_calls import MediaCalls
 from tq_stream.controller.partition import PartitionMeta, parse_schemas
 from tq_stream.controller.reservations import (
     DEFAULT_WRITE_LEASE,
+    WRITER_TASK,
     Reservations,
     abort_due,
     hold_restored,
@@ -77,6 +79,7 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
         "stats",
         "partitions", "admit", "set_admission", "admission", "commit_new", "release_spares",
         "first_unfinished", "cancel", "task_rows", "dead_units", "reserve_shared",
+        "media_hold", "media_release", "media_lookup",
     })
     # Methods that never wait, so a server may run them on its IO thread: they hold the
     # lock only for short CPU work; reserve and admit raise WouldBlock instead of waiting.
@@ -120,6 +123,11 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
         # producers paced by the staleness window (admission.py)
         self._admission = Admission(self._cond, self._part, self._task,
                                     lambda p: self._tasks.get(p, {}), self._timings)
+        # media pinned by handles of live sessions (media_calls.py, media_pins.py)
+        self.media = MediaCalls(self._cond, lambda: self._parts, self._part, lambda part, rows:
+                                self._free_slots(part.name, self._release_rows(part, rows)))
+        self.media_hold, self.media_release = self.media.hold, self.media.release
+        self.media_lookup = self.media.lookup
 
     # ------------------------------------------------------------ admission
     def admit(self, partition: str, n: int, timeout: float = 60.0) -> int:
@@ -173,7 +181,8 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
     def stats(self) -> dict[str, Any]:
         """Per partition: ``access.partition_stats`` (keys: ``stats.PartitionStats``)."""
         with self._cond:
-            return {name: access.partition_stats(part, self._tasks[name], self._timings)
+            return {name: {**access.partition_stats(part, self._tasks[name], self._timings),
+                           "media": self.media.stats(part)}
                     for name, part in self._parts.items()}
 
     def clear(self, partition: str, keys: Sequence[str] | None = None) -> int:
@@ -402,6 +411,15 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
                               nbytes, {"unit": unit, "timeout": timeout, "session": session,
                                        "lease": lease})
 
+    def renew(self, partition: str, task: str, step: int | None = None,
+              session: str = "") -> int:
+        """``ConsumingLogic.renew``; a producer's heartbeat renews its media pins too."""
+        n = super().renew(partition, task, step, session)
+        if task == WRITER_TASK:
+            with self._cond:
+                n += self.media.renew(partition, session)
+        return n
+
     def _check_holder(self, partition: str, held: tuple | None) -> float | None:
         """A write through a BatchMeta: see ``TaskState.check_writer``."""
         return None if held is None else \
@@ -444,6 +462,7 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
             part.check_generation(index, generation)
             if shared is not None:
                 part.shared.bind(part, index, shared)
+                self.media.pins.handed(part, shared)  # the rows keep the entries now
             self._mark_written(part, index, schemas_, tags)
             self._reservations.settle(partition, index)
 
@@ -496,8 +515,9 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
     def _abort_reservations(self, session: str | None = None) -> int:
         """Abort the reservations due (or every one of ``session``), lock held
         (``reservations.abort_due``); returns the rows removed."""
-        return abort_due(self._reservations, self._parts, lambda part, rows: self._free_slots(
-            part.name, self._release_rows(part, rows)), session)
+        return self.media.expire() + abort_due(
+            self._reservations, self._parts, lambda part, rows: self._free_slots(
+                part.name, self._release_rows(part, rows)), session)
 
     def _free_slots(self, partition: str, freed: list) -> None:
         """Free slots in storage, then make them reusable (``frees.py``)."""
