@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from tq_stream.backends.base import occupancy
 from tq_stream.checks import check_keys
@@ -156,14 +155,12 @@ class Media:
                          self._conn.curve_server_key) for p in out["pins"]]
 
 
-def _one(col: Column) -> Any:
+def _one(col: Column) -> object:
     """The single row of a column read (a view where the column holds one)."""
     if isinstance(col, MultiRagged):
         return col.rows()[0]
     if isinstance(col, Ragged):
         return col.row(0)
-    if isinstance(col, torch.Tensor):
-        return col[0]
     return col[0]
 
 

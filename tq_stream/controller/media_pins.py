@@ -67,9 +67,12 @@ class MediaPins:
         rows = [self._entry(part, k) for k in keys]  # all checked before any pin
         for k, e in zip(keys, rows, strict=True):
             pin = uuid.uuid4().hex
-            self.pins[pin] = Pin(part.name, k, e, int(part.generation[e]), session, holder,
-                                 lease, now + lease, producer)
-            part.shared.holds[e] += 1
+            if producer and part.shared.refs[e] > 0:  # rows hold it already
+                self.ended[pin] = (HANDED, False)
+            else:
+                self.pins[pin] = Pin(part.name, k, e, int(part.generation[e]), session,
+                                     holder, lease, now + lease, producer)
+                part.shared.holds[e] += 1
             out.append({"key": k, "pin": pin, "generation": int(part.generation[e]),
                         "fields": sorted(f for f in part.shared.fields
                                          if f in part.ready and part.ready[f][e])})
