@@ -172,13 +172,13 @@ class MediaPins:
                                  f"of partition {part.name!r} was {why}")
         e = part.key_index.get(entry_key(key), -1)
         if e < 0 or int(part.generation[e]) != generation or not part.shared.entry[e]:
-            why = part.shared.why(key, generation)
-            if why is None and pin not in self.pins and pin not in self.ended:
+            freed = part.shared.why(key, generation)
+            if freed is None and pin not in self.pins and pin not in self.ended:
                 raise KeyConflictError(f"ref must name media put in partition {part.name!r}"
                                        f" (and not freed long ago), got key {key!r}")
             raise StateError(f"ref must name media still held to be resolved: media {key!r} "
                              f"of partition {part.name!r} was freed"
-                             f"{': ' + why if why else ''}")
+                             f"{': ' + freed if freed else ''}")
         missing = [f for f in fields if f not in part.ready or not part.ready[f][e]]
         if missing:
             raise KeyConflictError(f"fields must be held by media {key!r}, got {missing}")
