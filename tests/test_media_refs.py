@@ -163,6 +163,42 @@ def test_a_handle_of_another_deployment_or_no_handle_is_refused(stream):
         with pytest.raises(ConfigError, match="ref must be a MediaRef"):
             other.resolve(ref.to_dict())  # type: ignore[arg-type]
     with pytest.raises(KeyConflictError, match="ref must name media put"):
-        stream.media.pin(tq.MediaRef(P, "nope", ("image",), 0, "x", ref.deployment))
+        stream.media.pin(tq.MediaRef(P, "nope", ("image",), 0, 0, "x", ref.deployment))
     with pytest.raises(ConfigError, match="ref must be a MediaRef's dict"):
         tq.MediaRef.from_dict({"key": "m0"})
+
+
+def test_a_cleared_partition_frees_pinned_media_and_says_so(stream):
+    ref = stream.media.put(P, "m0", image_data(images(1)[0]))
+    stream.kv.clear(partition=P)
+    assert entries(stream) == 0 and stream.stats()[P]["media"]["entries"] == 0
+    with pytest.raises(StateError, match="was freed: it was cleared"):
+        stream.resolve(ref)
+    stream.release(ref)  # the pin of cleared media ends quietly, once
+    with pytest.raises(StateError, match="released once"):
+        stream.release(ref)
+
+
+def test_an_old_handle_does_not_resolve_media_put_again_under_its_key(stream):
+    old = stream.media.put(P, "m0", image_data(images(1)[0]))
+    stream.release(old)
+    new = stream.media.put(P, "m0", image_data(images(1, seed=9)[0]))
+    assert new.generation != old.generation or new.pin != old.pin
+    assert torch.equal(stream.resolve(new)["image"], images(1, seed=9)[0])
+    with pytest.raises(StateError, match="released by"):
+        stream.resolve(old)
+
+
+def test_a_handle_of_freed_media_never_resolves_media_put_later_under_its_key(stream):
+    stream.create_partition(P, consumers=["actor"])
+    old = stream.media.put(P, "g0", image_data(images(1)[0]))
+    keep = stream.media.put(P, "other", image_data(images(1, seed=3)[0]))  # takes a row
+    name_rows(stream, old)
+    c = stream.client()
+    c.register_task(P, "actor", ["response"], batch_size=N)
+    c.ack(c.get_meta(P, "actor", timeout=5))  # old's media freed with its rows
+    new = stream.media.put(P, "g0", image_data(images(1, seed=9)[0]))
+    assert torch.equal(stream.resolve(new)["image"], images(1, seed=9)[0])
+    with pytest.raises(StateError, match="was freed: the last row naming it"):
+        stream.resolve(old)
+    stream.release(keep)

@@ -51,6 +51,7 @@ class MediaRef:
     partition: str
     key: str
     fields: tuple[str, ...]
+    index: int  # the entry's row, and its reuse count: this media and no later one
     generation: int
     pin: str
     deployment: str
@@ -64,7 +65,8 @@ class MediaRef:
     def from_dict(d: Mapping[str, Any]) -> MediaRef:
         try:
             return MediaRef(str(d["partition"]), str(d["key"]), tuple(d["fields"]),
-                            int(d["generation"]), str(d["pin"]), str(d["deployment"]),
+                            int(d["index"]), int(d["generation"]), str(d["pin"]),
+                            str(d["deployment"]),
                             d.get("address"), d.get("curve_server_key"))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"ref must be a MediaRef's dict, got {dict(d)!r:.120} "
@@ -109,7 +111,7 @@ class Media:
         ref = check_ref(ref)
         self._lookup(ref, ref.fields[:1])  # refused as resolve would be
         new = self._hold(ref.partition, [ref.key], producer=False)[0]
-        if new.generation != ref.generation:  # freed and put again between the calls
+        if (new.index, new.generation) != (ref.index, ref.generation):  # put again since
             self.release(new)
             self._lookup(ref, ref.fields[:1])
         return new
@@ -140,8 +142,8 @@ class Media:
 
     def _lookup(self, ref: MediaRef, fields: Sequence[str]) -> dict[str, Any]:
         return self._conn.controller().media_lookup(
-            partition=ref.partition, key=ref.key, generation=ref.generation, pin=ref.pin,
-            deployment=ref.deployment, fields=list(fields))
+            partition=ref.partition, key=ref.key, index=ref.index, generation=ref.generation,
+            pin=ref.pin, deployment=ref.deployment, fields=list(fields))
 
     def _session(self, partition: str) -> str:
         return self._conn.keeper().producer_session(partition, self._conn.config.lease_timeout)
@@ -150,8 +152,8 @@ class Media:
         out = self._conn.controller().media_hold(
             partition=partition, keys=keys, session=self._session(partition), holder=holder(),
             lease=self._conn.config.lease_timeout, producer=producer)
-        return [MediaRef(partition, p["key"], tuple(p["fields"]), int(p["generation"]),
-                         p["pin"], out["deployment"], self._conn.address,
+        return [MediaRef(partition, p["key"], tuple(p["fields"]), int(p["index"]),
+                         int(p["generation"]), p["pin"], out["deployment"], self._conn.address,
                          self._conn.curve_server_key) for p in out["pins"]]
 
 

@@ -169,10 +169,11 @@ class RemoteController:
         self._call("media_release", partition=partition, pin=pin, session=session,
                    holder=holder)
 
-    def media_lookup(self, partition: str, key: str, generation: int, pin: str,
+    def media_lookup(self, partition: str, key: str, index: int, generation: int, pin: str,
                      deployment: str, fields: Sequence[str]) -> dict[str, Any]:
-        return self._call("media_lookup", partition=partition, key=key, generation=generation,
-                          pin=pin, deployment=deployment, fields=list(fields))
+        return self._call("media_lookup", partition=partition, key=key, index=index,
+                          generation=generation, pin=pin, deployment=deployment,
+                          fields=list(fields))
 
     # --- tasks
     def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,

@@ -69,15 +69,15 @@ class MediaCalls:
             if rows:
                 self._free_rows(part, np.asarray(rows, dtype=np.int64))
 
-    def lookup(self, partition: str, key: str, generation: int, pin: str, deployment: str,
-               fields: Sequence[str]) -> dict[str, Any]:
+    def lookup(self, partition: str, key: str, index: int, generation: int, pin: str,
+               deployment: str, fields: Sequence[str]) -> dict[str, Any]:
         if not isinstance(fields, list | tuple) or not fields or \
                 not all(isinstance(f, str) for f in fields):
             raise ConfigError(f"fields must be a non-empty list of str, got {fields!r:.80}")
         with self._lock:
             self.expire()
-            return self.pins.lookup(self._part_of(partition), key, int(generation), pin,
-                                    deployment, list(fields))
+            return self.pins.lookup(self._part_of(partition), key, int(index),
+                                    int(generation), pin, deployment, list(fields))
 
     def renew(self, partition: str, session: str) -> int:
         """Lock held: the producer heartbeat of ``session`` renews its pins too."""

@@ -73,7 +73,8 @@ class MediaPins:
                 self.pins[pin] = Pin(part.name, k, e, int(part.generation[e]), session,
                                      holder, lease, now + lease, producer)
                 part.shared.holds[e] += 1
-            out.append({"key": k, "pin": pin, "generation": int(part.generation[e]),
+            out.append({"key": k, "pin": pin, "index": e,
+                        "generation": int(part.generation[e]),
                         "fields": sorted(f for f in part.shared.fields
                                          if f in part.ready and part.ready[f][e])})
         return out
@@ -159,7 +160,7 @@ class MediaPins:
         return min((p.expiry for p in self.pins.values()), default=float("inf"))
 
     # ------------------------------------------------------------- reading
-    def lookup(self, part: PartitionMeta, key: str, generation: int, pin: str,
+    def lookup(self, part: PartitionMeta, key: str, index: int, generation: int, pin: str,
                deployment: str, fields: Sequence[str]) -> dict[str, Any]:
         """Where the entry of a handle lives, if the handle may still be resolved."""
         if deployment != self.deployment:
@@ -171,8 +172,8 @@ class MediaPins:
                 raise StateError(f"ref must not be released to be resolved: media {key!r} "
                                  f"of partition {part.name!r} was {why}")
         e = part.key_index.get(entry_key(key), -1)
-        if e < 0 or int(part.generation[e]) != generation or not part.shared.entry[e]:
-            freed = part.shared.why(key, generation)
+        if e != index or int(part.generation[e]) != generation or not part.shared.entry[e]:
+            freed = part.shared.why(key, index, generation)
             if freed is None and pin not in self.pins and pin not in self.ended:
                 raise KeyConflictError(f"ref must name media put in partition {part.name!r}"
                                        f" (and not freed long ago), got key {key!r}")

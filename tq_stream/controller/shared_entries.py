@@ -72,7 +72,7 @@ class SharedTable:
         self.of = np.full(size, -1, dtype=np.int64)
         self.refs = np.zeros(size, dtype=np.int64)
         self.holds = np.zeros(size, dtype=np.int64)  # pins on each entry (media_pins.py)
-        self.freed: OrderedDict[tuple[str, int], str] = OrderedDict()  # (key, gen) -> why
+        self.freed: OrderedDict[tuple[str, int, int], str] = OrderedDict()  # key, row, gen
         self.fields: set[str] = set()
         self.digests: dict[int, dict[str, str]] = {}  # entry row -> field -> digest
         self.nbytes: dict[int, int] = {}  # entry row -> bytes put
@@ -224,13 +224,14 @@ class SharedTable:
         """Entries ``ents`` are being freed because of ``why`` (a reason noted first
         stays)."""
         for e in ents.tolist():
-            self.freed.setdefault((str(part.keys[e]), int(part.generation[e])), why)
+            self.freed.setdefault((str(part.keys[e]), e, int(part.generation[e])), why)
         while len(self.freed) > FREED_KEPT:
             self.freed.popitem(last=False)
 
-    def why(self, key: str, generation: int) -> str | None:
-        """Why the entry of ``key`` (its generation then) was freed, if remembered."""
-        return self.freed.get((entry_key(key), generation))
+    def why(self, key: str, row: int, generation: int) -> str | None:
+        """Why the entry of ``key`` (row ``row`` of ``generation``) was freed, if
+        remembered."""
+        return self.freed.get((entry_key(key), row, generation))
 
     def with_namers(self, rows: np.ndarray) -> np.ndarray:
         """``rows`` plus the rows naming the entries among them (lost with them)."""
