@@ -202,3 +202,30 @@ def test_a_handle_of_freed_media_never_resolves_media_put_later_under_its_key(st
     with pytest.raises(StateError, match="was freed: the last row naming it"):
         stream.resolve(old)
     stream.release(keep)
+
+
+def test_media_whose_producer_dies_between_its_put_and_its_hold_is_freed(stream):
+    producer = tq.Stream(Connection(stream.connection.backend, stream.config, "embedded"))
+    conn = producer.connection
+    session = conn.keeper().producer_session(P, conn.config.lease_timeout)
+    conn.controller().media_hold(partition=P, keys=["m0"], session=session, holder="dying",
+                                 lease=0.4, producer=True, pending=5.0)  # Media.put's first step
+    producer.writer(P).put_shared("m0", image_data(images(1)[0]))  # its second
+    conn.keeper().stop()  # and it dies before the third (the hold)
+    assert entries(stream) == 1
+    deadline = time.monotonic() + 10
+    while entries(stream) and time.monotonic() < deadline:
+        stream.writer(P).put("x", {"y": torch.ones(1)})  # a put sweeps what lapsed
+        time.sleep(0.1)
+    assert entries(stream) == 0
+
+
+def test_a_failed_put_leaves_no_pin(stream):
+    stream.media.put(P, "m0", image_data(images(1)[0]))
+    with pytest.raises(ConfigError, match="written once"):
+        stream.media.put(P, "m0", image_data(images(1, seed=1)[0]))  # other bytes
+    assert list(stream.stats()[P]["media"]["pins"].values()) == [1]
+    with pytest.raises(ConfigError, match="pins must be the live pending pins"):
+        stream.connection.controller().media_hold(
+            partition=P, keys=["m0"], session="s", holder="h", lease=1.0, producer=True,
+            pins=["nope"])

@@ -100,9 +100,19 @@ class Media:
         keys_ = check_keys([keys] if isinstance(keys, str) else keys)
         cols = single_row(data) if one else to_columns(data, len(keys_))
         timeout = self._conn.config.timeout if timeout is None else timeout
-        unit = self._conn.preferred_unit()
-        put_shared(self._conn, partition, unit, keys_, cols, timeout)
-        refs = self._hold(partition, keys_, producer=True)
+        ctrl, session = self._conn.controller(), self._session(partition)
+        pending = ctrl.media_hold(  # held from before the put: a producer that dies
+            partition=partition, keys=keys_, session=session, holder=holder(),  # leaks none
+            lease=self._conn.config.lease_timeout, producer=True, pending=timeout)["pending"]
+        try:
+            put_shared(self._conn, partition, self._conn.preferred_unit(), keys_, cols,
+                       timeout)
+        except BaseException:
+            for pin in pending:
+                ctrl.media_release(partition=partition, pin=pin, session=session,
+                                   holder=holder())
+            raise
+        refs = self._hold(partition, keys_, producer=True, pins=pending)
         return refs[0] if one else refs
 
     def pin(self, ref: MediaRef) -> MediaRef:
@@ -148,10 +158,11 @@ class Media:
     def _session(self, partition: str) -> str:
         return self._conn.keeper().producer_session(partition, self._conn.config.lease_timeout)
 
-    def _hold(self, partition: str, keys: list[str], producer: bool) -> list[MediaRef]:
+    def _hold(self, partition: str, keys: list[str], producer: bool,
+              pins: list[str] | None = None) -> list[MediaRef]:
         out = self._conn.controller().media_hold(
             partition=partition, keys=keys, session=self._session(partition), holder=holder(),
-            lease=self._conn.config.lease_timeout, producer=producer)
+            lease=self._conn.config.lease_timeout, producer=producer, pins=pins)
         return [MediaRef(partition, p["key"], tuple(p["fields"]), int(p["index"]),
                          int(p["generation"]), p["pin"], out["deployment"], self._conn.address,
                          self._conn.curve_server_key) for p in out["pins"]]

@@ -161,9 +161,12 @@ class RemoteController:
         self._call("abort", partition=partition, index=index, generation=generation)
 
     def media_hold(self, partition: str, keys: Sequence[str], session: str, holder: str,
-                   lease: float, producer: bool) -> dict[str, Any]:
+                   lease: float, producer: bool, pending: float = 0.0,
+                   pins: Sequence[str] | None = None) -> dict[str, Any]:
+        extra: dict[str, Any] = {} if pins is None else {"pins": list(pins)}
         return self._call("media_hold", partition=partition, keys=list(keys), session=session,
-                          holder=holder, lease=lease, producer=producer)
+                          holder=holder, lease=lease, producer=producer, pending=pending,
+                          **extra)
 
     def media_release(self, partition: str, pin: str, session: str, holder: str) -> None:
         self._call("media_release", partition=partition, pin=pin, session=session,

@@ -124,8 +124,10 @@ class Controller(ConsumingLogic, StepLogic, SpareLogic):
         self._admission = Admission(self._cond, self._part, self._task,
                                     lambda p: self._tasks.get(p, {}), self._timings)
         # media pinned by handles of live sessions (media_calls.py, media_pins.py)
-        self.media = MediaCalls(self._cond, lambda: self._parts, self._part, lambda part, rows:
-                                self._free_slots(part.name, self._release_rows(part, rows)))
+        self.media = MediaCalls(
+            self._cond, lambda: self._parts, self._part,
+            lambda p: self._part(p, create=True, by_put=True),
+            lambda part, rows: self._free_slots(part.name, self._release_rows(part, rows)))
         self.media_hold, self.media_release = self.media.hold, self.media.release
         self.media_lookup = self.media.lookup
 

@@ -37,26 +37,36 @@ def _check_holder(session: object, holder: object) -> tuple[str, str]:
 class MediaCalls:
     """What the controller's media methods do (see module doc)."""
 
-    def __init__(self, lock: threading.Condition, parts: Callable[[], Mapping[str, PartitionMeta]],
-                 part_of: PartOf, free_rows: FreeRows) -> None:
+    def __init__(self, lock: threading.Condition,
+                 parts: Callable[[], Mapping[str, PartitionMeta]], part_of: PartOf,
+                 made_by_put: PartOf, free_rows: FreeRows) -> None:
         self._lock = lock
         self._parts = parts
         self._part_of = part_of
+        self._made_by_put = made_by_put  # the partition, created as a put creates it
         self._free_rows = free_rows
         self.pins = MediaPins()
 
     def hold(self, partition: str, keys: Sequence[str], session: str, holder: str,
-             lease: float, producer: bool) -> dict[str, Any]:
+             lease: float, producer: bool, pending: float = 0.0,
+             pins: Sequence[str] | None = None) -> dict[str, Any]:
         """Pins of ``session`` on the entries ``keys``: ``{"deployment", "pins": [{"key",
-        "pin", "generation", "fields"}]}``."""
+        "pin", "index", "generation", "fields"}]}``. ``pending`` (seconds a put may take):
+        pins taken before the put, ``{"pending": [pin, ...]}``, which a second call with
+        ``pins`` makes these pins (``MediaPins.pend``)."""
         keys_ = check_keys(list(keys))
         session_, holder_ = _check_holder(session, holder)
         lease_ = check_timeout("lease", lease)
         with self._lock:
             self.expire()
-            pins = self.pins.hold(self._part_of(partition), keys_, session_, holder_,
-                                  lease_, bool(producer), time.time())
-            return {"deployment": self.pins.deployment, "pins": pins}
+            part = (self._made_by_put if pending else self._part_of)(partition)
+            if pending:
+                put = check_timeout("pending", pending)
+                return {"pending": self.pins.pend(part, keys_, session_, holder_, lease_,
+                                                  put, time.time())}
+            out = self.pins.hold(part, keys_, session_, holder_, lease_, bool(producer),
+                                 time.time(), None if pins is None else list(pins))
+            return {"deployment": self.pins.deployment, "pins": out}
 
     def release(self, partition: str, pin: str, session: str, holder: str) -> None:
         session_, holder_ = _check_holder(session, holder)

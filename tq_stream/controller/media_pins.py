@@ -49,6 +49,7 @@ class Pin:
     lease: float
     expiry: float  # time.time() after which the pin ends unless renewed
     producer: bool  # made by the put: handed over to the rows naming the entry
+    deadline: float = float("inf")  # a pending pin (row -1) ends by then, renewed or not
 
 
 class MediaPins:
@@ -60,13 +61,30 @@ class MediaPins:
         self.ended: OrderedDict[str, tuple[str, bool]] = OrderedDict()  # pin -> why, released
 
     # ------------------------------------------------------------- pinning
+    def pend(self, part: PartitionMeta, keys: Sequence[str], session: str, holder: str,
+             lease: float, put_timeout: float, now: float) -> list[str]:
+        """Pending pins of a producer about to put ``keys``: should its session lapse
+        before ``hold`` confirms them, the entries it put and nothing holds are freed."""
+        out = []
+        for k in keys:
+            pin = uuid.uuid4().hex
+            self.pins[pin] = Pin(part.name, k, -1, -1, session, holder, lease, now + lease,
+                                 True, now + put_timeout + lease)
+            out.append(pin)
+        return out
+
     def hold(self, part: PartitionMeta, keys: Sequence[str], session: str, holder: str,
-             lease: float, producer: bool, now: float) -> list[dict[str, Any]]:
-        """A pin of ``session`` on the committed entry of each of ``keys``."""
+             lease: float, producer: bool, now: float,
+             confirm: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """A pin of ``session`` on the committed entry of each of ``keys`` (``confirm``:
+        the pending pins of ``pend`` that become these pins)."""
         out = []
         rows = [self._entry(part, k) for k in keys]  # all checked before any pin
-        for k, e in zip(keys, rows, strict=True):
-            pin = uuid.uuid4().hex
+        if confirm is not None:
+            self._check_pending(part, keys, session, confirm)
+        for i, (k, e) in enumerate(zip(keys, rows, strict=True)):
+            pin = uuid.uuid4().hex if confirm is None else confirm[i]
+            self.pins.pop(pin, None)
             if producer and part.shared.refs[e] > 0:  # rows hold it already
                 self.ended[pin] = (HANDED, False)
             else:
@@ -78,6 +96,17 @@ class MediaPins:
                         "fields": sorted(f for f in part.shared.fields
                                          if f in part.ready and part.ready[f][e])})
         return out
+
+    def _check_pending(self, part: PartitionMeta, keys: Sequence[str], session: str,
+                       confirm: Sequence[str]) -> None:
+        ok = isinstance(confirm, list | tuple) and len(confirm) == len(keys) and all(
+            isinstance(c, str) and c in self.pins and self.pins[c].row < 0
+            and (self.pins[c].partition, self.pins[c].key, self.pins[c].session)
+            == (part.name, k, session) for c, k in zip(confirm, keys, strict=True))
+        if not ok:
+            raise ConfigError(f"pins must be the live pending pins of session "
+                              f"{session[:12]!r} for keys {list(keys)[:5]} (media_hold with "
+                              f"pending first), got {confirm!r:.120}")
 
     def _entry(self, part: PartitionMeta, key: str) -> int:
         e = part.key_index.get(entry_key(key), -1) if isinstance(key, str) else -1
@@ -100,7 +129,7 @@ class MediaPins:
         n = 0
         for p in self.pins.values():
             if p.session == session and p.partition == partition and p.expiry > now:
-                p.expiry = now + p.lease
+                p.expiry = min(p.deadline, now + p.lease)
                 n += 1
         return n
 
@@ -146,6 +175,11 @@ class MediaPins:
         out: dict[str, list[int]] = {}
         for pin, p in list(self.pins.items()):
             part = parts.get(p.partition)
+            if p.row < 0:
+                e = self._end_pending(part, pin, now)
+                if e >= 0 and part is not None:
+                    out.setdefault(part.name, []).append(e)
+                continue
             if part is not None and _alive(part, p) and p.expiry > now:
                 continue
             e = self._end(part, pin, f"ended when its holder {p.holder} (session "
@@ -155,6 +189,25 @@ class MediaPins:
             if e >= 0 and part is not None:
                 out.setdefault(part.name, []).append(e)
         return [(parts[name], rows) for name, rows in out.items()]
+
+    def _end_pending(self, part: PartitionMeta | None, pin: str, now: float) -> int:
+        """End pending ``pin`` if due; returns the entry its put left that nothing
+        holds (to free), else -1."""
+        p = self.pins[pin]
+        if p.expiry > now:
+            return -1
+        del self.pins[pin]
+        self.ended[pin] = (f"ended when its producer {p.holder} (session {p.session[:12]}) "
+                           f"stopped before it held the media it put", False)
+        if part is None:
+            return -1
+        e = part.key_index.get(entry_key(p.key), -1)
+        if e < 0 or not part.shared.entry[e] or part.shared.refs[e] or part.shared.holds[e] \
+                or any(q.row < 0 and (q.partition, q.key) == (p.partition, p.key)
+                       for q in self.pins.values()):
+            return -1
+        part.shared.note_freed(part, np.array([e]), "its producer stopped before it held it")
+        return e
 
     def soonest(self) -> float:
         return min((p.expiry for p in self.pins.values()), default=float("inf"))
@@ -200,8 +253,8 @@ class MediaPins:
 
 
 def _alive(part: PartitionMeta, p: Pin) -> bool:
-    return bool(part.used[p.row]) and int(part.generation[p.row]) == p.generation and \
-        bool(part.shared.entry[p.row])
+    return p.row >= 0 and bool(part.used[p.row]) and \
+        int(part.generation[p.row]) == p.generation and bool(part.shared.entry[p.row])
 
 
 __all__ = ["MediaPins", "Pin"]
