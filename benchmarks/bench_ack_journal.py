@@ -108,7 +108,7 @@ def bench_replay(steps: int, batch: int) -> dict[str, float]:
         ctrl.register_task(P, "t", ["x"], batch_size=batch)
         place = ctrl.reserve(P, [f"k{i}" for i in range(steps * batch)], SCHEMA)
         ctrl.commit(P, place["index"], place["generation"], SCHEMA)
-        ctrl._checkpointer.write_now()
+        ctrl._recovery.checkpointer.write_now()
         for step in range(steps):
             meta = ctrl.get_meta(P, "t", step=step, timeout=5.0, session="s")
             ctrl.ack(P, "t", step, 0, meta["index"], meta["generation"])

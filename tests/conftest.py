@@ -11,10 +11,7 @@ import torch
 from tensordict import TensorDict
 
 import tq_stream as tq
-from tq_stream.controller import consuming as _consuming_mod
-from tq_stream.controller import controller as _controller_mod
-from tq_stream.controller import reservations as _reservations_mod
-from tq_stream.controller import steps as _steps_mod
+from tq_stream.controller import Controller
 
 
 @pytest.fixture
@@ -28,8 +25,9 @@ def stream() -> Iterator[tq.Stream]:
 
 
 class FakeClock:
-    """Wall-clock time the controller sees for leases; ``monotonic`` stays real so
-    bounded waits still end. ``advance`` moves time forward."""
+    """Wall-clock seconds a controller reads for leases, reservations and write times
+    (handed to it: ``Controller(clock=clock.time)`` or ``set_clock``); its waits stay
+    bounded by the real ``time.monotonic``. ``advance`` moves time forward."""
 
     def __init__(self) -> None:
         self.now = _time.time()
@@ -37,35 +35,18 @@ class FakeClock:
     def time(self) -> float:
         return self.now
 
-    def monotonic(self) -> float:
-        return _time.monotonic()
-
     def advance(self, seconds: float) -> None:
         self.now += seconds
 
-    def install(self) -> list:
-        """Patch the controller modules; returns what ``uninstall`` needs."""
-        saved = [(m, m.time) for m in (_steps_mod, _controller_mod, _consuming_mod,
-                                          _reservations_mod)]
-        for m, _ in saved:
-            m.time = self  # type: ignore[assignment]
-        return saved
-
-    @staticmethod
-    def uninstall(saved: list) -> None:
-        for m, t in saved:
-            m.time = t
-
 
 @pytest.fixture
-def clock() -> Iterator[FakeClock]:
-    """A FakeClock installed in the controller modules for the test's duration."""
+def clock(stream: tq.Stream) -> FakeClock:
+    """A FakeClock the embedded ``stream``'s controller reads."""
     c = FakeClock()
-    saved = c.install()
-    try:
-        yield c
-    finally:
-        FakeClock.uninstall(saved)
+    ctrl = stream.connection.controller()
+    assert isinstance(ctrl, Controller)  # embedded: the controller itself
+    ctrl.set_clock(c.time)
+    return c
 
 
 # ------------------------------------------------------------------ data builders

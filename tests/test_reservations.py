@@ -159,7 +159,7 @@ def test_rows_reserved_when_a_checkpoint_was_taken_are_held_after_a_restore(stre
     put_rows(stream, keys_of("a", 4), P)
     _reserve(stream, ["mid_0"])  # a put in flight when the state is taken
     state = stream.connection.controller().state_dict()
-    ctrl = Controller()  # the restarted controller (metadata only)
+    ctrl = Controller(clock=clock.time)  # the restarted controller (metadata only)
     ctrl.load_state_dict(state)
     clock.advance(RESTORED_LEASE - 1)
     ctrl.reserve(partition=P, keys=["b_0"], schemas=schemas_of(dense_batch(["b_0"])))

@@ -290,3 +290,17 @@ def test_a_step_cut_to_nothing_keeps_the_inner_discards():
     sel = SeqlenBalancedSampler(inner, group_tag="uid").sample(cands, 2)
     assert not sel.ready
     assert sorted(np.concatenate(list(sel.discard.values())).tolist()) == [0, 1]
+
+
+def test_an_inner_sampler_may_use_the_name_inner_for_its_own():
+    """A user's sampler that keeps something else under ``inner`` (the name is not
+    reserved) is wrapped as before: the walk for a group tag stops at it."""
+
+    class Mine(SequentialSampler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = {"temperature": 0.7}
+
+    sampler = SeqlenBalancedSampler(Mine(), cost_tag="seqlen")
+    assert sampler.group_tag is None
+    sampler.check_batch(2)

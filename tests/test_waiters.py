@@ -79,7 +79,7 @@ def test_a_cancelled_or_late_waiter_is_not_answered(stream):
     stream.create_partition(P, consumers=["t"])
     stream.client().register_task(P, "t", ["x"], batch_size=1, dp_size=2)
     ctrl = stream.connection.controller()
-    _, state = ctrl._task(P, "t")
+    _, state = ctrl._book.task(P, "t")
     ctrl.cancel("gone")
     cancelled = Waiter(state, (0, 0, 0, "gone", ""), 0.0, float("inf"), None)
     late = Waiter(state, (0, 1, 0, "", ""), 0.0, 0.0, None)  # its deadline passed
@@ -88,7 +88,7 @@ def test_a_cancelled_or_late_waiter_is_not_answered(stream):
         ctrl._waiters.add(P, late)
     put_rows(stream, keys_of("k", 2))
     assert cancelled.meta is None and late.meta is None
-    assert not ctrl._task(P, "t")[1].steps  # no step was formed for them
+    assert not ctrl._book.task(P, "t")[1].steps  # no step was formed for them
 
 
 class Failing(Sampler):

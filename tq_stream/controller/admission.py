@@ -14,46 +14,35 @@ the pace of the consumer's ``set_version`` calls, else 1). The wait is
 woken by acks, discards and version updates; it is bounded by ``timeout``.
 Producers that write without ``reserve`` are not counted.
 
-The controller hands ``Admission`` what it works on: its condition (whose lock guards
-the metadata), the lookups of a partition, of a registered task and of a partition's
-tasks (functions: a restore replaces the controller's maps), and the timings that
-measure waits.
+The controller hands ``Admission`` what it works on: the book (partitions, tasks and
+the condition whose lock guards them, ``book.py``) and the timings that measure
+waits.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Mapping
 from typing import Any
 
-from tq_stream.controller.partition import PartitionMeta
-from tq_stream.controller.task import TaskState
+from tq_stream.controller.book import Book
 from tq_stream.controller.timings import Timings
 from tq_stream.errors import WaitTimeout, check_positive, check_timeout, format_seconds
 from tq_stream.handling import WouldBlock, may_block
-
-PartOf = Callable[..., PartitionMeta]  # part_of(partition, create=False)
-TaskOf = Callable[[str, str], tuple[PartitionMeta, TaskState]]
-TasksOf = Callable[[str], Mapping[str, TaskState]]
 
 
 class Admission:
     """The staleness window of producers; see the module docstring."""
 
-    def __init__(self, cond: threading.Condition, part_of: PartOf, task_of: TaskOf,
-                 tasks_of: TasksOf, timings: Timings) -> None:
-        self._cond = cond
-        self._part_of = part_of
-        self._task_of = task_of
-        self._tasks_of = tasks_of
+    def __init__(self, book: Book, timings: Timings) -> None:
+        self._book = book
+        self._cond = book.cond
         self._timings = timings
 
     def room(self, partition: str, admitted: int) -> tuple[int | None, str]:
         """Rows producers may still start (None: unbounded) and the binding task."""
         room: int | None = None
         who = ""
-        for name, task in self._tasks_of(partition).items():
+        for name, task in self._book.tasks.get(partition, {}).items():
             if task.version is None:
                 continue
             consumed = task.acked + sum(task.discards.values())
@@ -74,7 +63,7 @@ class Admission:
         check_timeout("timeout", timeout)
         deadline = time.monotonic() + timeout
         with self._cond:
-            part = self._part_of(partition, create=True)
+            part = self._book.part(partition, create=True)
             while True:
                 room, who = self.room(partition, part.admitted)
                 if room is None or n <= room:
@@ -97,13 +86,13 @@ class Admission:
         """How many steps the task's consumer takes per policy version (default 1)."""
         check_positive("steps_per_version", steps_per_version)
         with self._cond:
-            self._task_of(partition, task)[1].steps_per_version = steps_per_version
+            self._book.task(partition, task)[1].steps_per_version = steps_per_version
             self._cond.notify_all()
 
     def status(self, partition: str) -> dict[str, Any]:
         """Rows admitted so far and the room left (None: no staleness-bound task)."""
         with self._cond:
-            part = self._part_of(partition)
+            part = self._book.part(partition)
             room, who = self.room(partition, part.admitted)
             return {"admitted": part.admitted, "room": room, "task": who}
 

@@ -22,7 +22,8 @@ import numpy as np
 
 from tq_stream.columns import FieldSchema
 from tq_stream.controller.partition import PartitionMeta
-from tq_stream.controller.task import Claim, StepRecord, TaskConfig, TaskState
+from tq_stream.controller.task import Claim, StepRecord, TaskState
+from tq_stream.controller.task_config import TaskConfig
 from tq_stream.errors import ConfigError
 from tq_stream.samplers.base import Sampler
 
@@ -48,10 +49,7 @@ def _part_state(part: PartitionMeta) -> dict[str, Any]:
         "created": part.created[rows], "next_created": part.next_created,
         "ready": part.shared.own_ready(part, rows),  # what each row's slot holds
         "tags": part.tags.state_dict(), "shared": part.shared.state_dict(),
-        "next_row": part._next_row, "free_rows": list(part._free_rows) + spare.tolist(),
-        "pools": [{"next": p.next,
-                   "free": sorted(p.free + part.slot[spare[part.unit[spare] == u]].tolist())}
-                  for u, p in enumerate(part._pools)],
+        **part.free_state(spare),
     }
 
 
@@ -62,9 +60,7 @@ def _task_state(task: TaskState) -> dict[str, Any]:
     else:
         sampler, sampler_state = type(task.sampler).__name__, task.sampler.state_dict()
     return {
-        "config": {"fields": list(c.fields), "batch_size": c.batch_size, "dp_size": c.dp_size,
-                   "replicas": c.replicas, "lease_timeout": c.lease_timeout,
-                   "drop_last": c.drop_last},
+        "config": c.to_dict(),
         "sampler": sampler, "sampler_state": sampler_state,
         "state": task.state, "acks": task.acks,
         "available": task.queue.ordered(),
@@ -134,7 +130,7 @@ def load_controller(state: Any, n_units: int) -> tuple[dict, dict]:
         part.consumers = None if s["consumers"] is None else tuple(s["consumers"])
         part.versions = {str(k): (int(v), None if at is None else int(at))
                          for k, (v, at) in s["versions"].items()}
-        part._grow_to(int(s["size"]))
+        part.grow_to(int(s["size"]))
         part.fix_schemas({f: FieldSchema.from_dict(d) for f, d in s["schemas"].items()})
         rows = np.asarray(s["rows"], dtype=np.int64)
         part.keys[rows] = s["keys"]
@@ -152,9 +148,7 @@ def load_controller(state: Any, n_units: int) -> tuple[dict, dict]:
             part.shared.load_state_dict(part, s["shared"])
         part.key_index = dict(zip(s["keys"], rows.tolist(), strict=True))
         part.live = len(rows)
-        part._next_row, part._free_rows = int(s["next_row"]), list(s["free_rows"])
-        for pool, ps in zip(part._pools, s["pools"], strict=True):
-            pool.next, pool.free = int(ps["next"]), sorted(ps["free"])
+        part.load_free_state(s)
         parts[name] = part
     tasks: dict[str, dict[str, TaskState]] = {name: {} for name in parts}
     for name, ts in state["tasks"].items():
@@ -167,8 +161,7 @@ def load_controller(state: Any, n_units: int) -> tuple[dict, dict]:
 
 
 def _load_task(name: str, s: dict[str, Any], part: PartitionMeta) -> TaskState:
-    config = TaskConfig(tuple(s["config"]["fields"]), **{
-        k: v for k, v in s["config"].items() if k != "fields"})
+    config = TaskConfig.from_dict(s["config"])
     task = TaskState(name, config, Sampler(), part.size)
     task.restored = (s["sampler"], copy.deepcopy(s["sampler_state"]))
     task.state[: len(s["state"])] = s["state"]

@@ -1,8 +1,8 @@
-"""ConsumingLogic: the consumer's calls — get_meta, ack, release, renew, resume, cancel.
+"""Consuming: the consumer's calls — get_meta, ack, release, renew, resume, cancel.
 
 Leases are held by consumer *sessions* (a random id per loader iteration or per
 client) and kept alive by their heartbeat (``renew(session=...)``); see
-``task.py`` for what a claim is and ``steps.py`` for how a step is found.
+``task.py`` for what a claim is and ``delivery.py`` for how a step is found.
 A waiting ``get_meta`` is one wait on the controller's condition, woken by
 acks, clears, version changes and closes (and by row changes as below), and ended
 early by ``cancel(session)`` when its loader stops. A call that makes rows ready (a commit,
@@ -13,7 +13,8 @@ answer that way (a waiter it found no step for is not woken: it would only repea
 that try). On a server's IO thread it forms steps only
 for the default sampler on an open partition, and small steps (``_forms_inline``).
 
-Called by the Controller's public methods; ``self`` is the Controller.
+The Controller hands ``Consuming`` the book (partitions, tasks, the condition),
+the delivery rules, the waiters and the timings; its public methods hand over here.
 """
 
 from __future__ import annotations
@@ -23,18 +24,19 @@ from typing import Any
 
 import numpy as np
 
-from tq_stream import fieldpath
-from tq_stream.controller.capacity import held_hint
+from tq_stream.controller.book import Book
+from tq_stream.controller.delivery import Delivery
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.reservations import WRITER_TASK
-from tq_stream.controller.task import MAX_REPLICAS, TaskState
-from tq_stream.controller.waiters import Waiter
-from tq_stream.controller.waiting import holders, not_ready
+from tq_stream.controller.task import TaskState
+from tq_stream.controller.task_config import MAX_REPLICAS
+from tq_stream.controller.timings import Timings
+from tq_stream.controller.wait_errors import wait_error, waiting_for
+from tq_stream.controller.waiters import Waiter, Waiters
 from tq_stream.errors import (
     ConfigError,
     LeaseError,
     TurnNotReached,
-    WaitTimeout,
     check_positive,
     check_replica,
     check_timeout,
@@ -42,7 +44,6 @@ from tq_stream.errors import (
 )
 from tq_stream.handling import ANSWERED, Reply, WouldBlock, may_block
 from tq_stream.samplers.sequential import SequentialSampler
-from tq_stream.stats import describe
 
 MAX_CANCELLED = 1024  # cancelled sessions remembered (their late waits return None)
 
@@ -78,14 +79,22 @@ def check_session(name: str, value: Any) -> str:
     return value
 
 
-class ConsumingLogic:
-    """Mixin of Controller; see the module docstring."""
+class Consuming:
+    """The consumer's calls (see the module docstring)."""
+
+    def __init__(self, book: Book, delivery: Delivery, waiters: Waiters,
+                 timings: Timings) -> None:
+        self._book = book
+        self._delivery = delivery
+        self._waiters = waiters  # the get_meta calls waiting (waiters.py)
+        self._timings = timings  # waits measured, slow ones logged
+        self._cancelled: dict[str, float] = {}  # consumer sessions told to stop waiting
 
     def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
                  timeout: float = 60.0, replica: int | None = None, session: str = "",
                  consumer: str = "", reply: Reply | None = None) -> dict[str, Any] | None:
         """The rows of ``step`` for ``dp_rank`` (``step=None``: the next batch for this
-        consumer, see ``steps.py``); waits for enough ready rows.
+        consumer, see ``delivery.py``); waits for enough ready rows.
 
         Args:
             replica: which TP/PP peer of ``dp_rank`` reads (each acks for itself);
@@ -115,8 +124,8 @@ class ConsumingLogic:
         check_session("session", session)
         check_session("consumer", consumer)
         deadline = time.monotonic() + timeout
-        with self._cond:
-            part, state = self._task(partition, task)
+        with self._book.cond:
+            part, state = self._book.task(partition, task)
             replica = check_replica(replica, state.config.replicas)
             _check_ids(state, dp_rank, replica)
             waiter = Waiter(state, (step, dp_rank, replica, session, consumer),
@@ -135,31 +144,34 @@ class ConsumingLogic:
             while True:
                 if session and session in self._cancelled:
                     return None
-                self._abort_reservations()  # a dead producer's rows must not hold the end
-                meta = self._try_step(part, state, step, dp_rank, replica, session, consumer)
+                self._book.abort_reservations()  # a dead producer's rows must not hold the end
+                meta = self._delivery.try_step(part, state, step, dp_rank, replica, session,
+                                               consumer)
                 if meta is not None:
                     self._timings.waited(part.name, state.name, waiter.since)
                     return meta
                 left = waiter.deadline - time.monotonic()
-                if left <= 0 and state.awaits_turn(step, session, time.time(), timeout):
-                    what = self._waiting_for(part, state, step, dp_rank)
+                if left <= 0 and state.awaits_turn(step, session, self._book.clock(), timeout):
+                    what = waiting_for(part, state, step, dp_rank, self._book.clock())
                     raise TurnNotReached(
                         f"get_meta waited timeout={format_seconds(timeout)} on partition "
                         f"{part.name!r} for {what}; the trainer is alive on an earlier "
                         f"step and moved on within the timeout: ask again")
                 if left <= 0:
-                    raise self._wait_error(part, state, waiter.args, timeout)
+                    raise wait_error(self._delivery, self._book.parts, part, state, waiter.args,
+                                     timeout, self._book.clock())
                 if not registered:
                     self._waiters.add(part.name, waiter)
                     registered = True
                     if step is None and state.ended:
-                        self._cond.notify_all()  # others at the end need not wait for us
-                self._timings.wait(self._cond, min(left, self._next_wake(state)),
+                        self._book.cond.notify_all()  # others at the end need not wait for us
+                self._timings.wait(self._book.cond, min(left, self._next_wake(state)),
                                    waiter.since, "get_meta", part.name,
-                                   lambda: self._waiting_for(part, state, step, dp_rank))
+                                   lambda: waiting_for(part, state, step, dp_rank,
+                                                       self._book.clock()))
                 if waiter.meta is not None:  # formed by a commit: sent, or ours to send
                     return ANSWERED if waiter.given else waiter.meta
-                self._check_open()
+                self._book.check_open()
         finally:
             if registered:
                 self._waiters.remove(part.name, waiter)
@@ -185,8 +197,8 @@ class ConsumingLogic:
                 wake_now = True  # its own worker forms the step (and frees what it drops)
                 continue
             try:
-                meta = self._try_step(part, waiter.state, step, dp_rank, replica, session,
-                                      consumer)
+                meta = self._delivery.try_step(part, waiter.state, step, dp_rank, replica,
+                                               session, consumer)
             except Exception:  # noqa: BLE001 — the waiter tries again and raises it itself
                 wake_now = True
                 continue
@@ -198,91 +210,17 @@ class ConsumingLogic:
                 wake_now = wake_now or not waiter.given
         return wake_now
 
-    def _rows_ready(self, part: PartitionMeta) -> None:
+    def rows_ready(self, part: PartitionMeta) -> None:
         """Rows of ``part`` may have become ready: answer the waiters that can take
         them, and wake the waiters that must look themselves (``_answer_waiters``);
         the others are woken once the replies given were sent (a thread woken earlier
         would compete with the send). Lock held."""
         if self._answer_waiters(part):
-            self._cond.notify_all()
+            self._book.cond.notify_all()
 
-    def _waiting_for(self, part: PartitionMeta, state: TaskState, step: int | None,
-                     dp_rank: int) -> str:
-        """What a waiting get_meta lacks, e.g. "task 't' step 0 (rank 0): 1 complete
-        group of 4 ready (4 rows), 2 needed per step"."""
-        cfg = state.config
-        cands = self._candidates(part, state, cfg.dp_size, state.next_step)
-        try:
-            progress = state.sampler.progress(cands, cfg.batch_size)
-        except Exception as exc:  # a message must not hide the wait
-            progress = f"{cands.count} rows ready ({type(exc).__name__} describing them)"
-        which = "the next step" if step is None else f"step {step}"
-        missing = [t for t in state.tags if t not in part.tags.present]
-        hint = f"; no row has tag(s) {missing} the sampler needs yet" if missing else ""
-        hint += self._reform_hint(part, state, step, dp_rank)
-        turn = state.version_at(state.next_step)
-        if turn != state.version:
-            still = format_seconds(max(0.0, time.time() - state.last_move))
-            hint += (f"; step {state.next_step} is formed ahead of its turn for version "
-                     f"{turn} (the consumer set {state.version} and reads step "
-                     f"{state.position}), so rows that may be stale by then wait for it "
-                     f"(a loader says which step it reads: Controller.reading); the "
-                     f"consumer last acked or read a step {still} ago, and such a step "
-                     f"waits for its turn while the trainer acks a batch at least once "
-                     f"per timeout (a training step longer than the timeout needs a "
-                     f"longer timeout)")
-        lacking = describe(not_ready(part, state))
-        if lacking:  # what the rows that are there wait for
-            hint += f"; {lacking}"
-        if held_hint(part):  # the writers block: no new row will come
-            hint += f"; {held_hint(part)}"
-        return f"task {state.name!r} {which} (rank {dp_rank}): {progress}{hint}"
-
-    def _wait_error(self, part: PartitionMeta, state: TaskState, args: tuple,
-                    timeout: float) -> Exception:
-        step, dp_rank, replica, session, _consumer = args
-        now = time.time()
-        if step is None and state.ended:
-            held = self._held_elsewhere(part, state, dp_rank, replica, session)
-            if held:
-                return WaitTimeout(
-                    f"get_meta waited timeout={format_seconds(timeout)} on partition "
-                    f"{part.name!r} for the next batch of task {state.name!r} (rank "
-                    f"{dp_rank}, replica {replica}): the partition is closed and drained, "
-                    f"and its end waits for shares other live sessions hold: "
-                    f"{holders(held, now)}. The end comes once they are acked; a share "
-                    f"comes back here if its holder's lease expires (its heartbeat renews "
-                    f"it while it lives)")
-        rec = None if step is None else state.steps.get(step)
-        claim = None if rec is None else self._held_by_other(rec, (dp_rank, replica), session)
-        if rec is not None and claim is not None:
-            left = max(0.0, claim.expiry - now)
-            who = holders([(step, len(rec.shares[dp_rank]), claim)], now)
-            return ConfigError(
-                f"replica={replica} of rank {dp_rank} of task {state.name!r} step {step} "
-                f"is held by another live session: {who} (its heartbeat renews the "
-                f"lease, which expires in {format_seconds(left)} without one); get_meta "
-                f"waited timeout={format_seconds(timeout)}. Two consumers "
-                f"must not read as one replica: give each TP/PP peer of a rank its own "
-                f"replica= (replicas={state.config.replicas}); a consumer restarted after "
-                f"its predecessor died takes the share back once that lease expired (a "
-                f"shorter lease_timeout makes it sooner)")
-        unknown = [f for f in state.config.fields if not fieldpath.under(f, part.schemas)]
-        if unknown and part.live:  # a timeout still: a later stage may write the field
-            return WaitTimeout(
-                f"get_meta waited timeout={format_seconds(timeout)} for task {state.name!r} "
-                f"on partition "
-                f"{part.name!r}, but fields {unknown} were never written to any of its "
-                f"{part.live} rows (known fields: {sorted(part.schemas)}); check the name, "
-                f"or start the stage that writes them")
-        hint = ""
-        if not part.schemas:  # a misspelt partition looks like this: help find the name
-            written = sorted(n for n, p in self._parts.items() if p.schemas)  # type: ignore[attr-defined]
-            hint = (f"; no row was ever written to partition {part.name!r} (partitions "
-                    f"written to: {written[:20]}): check the name, or start its producer")
-        return WaitTimeout(
-            f"get_meta waited timeout={format_seconds(timeout)} on partition {part.name!r} for "
-            f"{self._waiting_for(part, state, step, dp_rank)}{hint}")
+    def _next_wake(self, state: TaskState) -> float:
+        soonest = min(state.soonest_expiry(), self._book.reservations.soonest())
+        return max(0.01, min(60.0, soonest - self._book.clock()))
 
     def ack(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,
             generation: np.ndarray, replica: int = 0, session: str = "") -> int:
@@ -292,20 +230,20 @@ class ConsumingLogic:
         rows were handed to), an ack whose lease lapsed and went to another reader since
         is refused with LeaseTakenOver (``takeovers.py``)."""
         check_session("session", session)
-        with self._cond:
-            part, state = self._task(partition, task)
+        with self._book.cond:
+            part, state = self._book.task(partition, task)
             _check_ids(state, dp_rank, replica)
             state.takeovers.check((step, dp_rank, replica), session, task, "acks")
             if step not in state.steps and 0 <= step < state.next_step:
                 return 0  # every rank acked the step already: an ack sent again
-            rows = self._held_rows(part, state, step, dp_rank, index, generation, "ack")
-            if self._journal is not None and len(rows):  # durable before the reply
-                self._journal.acked(partition, task, step, dp_rank, replica, rows,
+            rows = self._delivery.held_rows(part, state, step, dp_rank, index, generation, "ack")
+            if self._book.journal is not None and len(rows):  # durable before the reply
+                self._book.journal.acked(partition, task, step, dp_rank, replica, rows,
                                     part.generation[rows])
-            done = self._ack_rows(state, step, dp_rank, replica, rows)
-            freed = self._finish_rows(part, done)
-            self._cond.notify_all()
-        self._free_slots(partition, freed)
+            done = self._delivery.ack_rows(state, step, dp_rank, replica, rows)
+            freed = self._book.finish_rows(part, done)
+            self._book.cond.notify_all()
+        self._book.free_slots(partition, freed)
         return len(done)
 
     def release(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,
@@ -315,10 +253,10 @@ class ConsumingLogic:
         ``session``, only that session's own claim is dropped: a release by a reader
         whose claim another session took over since is a LeaseError (the share is
         the other reader's now)."""
-        with self._cond:
-            part, state = self._task(partition, task)
+        with self._book.cond:
+            part, state = self._book.task(partition, task)
             _check_ids(state, dp_rank, replica)
-            self._held_rows(part, state, step, dp_rank, index, generation, "release")
+            self._delivery.held_rows(part, state, step, dp_rank, index, generation, "release")
             claims = state.steps[step].claims
             claim = claims.get((dp_rank, replica))
             if claim is not None and session and claim.session != session:
@@ -329,7 +267,7 @@ class ConsumingLogic:
                     f"lapsed and another reader took the share over)")
             if claims.pop((dp_rank, replica), None) is not None and session:
                 state.takeovers.lapsed((step, dp_rank, replica), session)
-            self._rows_ready(part)
+            self.rows_ready(part)
 
     def renew(self, partition: str, task: str, step: int | None = None,
               session: str = "") -> int:
@@ -340,16 +278,18 @@ class ConsumingLogic:
         ``task=""`` is a producer's heartbeat: it renews the rows ``session`` reserved
         on ``partition`` and not committed yet (returns how many)."""
         check_session("session", session)
-        with self._cond:
+        with self._book.cond:
             if task == WRITER_TASK:
-                return self._reservations.renew(partition, session, time.time())  # type: ignore[attr-defined]
-            _, state = self._task(partition, task)
-            now = time.time()
+                now = self._book.clock()
+                return self._book.reservations.renew(partition, session, now) + \
+                    self._book.pins.renew(partition, session, now)
+            _, state = self._book.task(partition, task)
+            now = self._book.clock()
             if step is None:
                 return state.renew(session, now)
             rec = state.steps.get(step)
             if rec is None or rec.end:
-                raise self._no_lease(state, step, "renew")
+                raise self._delivery.no_lease(state, step, "renew")
             mine = [c for c in rec.claims.values() if c.session == session]
             if not mine:
                 raise LeaseError(
@@ -366,8 +306,8 @@ class ConsumingLogic:
                          replica: int | None = None) -> dict[str, Any]:
         """Where a reader of ``dp_rank`` resumes: ``{"step": first step not acked by every
         replica (or by ``replica``), "skip": later steps already done}``."""
-        with self._cond:
-            _, state = self._task(partition, task)
+        with self._book.cond:
+            _, state = self._book.task(partition, task)
             _check_ids(state, dp_rank, 0 if replica is None else replica)
             return state.first_unfinished(dp_rank, replica)
 
@@ -382,18 +322,18 @@ class ConsumingLogic:
         check_session("session", session)
         if not session:
             raise ConfigError("session must be a non-empty str to cancel, got ''")
-        with self._cond:
-            if self._reservations.held_by(session):
+        with self._book.cond:
+            if self._book.reservations.held_by(session):
                 if not may_block():
                     raise WouldBlock  # frees storage through the units: a worker thread
-                self._abort_reservations(session)
-            for tasks in self._tasks.values():
+                self._book.abort_reservations(session)
+            for tasks in self._book.tasks.values():
                 for state in tasks.values():
                     state.cancel(session)
             self._cancelled[session] = time.monotonic()
             while len(self._cancelled) > MAX_CANCELLED:
                 self._cancelled.pop(next(iter(self._cancelled)))
-            self._cond.notify_all()
+            self._book.cond.notify_all()
 
 
-__all__ = ["ConsumingLogic", "MAX_REPLICAS"]
+__all__ = ["Consuming", "MAX_REPLICAS"]

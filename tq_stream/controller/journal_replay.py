@@ -12,34 +12,41 @@ there (``meta_checkpoint.reconcile``).
 
 A record naming a task or partition the restored controller does not know, or a
 step already in the checkpoint, changes nothing. Called with the controller's
-lock held, before it serves; ``ctrl`` is the Controller.
+lock held, before it serves (``Controller.replay_journal``), on its book (the
+partitions and tasks), its delivery rules (the acks) and its ``register_task``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
+from tq_stream.controller.book import Book
+from tq_stream.controller.delivery import Delivery
+from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task import NEW, StepRecord, TaskState
 from tq_stream.errors import CheckpointError
 
+RowsOf = Callable[[Any], np.ndarray]  # decodes a recorded array (``ack_journal.rows_of``)
 
-def _alive(part: Any, rows: np.ndarray, generation: np.ndarray) -> np.ndarray:
+
+def _alive(part: PartitionMeta, rows: np.ndarray, generation: np.ndarray) -> np.ndarray:
     inside = (rows >= 0) & (rows < part.size)
     rows, generation = rows[inside], generation[inside]
     return rows[part.used[rows] & (part.generation[rows] == generation)]
 
 
-def _target(ctrl: Any, partition: str, task: str) -> tuple[Any, TaskState] | None:
-    part = ctrl._parts.get(partition)
-    state = ctrl._tasks.get(partition, {}).get(task)
+def _target(book: Book, partition: str, task: str) -> tuple[PartitionMeta, TaskState] | None:
+    part = book.parts.get(partition)
+    state = book.tasks.get(partition, {}).get(task)
     return None if part is None or state is None else (part, state)
 
 
-def replay(ctrl: Any, records: Iterable[list[Any]], rows_of: Any, source: str) -> dict[str, int]:
-    """Apply ``records`` to ``ctrl``; returns how many of each kind changed something.
+def replay(book: Book, delivery: Delivery, register: Callable[..., None],
+           records: Iterable[list[Any]], rows_of: RowsOf, source: str) -> dict[str, int]:
+    """Apply ``records`` to ``book``; returns how many of each kind changed something.
 
     Args:
         rows_of: decodes a recorded array (``ack_journal.rows_of``).
@@ -51,25 +58,26 @@ def replay(ctrl: Any, records: Iterable[list[Any]], rows_of: Any, source: str) -
               "registered": 0}
     for rec in records:
         try:
-            _apply(ctrl, rec, rows_of, counts)
+            _apply(book, delivery, register, rec, rows_of, counts)
         except (TypeError, ValueError, IndexError, KeyError) as exc:
             raise CheckpointError(f"ack journal {source!r} has a malformed {rec[0]!r} "
                                   f"record: {type(exc).__name__}: {exc}") from None
     return counts
 
 
-def _apply(ctrl: Any, rec: list[Any], rows_of: Any, counts: dict[str, int]) -> None:
+def _apply(book: Book, delivery: Delivery, register: Callable[..., None], rec: list[Any],
+           rows_of: RowsOf, counts: dict[str, int]) -> None:
     kind = rec[0]
     if kind == "r":
         args = dict(rec[1])
-        known = ctrl._tasks.get(args["partition"], {})
+        known = book.tasks.get(args["partition"], {})
         if args["task"] not in known:
-            ctrl.register_task(**args)
+            register(**args)
             counts["registered"] += 1
         return
     if kind not in ("a", "f", "s", "e", "d"):
         raise ValueError(f"unknown record kind {kind!r}")
-    found = _target(ctrl, rec[1], rec[2])
+    found = _target(book, rec[1], rec[2])
     if found is None:
         return
     part, state = found
@@ -105,7 +113,7 @@ def _apply(ctrl: Any, rec: list[Any], rows_of: Any, counts: dict[str, int]) -> N
         counts["ended"] += 1
     elif kind == "d":
         done = state.discard(str(rec[3]), _alive(part, rows_of(rec[4]), rows_of(rec[5])))
-        _finish(ctrl, part, done)
+        _finish(book, part, done)
         counts["discarded"] += len(done)
     else:
         step, rank, replica = int(rec[3]), int(rec[4]), int(rec[5])
@@ -114,15 +122,15 @@ def _apply(ctrl: Any, rec: list[Any], rows_of: Any, counts: dict[str, int]) -> N
             return  # fully acked in the checkpoint already
         rows = _alive(part, rows_of(rec[6]), rows_of(rec[7]))
         rows = rows[np.isin(rows, step_rec.shares[rank])]
-        done = ctrl._ack_rows(state, step, rank, replica, rows)
-        _finish(ctrl, part, done)
+        done = delivery.ack_rows(state, step, rank, replica, rows)
+        _finish(book, part, done)
         counts["acked"] += len(rows)
 
 
-def _finish(ctrl: Any, part: Any, rows: np.ndarray) -> None:
+def _finish(book: Book, part: PartitionMeta, rows: np.ndarray) -> None:
     """Free rows every declared consumer finished, in the controller only (see the
     module docstring): their slots are reusable once reconciliation freed them."""
-    for unit, slots in ctrl._finish_rows(part, rows):
+    for unit, slots in book.finish_rows(part, rows):
         part.give_slots(unit, slots)
 
 

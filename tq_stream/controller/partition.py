@@ -115,7 +115,8 @@ class PartitionMeta:
         """Every slot of ``unit`` that rows of this partition use is below this."""
         return self._pools[unit].next
 
-    def _grow_to(self, need: int) -> None:
+    def grow_to(self, need: int) -> None:
+        """Room for rows below ``need`` (every column doubled until it fits)."""
         n = self.size
         while n < need:
             n *= 2
@@ -132,6 +133,22 @@ class PartitionMeta:
         self.ready = {f: _grow(r, n, False) for f, r in self.ready.items()}
         self.tags.grow(n)
         self.shared.grow(n)
+
+    def free_state(self, spare: np.ndarray) -> dict[str, Any]:
+        """The free rows and slots as plain data (a checkpoint), counting rows ``spare``
+        as free: ``next_row``, ``free_rows`` and per unit ``pools`` (``next``, ``free``)."""
+        return {
+            "next_row": self._next_row, "free_rows": list(self._free_rows) + spare.tolist(),
+            "pools": [{"next": p.next,
+                       "free": sorted(p.free + self.slot[spare[self.unit[spare] == u]].tolist())}
+                      for u, p in enumerate(self._pools)],
+        }
+
+    def load_free_state(self, state: Mapping[str, Any]) -> None:
+        """The free rows and slots of ``free_state`` (a restore)."""
+        self._next_row, self._free_rows = int(state["next_row"]), list(state["free_rows"])
+        for pool, ps in zip(self._pools, state["pools"], strict=True):
+            pool.next, pool.free = int(ps["next"]), sorted(ps["free"])
 
     def check_schemas(self, schemas: dict[str, FieldSchema], coerce: bool = False) -> None:
         """Raise SchemaError if a field's data disagrees with its fixed schema
@@ -237,7 +254,7 @@ class PartitionMeta:
         rows.extend(range(self._next_row, self._next_row + extra))
         self._next_row += extra
         idx = np.asarray(rows, dtype=np.int64)
-        self._grow_to(self._next_row)
+        self.grow_to(self._next_row)
         for u in np.unique(units).tolist():
             mask = units == u
             self.slot[idx[mask]] = self._pools[u].take(int(mask.sum()))

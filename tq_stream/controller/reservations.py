@@ -30,7 +30,6 @@ controller's lock; ``abort_due`` aborts, with the row removal the Controller han
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -52,7 +51,7 @@ class Reservation:
     generation: np.ndarray
     session: str
     lease: float
-    expiry: float  # aborted after this (time.time()) unless renewed
+    expiry: float  # aborted after this (wall-clock seconds) unless renewed
     deadline: float  # aborted after this, renewed or not (a stuck producer)
 
 
@@ -139,15 +138,15 @@ class Reservations:
 
 
 def abort_due(res: Reservations, parts: Mapping[str, PartitionMeta],
-              remove: Callable[[PartitionMeta, np.ndarray], None],
+              remove: Callable[[PartitionMeta, np.ndarray], None], now: float,
               session: str | None = None) -> int:
     """Abort the reservations that expired (or every one of ``session``), lock held:
     ``remove(part, rows)`` removes their rows that still exist and frees their slots.
     Returns how many rows were removed."""
-    if not len(res) or (session is None and res.soonest() > time.time()):
+    if not len(res) or (session is None and res.soonest() > now):
         return 0
     removed = 0
-    for partition, r in res.take_due(time.time(), session):
+    for partition, r in res.take_due(now, session):
         part = parts.get(partition)
         if part is None:
             continue
@@ -163,11 +162,10 @@ def abort_due(res: Reservations, parts: Mapping[str, PartitionMeta],
     return removed
 
 
-def hold_restored(res: Reservations, parts: Mapping[str, PartitionMeta]) -> None:
+def hold_restored(res: Reservations, parts: Mapping[str, PartitionMeta], now: float) -> None:
     """After a restore: rows with no field written were reserved by puts in flight
     when the checkpoint was taken; their producers' sessions are unknown, so they
     are held for ``RESTORED_LEASE`` seconds (a commit in that time still lands)."""
-    now = time.time()
     for name, part in parts.items():
         written = np.zeros(part.size, dtype=bool)
         for r in part.ready.values():

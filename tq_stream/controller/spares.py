@@ -1,4 +1,4 @@
-"""SpareLogic: puts that create rows in one controller call after their bytes.
+"""Spares: puts that create rows in one controller call after their bytes.
 
 A put normally costs three calls: ``reserve`` (place the rows), the bytes to the
 units, ``commit``. A writer that asks ``reserve`` for ``spare`` rows gets rows
@@ -11,17 +11,20 @@ never visible: no key maps to it. A writer that is done returns its spare rows
 that died stay spare (bounded by what it asked for), and a checkpoint counts them
 as free.
 
-Called by the Controller; ``self`` is the Controller.
+The Controller hands ``Spares`` the book, the placing of spare rows and the
+commit of written rows (``writes.py``) and the call that answers waiters.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from tq_stream.checks import check_tags
+from tq_stream.columns import FieldSchema
+from tq_stream.controller.book import Book
 from tq_stream.controller.partition import PartitionMeta, parse_schemas
 from tq_stream.errors import ClosedError, ConfigError, KeyConflictError, StateError
 
@@ -64,17 +67,19 @@ def _refusal(part: PartitionMeta, keys: list[str],
     return None
 
 
-class SpareLogic:
-    """Mixin of Controller; see the module docstring."""
+PlaceSpares = Callable[[PartitionMeta, int, int], dict[str, np.ndarray]]
+MarkWritten = Callable[[PartitionMeta, np.ndarray, dict[str, FieldSchema], list | None], None]
 
-    def _spares(self, part: PartitionMeta, unit: int, n: int) -> dict[str, np.ndarray]:
-        if n:
-            idx = part.allocate_spares(self._place(unit, n))  # type: ignore[attr-defined]
-            self._grow_tasks(part)  # type: ignore[attr-defined]
-        else:
-            idx = np.zeros(0, dtype=np.int64)
-        return {"index": idx, "unit": part.unit[idx], "slot": part.slot[idx],
-                "generation": part.generation[idx]}
+
+class Spares:
+    """Puts on spare rows (see the module docstring)."""
+
+    def __init__(self, book: Book, place_spares: PlaceSpares, mark_written: MarkWritten,
+                 rows_ready: Callable[[PartitionMeta], None]) -> None:
+        self._book = book
+        self._place_spares = place_spares  # ``Writes.place_spares``
+        self._mark_written = mark_written  # ``Writes.mark_written``
+        self._rows_ready = rows_ready  # ``Consuming.rows_ready``
 
     def commit_new(self, partition: str, keys: Sequence[str], index: np.ndarray,
                    generation: np.ndarray, schemas: Mapping[str, Any],
@@ -118,8 +123,8 @@ class SpareLogic:
         check_spare(spare)
         if len(set(keys)) != len(keys):
             raise KeyConflictError(f"keys must be distinct within one put, got {keys[:5]}")
-        with self._cond:  # type: ignore[attr-defined]
-            part = self._part(partition)  # type: ignore[attr-defined]
+        with self._book.cond:
+            part = self._book.part(partition)
             if index.shape == (1,):  # a one-row put: plain ints, no numpy ufuncs on one row
                 i = int(index[0])
                 ok = 0 <= i < part.size and part.spare[i] and part.generation[i] == gen[0]
@@ -134,7 +139,7 @@ class SpareLogic:
             if refused is not None:
                 return refused
             part.bind(keys, index)
-            self._mark_written(part, index, schemas_, tags)  # type: ignore[attr-defined]
+            self._mark_written(part, index, schemas_, tags)
             return self._committed(part, unit, spare)
 
     def _commit_row(self, partition: str, key: str, i: int, gen: int,
@@ -143,8 +148,8 @@ class SpareLogic:
         changes on one int row, no numpy array indexing (cold, each costs tens of µs;
         design.md)."""
         check_spare(spare)
-        with self._cond:  # type: ignore[attr-defined]
-            part = self._part(partition)  # type: ignore[attr-defined]
+        with self._book.cond:
+            part = self._book.part(partition)
             if not (0 <= i < part.size and part.spare[i] and part.generation[i] == gen):
                 raise StateError(f"rows [{i}] of partition {partition!r} must be spare rows "
                                  f"of generations [{gen}] to be committed as new rows (they "
@@ -157,23 +162,23 @@ class SpareLogic:
             return self._committed(part, unit, spare)
 
     def _mark_row(self, part: PartitionMeta, i: int, schemas_: dict[str, Any]) -> None:
-        """``Controller._mark_written`` of one row without tags (lock held; its write
+        """``Writes.mark_written`` of one row without tags (lock held; its write
         time was just set by ``bind_row``)."""
         part.fix_schemas(schemas_)
         for f in schemas_:
             part.ready[f][i] = True
         if part.lost:
             part.lost.forget([part.keys[i]])
-        for task in self._tasks[part.name].values():  # type: ignore[attr-defined]
+        for task in self._book.tasks[part.name].values():
             if part.row_ready(task.config.fields, i, task.tags):
                 task.offer_row(i)
-        self._rows_ready(part)  # type: ignore[attr-defined]
+        self._rows_ready(part)
 
     def _committed(self, part: PartitionMeta, unit: int, spare: int) -> dict[str, Any]:
         """The reply of a commit that took its rows, with new spare rows if asked."""
         out: dict[str, Any] = {"ok": True}
         if spare:
-            out["spare"] = self._spares(part, unit, spare if part.capacity is None else 0)
+            out["spare"] = self._place_spares(part, unit, spare if part.capacity is None else 0)
         return out
 
     def release_spares(self, partition: str, index: np.ndarray, generation: np.ndarray) -> int:
@@ -185,8 +190,8 @@ class SpareLogic:
         """
         index = np.asarray(index, dtype=np.int64)
         gen = np.asarray(generation, dtype=np.int64)
-        with self._cond:  # type: ignore[attr-defined]
-            part = self._parts.get(partition)  # type: ignore[attr-defined]
+        with self._book.cond:
+            part = self._book.parts.get(partition)
             if part is None:
                 return 0
             inside = (index >= 0) & (index < part.size)

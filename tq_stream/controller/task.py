@@ -16,7 +16,7 @@ rows stay in their share, LEASED to the step, for the next reader of that
 "the next batch for me" (an expired claim's consumer name is kept in ``left``,
 so a restarted worker of that name gets it first). A cancelled session's claims
 are dropped the same way at its cancel. A claim that is there is live, and is
-never handed to another session (steps.py).
+never handed to another session (delivery.py).
 
 Invariants: a row is LEASED iff it belongs to exactly one share of a formed,
 not fully acked step; the ready queue holds exactly the rows that are NEW and
@@ -36,21 +36,10 @@ import numpy as np
 
 from tq_stream.controller.fifo import ReadyQueue
 from tq_stream.controller.takeovers import Takeovers
-from tq_stream.errors import ConfigError, check_positive
+from tq_stream.controller.task_config import TaskConfig
 from tq_stream.samplers.base import Sampler
 
 NEW, LEASED, ACKED, DISCARDED = 0, 1, 2, 3
-MAX_REPLICAS = 62  # replica bits fit an int64
-
-
-def check_replicas(replicas: object) -> int:
-    """``replicas`` if it is an int in [1, MAX_REPLICAS], else ConfigError."""
-    check_positive("replicas", replicas)
-    if replicas > MAX_REPLICAS:  # type: ignore[operator]
-        raise ConfigError(f"replicas must be <= {MAX_REPLICAS}, got {replicas!r}")
-    return replicas  # type: ignore[return-value]
-
-
 @dataclass
 class Claim:
     """Who reads a (step, rank, replica) now, and until when without a renewal;
@@ -75,7 +64,7 @@ class StepRecord:
     lost: set[int] = field(default_factory=set)  # ranks whose share lost rows with a unit
     # (rank, replica) -> the consumer name of a claim that expired or whose session was
     # cancelled: a restarted worker
-    # of that name gets the share back first (steps.py ``_next_for``)
+    # of that name gets the share back first (delivery.py ``_next_for``)
     left: dict[tuple[int, int], str] = field(default_factory=dict)
     # per rank, the consumer version its share is within the sampler's bound for (the
     # version predicted for the step's turn when it was formed, or the one it was
@@ -88,18 +77,6 @@ class StepRecord:
         if len(share) == 1:  # a batch of one: a scalar test, no numpy reduction
             return int(acks[share[0]]) & full == full
         return bool(((acks[share] & full) == full).all())
-
-
-@dataclass(frozen=True)
-class TaskConfig:
-    """What every rank of a task must agree on."""
-
-    fields: tuple[str, ...]
-    batch_size: int
-    dp_size: int
-    replicas: int
-    lease_timeout: float
-    drop_last: bool
 
 
 class TaskState:

@@ -15,46 +15,36 @@ the controller
 - places no new rows there (``_live_units``) until the unit is back
   (``unit_back``: a restarted or replacement unit, empty).
 
-The controller hands ``Units`` what it works on: its condition, the partitions and
-the lookup of a partition's tasks (functions: a restore replaces the controller's
-maps), the pending frees and the row removal; the deployment (a monitor, the owner)
-calls the controller's ``unit_lost`` / ``unit_back``, which hand over to it.
+The controller hands ``Units`` the book (partitions, tasks, the condition, the
+pending frees and the row removal, ``book.py``); the deployment (a monitor, the
+owner) calls the controller's ``unit_lost`` / ``unit_back``, which hand over to it.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from tq_stream.controller.frees import Frees
+from tq_stream.controller.book import Book
 from tq_stream.controller.partition import PartitionMeta
-from tq_stream.controller.task import LEASED, NEW, TaskState
+from tq_stream.controller.task import LEASED, NEW
 from tq_stream.errors import ConfigError, StateError, check_positive
 
 UNIT_LOST = "unit_lost"  # discard reason of rows whose storage unit died
 logger = logging.getLogger(__name__)
 
 
-PartsOf = Callable[[], Mapping[str, PartitionMeta]]
-TasksOf = Callable[[str], Mapping[str, TaskState]]
-Release = Callable[[PartitionMeta, np.ndarray], list[tuple[int, np.ndarray]]]
 
 
 class Units:
     """The storage units' liveness and the loss of a dead one's rows (module doc)."""
 
-    def __init__(self, n_units: int, cond: threading.Condition, parts: PartsOf,
-                 tasks_of: TasksOf, frees: Frees, release_rows: Release) -> None:
-        self.n_units = n_units
+    def __init__(self, book: Book) -> None:
+        self.n_units = book.n_units
         self.dead: set[int] = set()  # lost and not back
-        self._cond = cond
-        self._parts = parts
-        self._tasks_of = tasks_of
-        self._frees = frees
-        self._release_rows = release_rows
+        self._book = book
+        self._cond = book.cond
 
     def check(self, unit: object) -> int:
         """``unit`` if it is a unit index, else ConfigError naming ``unit``."""
@@ -82,8 +72,8 @@ class Units:
             self.dead.add(unit)
             dropped = self.drop_rows_of(unit)
             # Frees still pending there have nothing left to free.
-            parts = self._parts()
-            for part_name, slots in self._frees.forget_unit(unit):
+            parts = self._book.parts
+            for part_name, slots in self._book.frees.forget_unit(unit):
                 if part_name in parts:
                     parts[part_name].give_slots(unit, slots)
         logger.warning("storage unit %d is lost: dropped its rows %s; no new rows go "
@@ -102,7 +92,7 @@ class Units:
     def drop_rows_of(self, unit: int) -> dict[str, int]:
         """Forget every row stored in ``unit`` (lock held); rows dropped per partition."""
         dropped: dict[str, int] = {}
-        for name, part in self._parts().items():
+        for name, part in self._book.parts.items():
             # Spare rows there are taken back too: there is nothing to free.
             spare = np.flatnonzero(part.spare & (part.unit[: part.size] == unit))
             for u, slots in part.release_spares(spare):
@@ -127,13 +117,13 @@ class Units:
             written[i] = bool(fields) and not part.shared.entry[r]  # entries are no rows
             if written[i]:  # a later put of fields they lacked must not make them again
                 part.lost.add(part.keys[r], int(part.unit[r]), fields)
-        for task in self._tasks_of(part.name).values():
+        for task in self._book.tasks.get(part.name, {}).values():
             lost = int(np.isin(task.state[rows[written]], (NEW, LEASED)).sum())
             if lost:
                 task.discards[UNIT_LOST] += lost
             for rec in task.steps.values():
                 rec.lost.update(r for r, s in enumerate(rec.shares) if np.isin(s, rows).any())
-        for u, slots in self._release_rows(part, rows):
+        for u, slots in self._book.release_rows(part, rows):
             part.give_slots(u, slots)
         return int(written.sum())
 

@@ -3,7 +3,7 @@
 A ``get_meta`` that finds no step registers a ``Waiter`` (what it asked for, until
 when, and where its reply goes: the ``Reply`` handle its server handed it, see
 ``tq_stream.handling``) before it waits. A call that makes rows ready (a commit;
-``ConsumingLogic._answer_waiters``) then tries each waiter of the partition, in the
+``Consuming._answer_waiters``) then tries each waiter of the partition, in the
 order they came, and forms the step of each one it can, in its own thread. The formed
 reply is given to the waiting request's server (``reply.give``), which sends it as
 soon as the committing call returns and then calls ``Waiters.wake``; when it cannot
@@ -33,7 +33,7 @@ class Waiter:
     def __init__(self, state: Any, args: tuple[Any, ...], since: float, deadline: float,
                  reply: Reply | None) -> None:
         self.state = state  # the task's TaskState
-        self.args = args  # (step, dp_rank, replica, session, consumer) for _try_step
+        self.args = args  # (step, dp_rank, replica, session, consumer) for ``Delivery.try_step``
         self.since = since  # when the call started (monotonic), for the wait histogram
         self.deadline = deadline  # monotonic; a later answer would come too late
         self.reply = reply  # the request's reply address, None outside a server

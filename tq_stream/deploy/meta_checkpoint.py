@@ -26,16 +26,20 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from tq_stream.backends.base import occupancy
-from tq_stream.controller.journal_replay import replay
+from tq_stream.controller import Controller
+from tq_stream.controller.partition import PartitionMeta
+from tq_stream.controller.task_config import TaskConfig
+from tq_stream.controller.units import Units
 from tq_stream.deploy.ack_journal import AckJournal, journal_files, read_records, rows_of
 from tq_stream.errors import StateError, check_timeout
 from tq_stream.serialization import decode, encode
+from tq_stream.transport.base import Transport
 from tq_stream.transport.dispatch import OWNER_ARG
 
 MAGIC = b"TQMETA1\n"
@@ -116,7 +120,8 @@ class Checkpointer:
         self._thread.join(timeout=10.0)
 
 
-def reconcile(part: Any, unit: int, held: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def reconcile(part: PartitionMeta, unit: int,
+              held: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Compare the rows partition ``part`` places on ``unit`` with what it ``held``
     (``{"slots", "tokens"}``). Returns (rows whose bytes are gone, slots to free)."""
     rows = np.flatnonzero(part.used & (part.unit[: part.size] == unit))
@@ -132,60 +137,84 @@ def reconcile(part: Any, unit: int, held: dict[str, np.ndarray]) -> tuple[np.nda
 
 
 class Recovery:
-    """Mixin of ControllerService: periodic checkpoints and the restart from one."""
+    """Periodic checkpoints of a controller's metadata and its restart from one.
 
-    def _init_recovery(self, path: str | None, interval: float | None) -> None:
+    Handed the controller (its state, registrations, journal replay and lost units go
+    through its methods), its condition, its partitions (read to reconcile them with
+    the units), its ``Units`` (which drop the rows whose bytes are gone) and the owner
+    token the units' admin calls need. ``start`` restores from ``path`` if a
+    checkpoint is there, then checkpoints every ``interval`` seconds.
+    """
+
+    def __init__(self, controller: Controller, cond: threading.Condition,
+                 parts: Mapping[str, PartitionMeta], units: Units, owner_token: str | None,
+                 path: str | None, interval: float | None) -> None:
+        self._controller = controller
+        self._cond = cond
+        self._parts = parts
+        self._units = units
+        self._owner_token = owner_token
+        self._path, self._interval = path, interval
+        self.journal: AckJournal | None = None
         self._registrations: dict[tuple[str, str], dict[str, Any]] = {}
         self._restored = False
-        self.recovery: dict[str, Any] = {}  # what the last restart found (stats)
-        self._checkpointer: Checkpointer | None = None
+        self.found: dict[str, Any] = {}  # what the last restart found (stats)
+        self.checkpointer: Checkpointer | None = None
+
+    def start(self) -> None:
+        """Restore from the checkpoint if there is one, then start checkpointing."""
+        path, interval = self._path, self._interval
         if path and os.path.exists(path):
             self._restore(path)
         if path and interval:
             epochs = [e for e, _ in journal_files(path)]
-            self._journal = AckJournal(path, max(epochs, default=0) + 1)
-            self._checkpointer = Checkpointer(path, interval, self._checkpoint_state,
-                                              self._checkpoint_written)
+            self.journal = AckJournal(path, max(epochs, default=0) + 1)
+            self._controller.set_journal(self.journal)
+            self.checkpointer = Checkpointer(path, interval, self.snapshot,
+                                             self._checkpoint_written)
             if self._restored:  # the replayed journal goes into a checkpoint at once
-                self._checkpointer.write_now()
+                self.checkpointer.write_now()
 
-    def _remember(self, args: dict[str, Any]) -> None:
-        """A task's registration, replayed by a restarted controller."""
-        with self._cond:  # type: ignore[attr-defined]
+    def remember(self, partition: str, task: str, config: TaskConfig,
+                 spec: dict[str, Any] | None) -> None:
+        """A task's registration (``spec``: its sampler's, None: the default), replayed
+        by a restarted controller as ``register_task``'s keyword arguments."""
+        args = {"partition": partition, "task": task, **config.to_dict(), "sampler": spec}
+        with self._cond:
             self._registrations[(args["partition"], args["task"])] = args
-            if self._journal is not None:  # type: ignore[has-type]
-                self._journal.registered(args)  # type: ignore[has-type]
+            if self.journal is not None:
+                self.journal.registered(args)
 
-    def _checkpoint_state(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, Any]:
         """The state, and (same lock hold) the journal switched to a new epoch: the
         checkpoint covers exactly the records of the files before it."""
-        with self._cond:  # type: ignore[attr-defined]
-            state = {"controller": self.state_dict(),  # type: ignore[attr-defined]
-                     "registrations": list(self._registrations.values())}
-            if self._journal is not None:  # type: ignore[has-type]
-                state["journal"] = self._journal.rotate()  # type: ignore[has-type]
+        with self._cond:
+            state: dict[str, Any] = {"controller": self._controller.state_dict(),
+                                     "registrations": list(self._registrations.values())}
+            if self.journal is not None:
+                state["journal"] = self.journal.rotate()
             return state
 
     def _checkpoint_written(self, state: dict[str, Any]) -> None:
         """The checkpoint of ``state`` is safely written: the journal files it covers go."""
-        journal = self._journal  # type: ignore[has-type]
+        journal = self.journal
         if journal is not None and "journal" in state:
             journal.drop_before(state["journal"])
 
     def _restore(self, path: str) -> None:
         started = time.perf_counter()
         saved = read(path)
-        self.load_state_dict(saved["controller"])  # type: ignore[attr-defined]
+        self._controller.load_state_dict(saved["controller"])
         for args in saved["registrations"]:
-            self.register_task(**args)  # type: ignore[attr-defined]
+            self._controller.register_task(**args)
         replayed = self._replay_journal(path, saved.get("journal"))
         self._restored = True
-        self.recovery = {"checkpoint": path, "load_seconds": time.perf_counter() - started,
-                         "journal": replayed}
+        self.found = {"checkpoint": path, "load_seconds": time.perf_counter() - started,
+                      "journal": replayed}
         logger.warning("controller restarted from checkpoint %r (%d partitions)", path,
                        len(saved["controller"]["partitions"]))
 
-    def _reconcile(self, clients: list[Any]) -> None:
+    def reconcile(self, clients: Sequence[Transport]) -> None:
         """After a restart: keep the rows the units still hold, drop the rest, free what
         the units hold that the checkpoint does not know (see the module docstring)."""
         if not self._restored:
@@ -195,51 +224,49 @@ class Recovery:
         lost = orphaned = 0
         for unit, client in enumerate(clients):
             try:
-                held = client.call("held", {OWNER_ARG: self._owner_token},  # type: ignore[attr-defined]
-                                   timeout=30.0)
+                held = client.call("held", {OWNER_ARG: self._owner_token}, timeout=30.0)
             except Exception as exc:  # noqa: BLE001 — a unit that does not answer is lost
                 logger.warning("unit %d did not answer after the restart: %s", unit, exc)
-                lost += sum(self.unit_lost(unit).values())  # type: ignore[attr-defined]
+                lost += sum(self._controller.unit_lost(unit).values())
                 continue
             frees: list[tuple[str, np.ndarray]] = []
-            with self._cond:  # type: ignore[attr-defined]
-                for name, part in self._parts.items():  # type: ignore[attr-defined]
+            with self._cond:
+                for name, part in self._parts.items():
                     empty = {"slots": np.zeros(0, np.int64), "tokens": np.zeros(0, np.int64)}
                     gone, orphans = reconcile(part, unit, held.get(name, empty))
                     if len(gone):
-                        self._units.lose_rows(part, gone)  # type: ignore[attr-defined]
+                        self._units.lose_rows(part, gone)
                     lost += len(gone)
                     if len(orphans):
                         frees.append((name, orphans))
-                unknown = [n for n in held if n not in self._parts]  # type: ignore[attr-defined]
+                unknown = [n for n in held if n not in self._parts]
             for name, slots in frees:
                 client.call("free", {"partition": name, "slots": slots})
                 orphaned += len(slots)
             for name in unknown:
-                client.call("drop", {"partition": name,
-                                     OWNER_ARG: self._owner_token})  # type: ignore[attr-defined]
+                client.call("drop", {"partition": name, OWNER_ARG: self._owner_token})
                 orphaned += len(held[name]["slots"])
-        self.recovery.update(rows_lost=lost, slots_freed=orphaned,
-                             reconcile_seconds=time.perf_counter() - started)
-        logger.warning("controller restart reconciled: %s", self.recovery)
+        self.found.update(rows_lost=lost, slots_freed=orphaned,
+                          reconcile_seconds=time.perf_counter() - started)
+        logger.warning("controller restart reconciled: %s", self.found)
 
     def _replay_journal(self, path: str, epoch: int | None) -> dict[str, int]:
         """Replay the journal files from ``epoch`` on (those of checkpoint ``path``)."""
         total: dict[str, int] = {}
         if epoch is None:  # a checkpoint written without a journal
             return total
-        with self._cond:  # type: ignore[attr-defined]
-            for e, file in journal_files(path):
-                if e >= epoch:
-                    done = replay(self, read_records(file, e), rows_of, file)
-                    for k, v in done.items():
-                        total[k] = total.get(k, 0) + v
+        for e, file in journal_files(path):
+            if e >= epoch:
+                done = self._controller.replay_journal(read_records(file, e), rows_of, file)
+                for k, v in done.items():
+                    total[k] = total.get(k, 0) + v
         return total
 
-    def _stop_recovery(self) -> None:
-        if self._checkpointer is not None:
-            self._checkpointer.stop()
-        if self._journal is not None:  # type: ignore[has-type]
-            with self._cond:  # type: ignore[attr-defined]
-                self._journal.close()  # type: ignore[has-type]
-                self._journal = None
+    def stop(self) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.stop()
+        if self.journal is not None:
+            with self._cond:
+                self._controller.set_journal(None)
+                self.journal.close()
+                self.journal = None

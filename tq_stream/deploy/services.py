@@ -23,6 +23,7 @@ import numpy as np
 from tq_stream import hosts
 from tq_stream.controller import Controller
 from tq_stream.controller.reservations import DEFAULT_WRITE_LEASE
+from tq_stream.controller.task_config import TaskConfig
 from tq_stream.controller.units import UNIT_LOST  # noqa: F401  (re-exported)
 from tq_stream.deploy.grants import GrantFailed, SlotGrants, placed
 from tq_stream.deploy.meta_checkpoint import Recovery
@@ -30,6 +31,7 @@ from tq_stream.deploy.unit_service import UnitService as UnitService  # re-expor
 from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT, UnitWatch, process_alive
 from tq_stream.errors import AuthError, ConfigError, StateError
 from tq_stream.handling import ANSWERED, Reply, WouldBlock, may_block
+from tq_stream.samplers.base import Sampler
 from tq_stream.samplers.spec import from_spec
 from tq_stream.transport.answers import send_given
 from tq_stream.transport.dispatch import OWNER_ARG, rpc_stats
@@ -68,7 +70,7 @@ class _EpochReply:
         return self.reply.give(result, then)
 
 
-class ControllerService(Controller, Recovery):
+class ControllerService(Controller):
     """The Controller, plus what a remote deployment needs around it.
 
     ``units`` are RPC clients of the storage units, attached once they are up;
@@ -109,7 +111,15 @@ class ControllerService(Controller, Recovery):
         # A unix address this controller is also served at, for clients on its host
         # (set by ``deploy.server.serve``; None when there is none).
         self.local_address: str | None = None
-        self._init_recovery(checkpoint_path, checkpoint_interval)
+        # checkpoints and the restart from one (meta_checkpoint.py)
+        self._recovery = Recovery(self, self._cond, self._parts, self._units, owner_token,
+                                  checkpoint_path, checkpoint_interval)
+        self._recovery.start()
+
+    @property
+    def recovery(self) -> dict[str, Any]:
+        """What the last restart from a checkpoint found (``Recovery.found``)."""
+        return self._recovery.found
 
     CALL_TIMEOUT = 5.0  # seconds a free or a grant may wait for its unit (inside a call)
 
@@ -160,7 +170,7 @@ class ControllerService(Controller, Recovery):
         self._unit_clients = [self._make_client(hosts.nearest(u)) for u in units]
         self._units_epoch = units_epoch(units)
         self._grants.forget_all()
-        self._reconcile(self._unit_clients)  # after a restart from a checkpoint
+        self._recovery.reconcile(self._unit_clients)  # after a restart from a checkpoint
         self._attached.set()
         if self._watch is None and self._unit_timeout is not None:
             self._watch = UnitWatch(self, lambda: list(self._unit_clients),
@@ -205,7 +215,7 @@ class ControllerService(Controller, Recovery):
     def close(self) -> None:
         if self._watch is not None:
             self._watch.stop()
-        self._stop_recovery()
+        self._recovery.stop()
         super().close()
 
     # ------------------------------------------------------- placement grants
@@ -376,15 +386,13 @@ class ControllerService(Controller, Recovery):
         """The controller process: its pid and the RPC calls it served."""
         return {"pid": os.getpid(), "rpc": rpc_stats()}
 
-    def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
-                      dp_size: int = 1, replicas: int = 1, lease_timeout: float = 300.0,
-                      drop_last: bool = False, sampler: Any = None) -> None:
-        args = {"partition": partition, "task": task, "fields": list(fields),
-                "batch_size": batch_size, "dp_size": dp_size, "replicas": replicas,
-                "lease_timeout": lease_timeout, "drop_last": drop_last, "sampler": sampler}
+    def register(self, partition: str, task: str, config: TaskConfig,
+                 sampler: Sampler | dict[str, Any] | None = None) -> None:
+        """``Controller.register``, with ``sampler`` also a spec (``samplers.spec``); the
+        registration of a default or spec sampler is remembered for a restart."""
+        spec = sampler
         if isinstance(sampler, dict):
             sampler = from_spec(sampler, self._sampler_modules)
-        super().register_task(partition, task, fields, batch_size, dp_size, replicas,
-                              lease_timeout, drop_last, sampler)
-        if sampler is None or isinstance(args["sampler"], dict):
-            self._remember(args)
+        super().register(partition, task, config, sampler)
+        if spec is None or isinstance(spec, dict):
+            self._recovery.remember(partition, task, config, spec)

@@ -234,19 +234,25 @@ class _LazyTags(Mapping[str, np.ndarray]):
         return len(self._cache)
 
 
-def _find_sized_groups(sampler: Sampler | None) -> GroupSampler | None:
-    """The first GroupSampler with per-group sizes (``size_tag``) in the ``inner`` chain."""
-    while sampler is not None:
-        if isinstance(sampler, GroupSampler) and sampler.size_tag is not None:
-            return sampler
+def _chain(sampler: object) -> Iterator[Sampler]:
+    """``sampler`` and its ``inner`` ones, while each is a Sampler (a subclass may use
+    the name ``inner`` for something of its own)."""
+    while isinstance(sampler, Sampler):
+        yield sampler
         sampler = sampler.inner
+
+
+def _find_sized_groups(sampler: Sampler) -> GroupSampler | None:
+    """The first GroupSampler with per-group sizes (``size_tag``) in the ``inner`` chain."""
+    for s in _chain(sampler):
+        if isinstance(s, GroupSampler) and s.size_tag is not None:
+            return s
     return None
 
 
-def _find_group_tag(sampler: Sampler | None) -> str | None:
+def _find_group_tag(sampler: Sampler) -> str | None:
     """The group tag of the first sampler in the ``inner`` chain that has one."""
-    while sampler is not None:
-        if isinstance(sampler.group_tag, str):
-            return sampler.group_tag
-        sampler = sampler.inner
+    for s in _chain(sampler):
+        if isinstance(s.group_tag, str):
+            return s.group_tag
     return None

@@ -1,38 +1,33 @@
-"""StepLogic: how the controller forms steps, hands out shares and ends a stream.
+"""Delivery: the rules by which a task's rows become steps, shares, claims and acks.
 
-A step is formed once, for all DP ranks together, by the task's sampler; every
-rank (and every replica of a rank) asking for that step gets its own share, and
-the share never changes (see ``task.py``): a reader that released it, let its
-claim expire or died is replaced by whoever asks for that (step, rank) next.
+A row of a task goes NEW → (ready: in the queue) → LEASED (in one share of a formed
+step) → ACKED (every replica of its rank acked it), or NEW → DISCARDED (its sampler
+dropped it; ``task.py`` keeps the per-row state). Here:
 
-Readers find their step in one of two ways:
+- **formation** (``_select``): a step is formed once, for all DP ranks together, by
+  the task's sampler, and each share never changes, except at its turn
+  (``_at_turn``, ``turns.py``: a share formed ahead for a predicted policy version
+  that went stale is formed again). A closed, drained partition ends with one
+  ``end`` step every rank receives, so all ranks see the same number of batches;
+- **discards** (``discard``): rows a sampler drops are counted per reason and freed
+  once every declared consumer is done with them (``Book.finish_rows``);
+- **hand-out and claims** (``try_step``): by number (``get_meta(step=n)``: DP
+  lockstep; a loader starts at ``first_unfinished(rank)``) or "the next batch for
+  me" (``step=None``: a pool of stage workers gets, in order, a share its own
+  consumer name held under a dead session, a share nobody claims, or a new step).
+  Each (step, rank, replica) is claimed by one live session; a claim held by
+  another live session is never handed out (the caller waits; at its timeout a
+  ConfigError names ``replica``), and a replica that acked its share is refused it;
+- **redelivery**: a claim that expired, was released or cancelled drops only the
+  claim: the share stays, LEASED, for the next reader of that (step, rank). A "next
+  batch" caller gets the end only once no share of its rank and replica is held by
+  another live session that is not itself waiting in a get_meta (two workers that
+  each fetch ahead would otherwise wait for each other);
+- **acks per replica** (``held_rows``, ``ack_rows``): each replica sets its bit;
+  a row every replica acked is ACKED, and a step every rank finished goes.
 
-- by number (``get_meta(step=n)``): DP lockstep. A loader starts at
-  ``first_unfinished(rank)``, the first step its rank has not fully acked, so a
-  restarted or replacement loader resumes where the dead one stopped and skips
-  what was acked since an older ``state_dict``;
-- "the next batch for me" (``get_meta(step=None)``): a pool of stage workers.
-  A caller gets, in order, a share its own consumer name claimed under an
-  earlier, dead session (its lease expired, or it was cancelled), a share nobody
-  claims (released, expired or cancelled), or a newly formed step. A share
-  claimed by a live session is never handed to another session, whatever its
-  consumer name.
-
-By number too, a (step, rank, replica) claimed by another live session is not
-handed out: the caller waits for that claim to end (acked, released, expired or
-cancelled; a restarted consumer thus takes back its dead predecessor's share)
-and at its timeout gets a ConfigError naming ``replica``. A replica that acked
-its share of a step is refused it again (LeaseError).
-
-A closed, drained partition ends with one ``end`` step that every rank
-receives, so all ranks see the same number of batches. A caller asking for "the
-next batch" gets the end only once no share of its rank and replica is held by
-another live session: until then it waits, and a share whose holder died (its
-lease expired) comes back to it. A holder that is itself waiting in a get_meta
-is alive and finishes its own share: the end does not wait for it (two workers
-that each fetch ahead would otherwise wait for each other until a timeout).
-
-Called with the controller's lock held; ``self`` is the Controller.
+Every call is made with the book's lock held, by ``Consuming`` (consumer calls),
+``waiting.py`` (why a wait waits) and the journal replay.
 """
 
 from __future__ import annotations
@@ -45,11 +40,14 @@ from typing import Any
 import numpy as np
 
 from tq_stream.controller import access, events, turns
+from tq_stream.controller.book import Book
+from tq_stream.controller.candidates import candidates, check_selection, pending
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task import ACKED, LEASED, Claim, StepRecord, TaskState
+from tq_stream.controller.timings import Timings
 from tq_stream.controller.waiters import Waiters
-from tq_stream.errors import LeaseError, ReplicaClash, StateError
-from tq_stream.samplers.base import Candidates, Selection
+from tq_stream.errors import LeaseError, ReplicaClash
+from tq_stream.samplers.base import Selection
 from tq_stream.samplers.sequential import SequentialSampler
 
 PREFIX_MIN = 16384  # candidates a prefix-ok sampler sees at least
@@ -65,36 +63,16 @@ def _within(rows: np.ndarray, share: np.ndarray) -> bool:
     return bool(np.isin(rows, share).all())
 
 
-class StepLogic:
-    """Mixin of Controller; see the module docstring."""
+class Delivery:
+    """The delivery rules of every task (see the module docstring); lock held."""
 
-    _tasks: dict[str, dict[str, TaskState]]
-    _journal: Any  # the ack journal (deploy/ack_journal.py), or None
-    _waiters: Waiters  # the get_meta calls waiting (waiters.py)
+    def __init__(self, book: Book, waiters: Waiters, timings: Timings) -> None:
+        self._book = book
+        self._waiters = waiters  # the get_meta calls waiting (waiters.py)
+        self._timings = timings  # hand-out latency
 
-    def _candidates(self, part: PartitionMeta, state: TaskState, dp_size: int,
-                    step: int, limit: int | None = None,
-                    index: np.ndarray | None = None) -> Candidates:
-        """The ready rows (``index``: those rows instead) as a sampler sees them."""
-        if index is None:
-            index = state.queue.ordered(limit)
-        tags = part.tags
-        return Candidates(
-            index=index, ready_time=part.write_time[index], dp_size=dp_size,
-            closed=part.closed, pending=self._pending(part, state) if part.closed else 0,
-            version=state.version, turn_version=state.version_at(step), step=step,
-            partition=part.name,
-            _tags=tags.get, _has_tag=tags.columns.__contains__,
-        )
-
-    def _pending(self, part: PartitionMeta, state: TaskState) -> int:
-        """Live rows that are neither available nor handed out: not yet ready."""
-        n = min(part.size, state.state.shape[0])
-        return int(np.count_nonzero(part.row_mask(n) & (state.state[:n] == 0)
-                                    & ~state.queue.avail[:n]))
-
-    def _apply_discards(self, part: PartitionMeta, state: TaskState, sel: Selection,
-                        detail: str = "") -> int:
+    def discard(self, part: PartitionMeta, state: TaskState, sel: Selection,
+                detail: str = "") -> int:
         """Discard the selection's rows (``detail``: for the WARNING line)."""
         if not sel.discard:  # the usual case: nothing to record, free or wake
             return 0
@@ -102,35 +80,23 @@ class StepLogic:
         freed: list = []
         for reason, rows in sel.discard.items():
             rows = np.asarray(rows, dtype=np.int64)
-            if self._journal is not None and len(rows):
-                self._journal.discarded(part.name, state.name, str(reason), rows,
+            if self._book.journal is not None and len(rows):
+                self._book.journal.discarded(part.name, state.name, str(reason), rows,
                                         part.generation[rows])
             done = state.discard(str(reason), rows)
             events.discarded(part.name, state.name, str(reason), len(done), detail)
             n += len(done)
-            freed += self._finish_rows(part, done)
-        self._free_slots(part.name, freed)  # type: ignore[attr-defined]
+            freed += self._book.finish_rows(part, done)
+        self._book.free_slots(part.name, freed)
         if n:
-            self._cond.notify_all()  # type: ignore[attr-defined]  # admission may open
+            self._book.cond.notify_all()  # admission may open
         return n
-
-    def _check_selection(self, state: TaskState, sel: Selection, dp_size: int) -> None:
-        rows = sel.rows
-        ok = (len(sel.shares) == dp_size and all(len(s) for s in sel.shares)
-              and (len(rows) == 1 or len(np.unique(rows)) == len(rows))
-              and bool(state.queue.avail[rows].all()))
-        if not ok:
-            raise StateError(
-                f"sampler {type(state.sampler).__name__} must return {dp_size} non-empty, "
-                f"disjoint shares of available rows, got shares of sizes "
-                f"{[len(s) for s in sel.shares]}"
-            )
 
     def _form(self, part: PartitionMeta, state: TaskState, given: Sequence[np.ndarray]) -> None:
         shares = [s if type(s) is np.ndarray and s.dtype == np.int64 else
                   np.asarray(s, dtype=np.int64) for s in given]
-        if self._journal is not None:
-            self._journal.formed(part.name, state.name, state.next_step, shares,
+        if self._book.journal is not None:
+            self._book.journal.formed(part.name, state.name, state.next_step, shares,
                                  [part.generation[s] for s in shares])
         rec = state.lease(state.next_step, shares)
         if state.sampler.version_bound:  # the version its shares are in the bound for
@@ -138,8 +104,8 @@ class StepLogic:
         state.next_step += 1
         rows = shares[0] if len(shares) == 1 else np.concatenate(shares)
         written = part.write_time[int(rows[0])] if len(rows) == 1 else part.write_time[rows]
-        self._timings.handed_out(part.name, state.name, written,  # type: ignore[attr-defined]
-                                 time.time())
+        self._timings.handed_out(part.name, state.name, written,
+                                 self._book.clock())
 
     def _select(self, part: PartitionMeta, state: TaskState) -> bool:
         """Try to form step ``state.next_step``; True if it was formed."""
@@ -160,22 +126,22 @@ class StepLogic:
         window = max(8 * cfg.batch_size * cfg.dp_size, PREFIX_MIN) \
             if state.sampler.prefix_ok else None
         while True:
-            cands = self._candidates(part, state, cfg.dp_size, step, window)
+            cands = candidates(part, state, cfg.dp_size, step, window)
             sel = state.sampler.sample(cands, cfg.batch_size)
             if not sel.ready and window is not None and cands.count >= window:
-                self._apply_discards(part, state, sel)
+                self.discard(part, state, sel)
                 window = None  # the prefix was not enough: look at everything
                 continue
             if sel.ready:
-                self._check_selection(state, sel, cfg.dp_size)
-                self._apply_discards(part, state, sel)
+                check_selection(state, sel, cfg.dp_size)
+                self.discard(part, state, sel)
                 self._form(part, state, sel.shares)
                 return True
-            if not self._apply_discards(part, state, sel):
+            if not self.discard(part, state, sel):
                 break
-        if not part.closed or self._pending(part, state):
+        if not part.closed or pending(part, state):
             return False
-        cands = self._candidates(part, state, cfg.dp_size, step)
+        cands = candidates(part, state, cfg.dp_size, step)
         if cands.count and state.version_at(step) != state.version:
             # Ahead of its turn: a sampler may have left rows out that are in time for
             # the version the consumer will actually hold. The last steps wait for the
@@ -185,25 +151,25 @@ class StepLogic:
         if not cfg.drop_last and cands.count:
             sel = state.sampler.tail(cands, cfg.batch_size)
             if sel.ready:
-                self._check_selection(state, sel, cfg.dp_size)
-                self._apply_discards(part, state, sel)
+                check_selection(state, sel, cfg.dp_size)
+                self.discard(part, state, sel)
                 self._form(part, state, sel.shares)
                 return True
-            self._apply_discards(part, state, sel)
+            self.discard(part, state, sel)
         leftover = state.queue.ordered()
         if len(leftover):
-            self._apply_discards(part, state, Selection.wait({"tail": leftover}))
-        if self._journal is not None:
-            self._journal.ended(part.name, state.name, step)
+            self.discard(part, state, Selection.wait({"tail": leftover}))
+        if self._book.journal is not None:
+            self._book.journal.ended(part.name, state.name, step)
         state.steps[step] = StepRecord([np.zeros(0, np.int64)] * cfg.dp_size, end=True)
         state.ended = True
         state.next_step += 1
         return True
 
-    def _try_step(self, part: PartitionMeta, state: TaskState, step: int | None,
-                  dp_rank: int, replica: int, session: str,
+    def try_step(self, part: PartitionMeta, state: TaskState, step: int | None,
+                 dp_rank: int, replica: int, session: str,
                   consumer: str) -> dict[str, Any] | None:
-        now = time.time()
+        now = self._book.clock()
         events.expired(part.name, state.name, state.expire(now))
         asked_next = step is None
         if step is None:
@@ -224,7 +190,7 @@ class StepLogic:
                 f"fresh loader finds it by itself){_peers_hint(state)}"
             )
         if rec.end:
-            if asked_next and self._held_elsewhere(part, state, dp_rank, replica, session):
+            if asked_next and self.held_elsewhere(part, state, dp_rank, replica, session):
                 return None  # not the end yet: a share another session holds may come back
             meta = access.placement(part, np.zeros(0, np.int64), state.config.fields)
             # An end meta carries the end step itself, so a reader that asked for a later
@@ -245,7 +211,7 @@ class StepLogic:
                 f"{state.first_unfinished(dp_rank, replica)['step']}). If two TP/PP peers "
                 f"read as one replica, give each its own replica= (replicas="
                 f"{state.config.replicas})")
-        if self._held_by_other(rec, (dp_rank, replica), session) is not None:
+        if self.held_by_other(rec, (dp_rank, replica), session) is not None:
             return None  # wait: until that session's lease expires, it is cancelled or acks
         if rec.turns is not None and not self._at_turn(part, state, rec, step, dp_rank):
             return None  # its stale rows wait for rows within the bound to replace them
@@ -277,19 +243,19 @@ class StepLogic:
         if not turns.behind(rec, rank, version) or turns.acked(state, rec, rank):
             return True
         assert rec.turns is not None and version is not None
-        share = replace(self._candidates(part, state, 1, step, index=rec.shares[rank]),
+        share = replace(candidates(part, state, 1, step, index=rec.shares[rank]),
                         version=version)
         plan = turns.reform(
             state.sampler, share,
-            lambda kept: self._candidates(part, state, 1, step,
+            lambda kept: candidates(part, state, 1, step,
                                           index=np.concatenate([kept, state.queue.ordered()])),
-            state.config.batch_size, part.closed and not self._pending(part, state))
+            state.config.batch_size, part.closed and not pending(part, state))
         if plan is None:
             return False
         if len(plan.stale):
             self._set_share(part, state, step, rank, turns.EMPTY)
-            self._apply_discards(part, state, Selection.wait(plan.discard))
-            self._apply_discards(part, state, Selection.wait({"stale": plan.stale}), (
+            self.discard(part, state, Selection.wait(plan.discard))
+            self.discard(part, state, Selection.wait({"stale": plan.stale}), (
                 f"; at their turn: the last, step {step} rank {rank}, was formed for "
                 f"version {rec.turns[rank]} and is stale at version {version}, set for that "
                 f"step; its share was formed again ({len(plan.share)} rows)"))
@@ -303,27 +269,10 @@ class StepLogic:
         rec.turns[rank] = version
         return True
 
-    def _reform_hint(self, part: PartitionMeta, state: TaskState, step: int | None,
-                     rank: int) -> str:
-        """Why a reader of a formed step waits: its share went stale (for a WaitTimeout)."""
-        rec = None if step is None else state.steps.get(step)
-        if rec is None or rec.turns is None or step is None:
-            return ""
-        version = state.version_for(step)
-        if not turns.behind(rec, rank, version):
-            return ""
-        share = replace(self._candidates(part, state, 1, step, index=rec.shares[rank]),
-                        version=version)
-        n = int(np.count_nonzero(state.sampler.out_of_bound(share)))
-        return (f"; step {step}'s share for rank {rank} was formed for version "
-                f"{rec.turns[rank]} and {n} of its {share.count} rows are stale at version "
-                f"{version}, set for that step: it waits for ready rows within the bound to "
-                f"form it again")
-
     def _set_share(self, part: PartitionMeta, state: TaskState, step: int, rank: int,
                    rows: np.ndarray) -> None:
-        if self._journal is not None:
-            self._journal.share_set(part.name, state.name, step, rank, rows,
+        if self._book.journal is not None:
+            self._book.journal.share_set(part.name, state.name, step, rank, rows,
                                     part.generation[rows])
         state.set_share(step, rank, rows)
 
@@ -356,8 +305,8 @@ class StepLogic:
             return state.next_step - 1
         return state.next_step  # form a new step
 
-    def _held_by_other(self, rec: StepRecord, key: tuple[int, int],
-                       session: str) -> Claim | None:
+    def held_by_other(self, rec: StepRecord, key: tuple[int, int],
+                      session: str) -> Claim | None:
         """The claim on (rank, replica) ``key`` of another session, if any: every claim
         there is live (``TaskState.expire`` dropped the expired ones, ``cancel`` those
         of stopped sessions). A caller without a session (a direct controller call: no
@@ -367,8 +316,8 @@ class StepLogic:
             return None
         return claim
 
-    def _held_elsewhere(self, part: PartitionMeta, state: TaskState, rank: int,
-                        replica: int, session: str) -> list[tuple[int, int, Claim]]:
+    def held_elsewhere(self, part: PartitionMeta, state: TaskState, rank: int,
+                       replica: int, session: str) -> list[tuple[int, int, Claim]]:
         """(step, rows, claim) of every share of (rank, replica) that replica has not
         acked and another live session claims, whose holder may yet give it back: a pool
         worker asking for the next batch at the end waits for those (acked: the end; its
@@ -381,26 +330,22 @@ class StepLogic:
         for step, rec in state.steps.items():
             if rec.end or rec.share_done(rank, bit, state.acks):
                 continue
-            claim = self._held_by_other(rec, (rank, replica), session)
+            claim = self.held_by_other(rec, (rank, replica), session)
             if claim is not None and claim.session not in waiting:
                 held.append((step, len(rec.shares[rank]), claim))
         return held
 
-    def _next_wake(self, state: TaskState) -> float:
-        soonest = min(state.soonest_expiry(), self._reservations.soonest())  # type: ignore[attr-defined]
-        return max(0.01, min(60.0, soonest - time.time()))
-
-    def _no_lease(self, state: TaskState, step: int, what: str) -> LeaseError:
+    def no_lease(self, state: TaskState, step: int, what: str) -> LeaseError:
         return LeaseError(
             f"{what} needs rows of a formed step, but step {step} of task {state.name!r} "
             f"is not open (it was already acked by every rank, or never formed)"
         )
 
-    def _held_rows(self, part: PartitionMeta, state: TaskState, step: int, dp_rank: int,
-                   index: Any, generation: Any, what: str) -> np.ndarray:
+    def held_rows(self, part: PartitionMeta, state: TaskState, step: int, dp_rank: int,
+                  index: np.ndarray, generation: np.ndarray, what: str) -> np.ndarray:
         rec = state.steps.get(step)
         if rec is None or rec.end or not 0 <= dp_rank < len(rec.shares):
-            raise self._no_lease(state, step, what)
+            raise self.no_lease(state, step, what)
         share = rec.shares[dp_rank]
         index = np.asarray(index, dtype=np.int64)
         generation = np.asarray(generation, dtype=np.int64)
@@ -411,12 +356,12 @@ class StepLogic:
                              f"{state.name!r}; got rows outside that share")
         return index
 
-    def _ack_rows(self, state: TaskState, step: int, dp_rank: int, replica: int,
-                  rows: np.ndarray) -> np.ndarray:
+    def ack_rows(self, state: TaskState, step: int, dp_rank: int, replica: int,
+                 rows: np.ndarray) -> np.ndarray:
         """Set ``replica``'s bit on ``rows``; returns the rows that became ACKED."""
         rows = rows[state.state[rows] == LEASED]
         if len(rows):
-            state.last_move = time.time()  # the trainer moved on (``awaits_turn``)
+            state.last_move = self._book.clock()  # the trainer moved on (``awaits_turn``)
         state.acks[rows] |= 1 << replica
         done = rows[state.acks[rows] == state.full_acks]
         state.state[done] = ACKED
@@ -431,19 +376,6 @@ class StepLogic:
             del state.steps[step]
         return done
 
-    def _finish_rows(self, part: PartitionMeta, rows: np.ndarray) -> list:
-        """Free rows that every declared consumer of the partition acked or discarded;
-        a partition without declared consumers keeps its rows until cleared."""
-        if len(rows) == 0 or part.consumers is None:
-            return []
-        tasks = self._tasks[part.name]
-        for name in part.consumers:
-            task = tasks.get(name)
-            if task is None:
-                return []  # a declared consumer has not even registered yet
-            rows = task.finished_rows(rows)
-        return self._release_rows(part, rows)  # type: ignore[attr-defined]
-
 
 def _peers_hint(state: TaskState) -> str:
     """What a reader of an acked step is told when the task has one replica: two TP/PP
@@ -455,4 +387,4 @@ def _peers_hint(state: TaskState) -> str:
             "trains every step and the other is refused")
 
 
-__all__ = ["ACKED", "StepLogic"]
+__all__ = ["ACKED", "Delivery"]
