@@ -27,6 +27,7 @@ if _typing.TYPE_CHECKING:
     from tq_stream.datasets import StreamingDataset, batch_meta, select_rows, split_rows
     from tq_stream.deploy import connect, init
     from tq_stream.kv import KV
+    from tq_stream.media import MediaRef
     from tq_stream.meta import BatchMeta
     from tq_stream.multiragged import MultiRagged
     from tq_stream.stream import Stream
@@ -37,6 +38,7 @@ __all__ = [
     "BatchMeta",
     "Client",
     "FieldSchema",
+    "MediaRef",
     "MultiRagged",
     "Ragged",
     "Stream",
@@ -59,6 +61,7 @@ _HOME = {  # public name -> the module that defines it
     "BatchMeta": "tq_stream.meta",
     "Client": "tq_stream.client",
     "FieldSchema": "tq_stream.columns",
+    "MediaRef": "tq_stream.media",
     "MultiRagged": "tq_stream.multiragged",
     "Ragged": "tq_stream.columns",
     "Stream": "tq_stream.stream",

@@ -107,6 +107,14 @@ class SharedStats(TypedDict):
     fields: list[str]  # the partition's shared fields
 
 
+class MediaStats(TypedDict):
+    """Media held by pins of a partition: ``Stream.stats()[partition]["media"]``."""
+
+    entries: int  # entries a live pin holds (``Media.put``, ``Media.pin``)
+    bytes: int  # bytes put into them
+    pins: dict[str, int]  # live pins per holder ("host:pid")
+
+
 class PartitionStats(TypedDict):
     """One partition: ``Stream.stats()[partition]``."""
 
@@ -121,6 +129,7 @@ class PartitionStats(TypedDict):
     lost_writes_skipped: int  # rows puts named after they were lost, not written (counter)
     fields: dict[str, str]  # field -> schema description
     shared: SharedStats  # entries put once and named by rows (``Writer.put_shared``)
+    media: MediaStats  # what media handles hold, and by whom (``tq_stream.media``)
     blocked_seconds: BlockedSeconds
     tasks: dict[str, TaskStats]
 

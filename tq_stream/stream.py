@@ -21,6 +21,7 @@ from tq_stream.config import StreamConfig
 from tq_stream.connection.connection import Connection
 from tq_stream.errors import StateError, check_name
 from tq_stream.kv import KV
+from tq_stream.media import Media, MediaRef
 from tq_stream.stats import DeploymentStats, PartitionStats, ProcessInfo
 from tq_stream.writer import Writer
 
@@ -51,6 +52,7 @@ class Stream:
         self._owner = owner
         self._metrics = metrics
         self.kv = KV(connection)
+        self.media = Media(connection)  # media by reference (``tq_stream.media``)
 
     # -- public API
     @property
@@ -80,6 +82,14 @@ class Stream:
         on its own host (and spreads rows over all of them).
         """
         return Writer(self.connection, partition, None if unit == -1 else unit)
+
+    def resolve(self, ref: MediaRef, fields: list[str] | None = None) -> dict[str, Any]:
+        """The tensors of a media handle (``Media.resolve``)."""
+        return self.media.resolve(ref, fields)
+
+    def release(self, ref: MediaRef) -> None:
+        """End a media handle's pin (``Media.release``)."""
+        self.media.release(ref)
 
     def client(self, consumer: str = "") -> Client:
         """The low-level client (get_meta / get_data / put_data / ack): one consumer

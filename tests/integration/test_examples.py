@@ -60,3 +60,13 @@ def test_async_offpolicy():
     assert set(r["discarded"]) <= {"stale", "tail"}  # reasons, counted by the controller
     assert r["trained"] + sum(r["discarded"].values()) == r["produced"]
     assert r["steps"] == -(-r["trained"] // 8)  # one version bump per step
+
+
+@pytest.mark.timeout(120)
+def test_agent_media_flow():
+    r = run("-m", "examples.agent_media_flow")
+    assert r["trained_groups"] == 12 and r["trained_rows"] == 48  # 4 groups filtered
+    assert r["filtered_rows"] == 16 and r["exact"]
+    assert r["images_left"] == 0 and r["pins_left"] == 0  # freed: used, or filtered
+    assert r["rows_left"] == 0 and r["unit_rows_left"] == 0
+    assert r["exit_codes"] == [0, 0]

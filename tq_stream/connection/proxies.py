@@ -162,6 +162,24 @@ class RemoteController:
     def abort(self, partition: str, index: Any, generation: Any) -> None:
         self._call("abort", partition=partition, index=index, generation=generation)
 
+    def media_hold(self, partition: str, keys: Sequence[str], session: str, holder: str,
+                   lease: float, producer: bool, pending: float = 0.0,
+                   pins: Sequence[str] | None = None) -> dict[str, Any]:
+        extra: dict[str, Any] = {} if pins is None else {"pins": list(pins)}
+        return self._call("media_hold", partition=partition, keys=list(keys), session=session,
+                          holder=holder, lease=lease, producer=producer, pending=pending,
+                          **extra)
+
+    def media_release(self, partition: str, pin: str, session: str, holder: str) -> None:
+        self._call("media_release", partition=partition, pin=pin, session=session,
+                   holder=holder)
+
+    def media_lookup(self, partition: str, key: str, index: int, generation: int, pin: str,
+                     deployment: str, fields: Sequence[str]) -> dict[str, Any]:
+        return self._call("media_lookup", partition=partition, key=key, index=index,
+                          generation=generation, pin=pin, deployment=deployment,
+                          fields=list(fields))
+
     # --- tasks
     def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
                       dp_size: int = 1, replicas: int = 1, lease_timeout: float = 300.0,

@@ -25,6 +25,7 @@ from typing import Protocol
 import numpy as np
 
 from tq_stream.controller.frees import Frees
+from tq_stream.controller.media_pins import MediaPins
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.reservations import Reservations, abort_due
 from tq_stream.controller.spill_hints import SpillHints, done_fields
@@ -65,6 +66,7 @@ class Book:
         self.parts: dict[str, PartitionMeta] = {}
         self.tasks: dict[str, dict[str, TaskState]] = {}
         self.reservations = reservations
+        self.pins = MediaPins()  # media held by handles of live sessions (media_pins.py)
         self.frees = frees
         self.spill_hints = spill_hints  # fields units may spill (spill_hints.py)
         self.journal: Journal | None = None  # records delivery changes if set
@@ -151,8 +153,21 @@ class Book:
     def abort_reservations(self, session: str | None = None) -> int:
         """Abort the reservations due (or every one of ``session``), lock held
         (``reservations.abort_due``); returns the rows removed."""
-        return abort_due(self.reservations, self.parts, lambda part, rows: self.free_slots(
-            part.name, self.release_rows(part, rows)), self.clock(), session)
+        return self.expire_pins() + abort_due(
+            self.reservations, self.parts, lambda part, rows: self.free_slots(
+                part.name, self.release_rows(part, rows)), self.clock(), session)
+
+    def expire_pins(self) -> int:
+        """End the media pins whose session lapsed and free the entries nothing holds
+        now, lock held (``MediaPins.expire``); returns how many entries were freed."""
+        now = self.clock()
+        if self.pins.soonest() > now:
+            return 0
+        freed = 0
+        for part, rows in self.pins.expire(self.parts, now):
+            self.free_slots(part.name, self.release_rows(part, np.asarray(rows, np.int64)))
+            freed += len(rows)
+        return freed
 
     def replace(self, parts: dict[str, PartitionMeta],
                 tasks: dict[str, dict[str, TaskState]]) -> None:

@@ -280,7 +280,9 @@ class Consuming:
         check_session("session", session)
         with self._book.cond:
             if task == WRITER_TASK:
-                return self._book.reservations.renew(partition, session, self._book.clock())
+                now = self._book.clock()
+                return self._book.reservations.renew(partition, session, now) + \
+                    self._book.pins.renew(partition, session, now)
             _, state = self._book.task(partition, task)
             now = self._book.clock()
             if step is None:

@@ -30,6 +30,7 @@ from tq_stream.controller.consuming import Consuming
 from tq_stream.controller.delivery import Delivery
 from tq_stream.controller.frees import FreeFn, Frees, no_free
 from tq_stream.controller.journal_replay import RowsOf, replay
+from tq_stream.controller.media_calls import MediaCalls
 from tq_stream.controller.reservations import DEFAULT_WRITE_LEASE, Reservations, hold_restored
 from tq_stream.controller.shared_puts import reserve_shared
 from tq_stream.controller.spares import Spares
@@ -72,6 +73,7 @@ class Controller:
         "list_tags", "keys_of", "set_tags", "set_version", "reading", "stats", "partitions",
         "admit", "set_admission", "admission", "commit_new", "release_spares",
         "first_unfinished", "cancel", "task_rows", "dead_units", "reserve_shared",
+        "media_hold", "media_release", "media_lookup",
     })
     # Methods that never wait, so a server may run them on its IO thread: they hold the
     # lock only for short CPU work; reserve and admit raise WouldBlock instead of waiting.
@@ -113,6 +115,9 @@ class Controller:
                               lambda: self._live_units(), self._consuming.rows_ready)
         self._spares = Spares(self._book, self._writes.place_spares, self._writes.mark_written,
                               self._consuming.rows_ready)
+        self._media = MediaCalls(self._book)  # media handles' pins (media_calls.py)
+        self.media_hold, self.media_release = self._media.hold, self._media.release
+        self.media_lookup = self._media.lookup
 
     # ------------------------------------------------------------ admission
     def admit(self, partition: str, n: int, timeout: float = 60.0) -> int:
@@ -166,8 +171,8 @@ class Controller:
     def stats(self) -> dict[str, Any]:
         """Per partition: ``access.partition_stats`` (keys: ``stats.PartitionStats``)."""
         with self._cond:
-            return {name: access.partition_stats(part, self._tasks[name], self._timings)
-                    for name, part in self._parts.items()}
+            return {name: {**access.partition_stats(part, self._tasks[name], self._timings),
+                           "media": self._media.stats(part)} for name, part in self._parts.items()}
 
     def clear(self, partition: str, keys: Sequence[str] | None = None) -> int:
         """``Writes.clear``: free rows (all rows if ``keys`` is None); returns how many."""

@@ -8,20 +8,24 @@ never offered to a task, listed or counted as a row. A row that names it
 ``ready[f]`` of the row mirrors the entry's, so readiness, ``lookup`` and samplers
 need nothing else, and a read loads each distinct entry once (``shared_read.py``).
 
-The entry lives while a live row names it: freeing the last such row (acked by
-every declared consumer, discarded, cleared, lost) frees the entry in the same
-``PartitionMeta.release``. An entry no row names yet stays until its partition is
-cleared. Its bytes are written once: every field carries a digest, a put of the
-same bytes again is a no-op, other bytes are refused.
+The entry lives while a live row names it or a holder pins it (``holds[e]``,
+kept by ``media_pins.MediaPins``): freeing the last such row (acked by every
+declared consumer, discarded, cleared, lost) frees an entry no pin holds in the
+same ``PartitionMeta.release``. An entry no row names and no pin holds stays until
+its partition is cleared. Why an entry was freed is kept for a while (``why``).
+Its bytes are written once: every field carries a digest, a put of the same bytes
+again is a no-op, other bytes are refused.
 
 Invariants (``SharedTable``): ``entry[e]`` only for used rows keyed with the prefix;
 ``of[r] >= 0`` only for used rows that are not entries, and then ``entry[of[r]]``;
-``refs[e]`` is the number of used rows ``r`` with ``of[r] == e``; a field of
+``refs[e]`` is the number of used rows ``r`` with ``of[r] == e``; ``holds[e] > 0``
+only for entries; a field of
 ``fields`` is never a field of a row's own.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -47,6 +51,9 @@ class PartRows(Protocol):
     generation: np.ndarray
 
 ENTRY_PREFIX = RESERVED + "shared:"  # keys of shared entries; refused as a user key
+FREED_KEPT = 4096  # entries whose reason for being freed is remembered (``why``)
+NAMERS_FREED = ("the last row naming it was freed (acked by every declared consumer, "
+                "discarded by a sampler, or cleared)")
 
 
 def entry_key(key: str) -> str:
@@ -64,6 +71,8 @@ class SharedTable:
         self.entry = np.zeros(size, dtype=bool)
         self.of = np.full(size, -1, dtype=np.int64)
         self.refs = np.zeros(size, dtype=np.int64)
+        self.holds = np.zeros(size, dtype=np.int64)  # pins on each entry (media_pins.py)
+        self.freed: OrderedDict[tuple[str, int, int], str] = OrderedDict()  # key, row, gen
         self.fields: set[str] = set()
         self.digests: dict[int, dict[str, str]] = {}  # entry row -> field -> digest
         self.nbytes: dict[int, int] = {}  # entry row -> bytes put
@@ -74,6 +83,7 @@ class SharedTable:
             self.entry = _grown(self.entry, n, False)
             self.of = _grown(self.of, n, -1)
             self.refs = _grown(self.refs, n, 0)
+            self.holds = _grown(self.holds, n, 0)
 
     # ----------------------------------------------------------------- puts
     def check_fields(self, part: PartRows, keys: Sequence[str],
@@ -188,10 +198,13 @@ class SharedTable:
             ents = of[named]
             np.subtract.at(self.refs, ents, 1)
             self.of[idx[named]] = -1
-            dead = np.unique(ents[self.refs[ents] == 0])
-            idx = np.concatenate([idx, dead[~np.isin(dead, idx)]])
+            dead = np.unique(ents[(self.refs[ents] == 0) & (self.holds[ents] == 0)])
+            dead = dead[~np.isin(dead, idx)]
+            self.note_freed(part, dead, NAMERS_FREED)
+            idx = np.concatenate([idx, dead])
         gone = idx[self.entry[idx]]
         if len(gone):
+            self.note_freed(part, gone, "it was cleared, or lost with its storage unit")
             orphans = np.flatnonzero(np.isin(self.of, gone))
             for f in self.fields:
                 r = part.ready.get(f)
@@ -200,11 +213,25 @@ class SharedTable:
             self.of[orphans] = -1
             self.entry[gone] = False
             self.refs[gone] = 0
+            self.holds[gone] = 0
             for e in gone.tolist():
                 self.digests.pop(e, None)
                 self.nbytes.pop(e, None)
             self.count -= len(gone)
         return idx
+
+    def note_freed(self, part: PartRows, ents: np.ndarray, why: str) -> None:
+        """Entries ``ents`` are being freed because of ``why`` (a reason noted first
+        stays)."""
+        for e in ents.tolist():
+            self.freed.setdefault((str(part.keys[e]), e, int(part.generation[e])), why)
+        while len(self.freed) > FREED_KEPT:
+            self.freed.popitem(last=False)
+
+    def why(self, key: str, row: int, generation: int) -> str | None:
+        """Why the entry of ``key`` (row ``row`` of ``generation``) was freed, if
+        remembered."""
+        return self.freed.get((entry_key(key), row, generation))
 
     def with_namers(self, rows: np.ndarray) -> np.ndarray:
         """``rows`` plus the rows naming the entries among them (lost with them)."""

@@ -203,6 +203,7 @@ class Writes:
             part.check_generation(index, generation)
             if shared is not None:
                 part.shared.bind(part, index, shared)
+                self._book.pins.handed(part, shared)  # the rows keep the entries now
             self.mark_written(part, index, schemas_, tags)
             self._book.reservations.settle(partition, index)
 

@@ -1,0 +1,260 @@
+"""Media pins: shared entries held by the handles (``MediaRef``) of live sessions.
+
+Media put by reference (``Media.put``) is a shared entry (``shared_entries.py``) that
+no row may name yet: the agent loop hands its handle to an inference server, whose
+rows come later. So every handle is a *pin* on its entry, held by a session (the
+process's producer session on the partition, renewed by its heartbeat, as
+``reservations.py`` holds uncommitted rows):
+
+- the producer's pin (made by the put) is handed over to the rows once a row names
+  the entry (``handed``): from then on the rows keep it, and it is freed with the
+  last of them (acked by every declared consumer, discarded, cleared);
+- an explicit pin (``Media.pin``) keeps it until released, whatever the rows do;
+- a pin ends by ``release`` or when its session stops renewing for its lease; an
+  entry no pin holds and no row names is freed then (``expire``, ``release``).
+
+Every ended pin is remembered (the last ``ENDED_KEPT``) with what ended it, so a
+handle used after its release, or released twice, is refused naming what released
+it. Plain bookkeeping guarded by the controller's lock; the controller frees rows.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tq_stream.controller.partition import PartitionMeta
+from tq_stream.controller.shared_entries import entry_key
+from tq_stream.errors import ConfigError, KeyConflictError, StateError
+
+ENDED_KEPT = 65536  # ended pins remembered (what ended each)
+HANDED = "handed to the rows naming its entry"
+
+
+@dataclass
+class Pin:
+    """Entry ``row`` (of ``generation``) of ``partition``, held by ``session``."""
+
+    partition: str
+    key: str
+    row: int
+    generation: int
+    session: str
+    holder: str  # who the session is ("host:pid"), for stats and messages
+    lease: float
+    expiry: float  # time.time() after which the pin ends unless renewed
+    producer: bool  # made by the put: handed over to the rows naming the entry
+    deadline: float = float("inf")  # a pending pin (row -1) ends by then, renewed or not
+
+
+class MediaPins:
+    """The pins of every partition (see module doc)."""
+
+    def __init__(self) -> None:
+        self.deployment = uuid.uuid4().hex  # names this deployment in every handle
+        self.pins: dict[str, Pin] = {}
+        self.ended: OrderedDict[str, tuple[str, bool]] = OrderedDict()  # pin -> why, released
+
+    # ------------------------------------------------------------- pinning
+    def pend(self, part: PartitionMeta, keys: Sequence[str], session: str, holder: str,
+             lease: float, put_timeout: float, now: float) -> list[str]:
+        """Pending pins of a producer about to put ``keys``: should its session lapse
+        before ``hold`` confirms them, the entries it put and nothing holds are freed."""
+        out = []
+        for k in keys:
+            pin = uuid.uuid4().hex
+            self.pins[pin] = Pin(part.name, k, -1, -1, session, holder, lease, now + lease,
+                                 True, now + put_timeout + lease)
+            out.append(pin)
+        return out
+
+    def hold(self, part: PartitionMeta, keys: Sequence[str], session: str, holder: str,
+             lease: float, producer: bool, now: float,
+             confirm: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """A pin of ``session`` on the committed entry of each of ``keys`` (``confirm``:
+        the pending pins of ``pend`` that become these pins)."""
+        out = []
+        rows = [self._entry(part, k) for k in keys]  # all checked before any pin
+        if confirm is not None:
+            self._check_pending(part, keys, session, confirm)
+        for i, (k, e) in enumerate(zip(keys, rows, strict=True)):
+            pin = uuid.uuid4().hex if confirm is None else confirm[i]
+            self.pins.pop(pin, None)
+            if producer and part.shared.refs[e] > 0:  # rows hold it already
+                self.ended[pin] = (HANDED, False)
+            else:
+                self.pins[pin] = Pin(part.name, k, e, int(part.generation[e]), session,
+                                     holder, lease, now + lease, producer)
+                part.shared.holds[e] += 1
+            out.append({"key": k, "pin": pin, "index": e,
+                        "generation": int(part.generation[e]),
+                        "fields": sorted(f for f in part.shared.fields
+                                         if f in part.ready and part.ready[f][e])})
+        return out
+
+    def _check_pending(self, part: PartitionMeta, keys: Sequence[str], session: str,
+                       confirm: Sequence[str]) -> None:
+        ok = isinstance(confirm, list | tuple) and len(confirm) == len(keys) and all(
+            isinstance(c, str) and c in self.pins and self.pins[c].row < 0
+            and (self.pins[c].partition, self.pins[c].key, self.pins[c].session)
+            == (part.name, k, session) for c, k in zip(confirm, keys, strict=True))
+        if not ok:
+            raise ConfigError(f"pins must be the live pending pins of session "
+                              f"{session[:12]!r} for keys {list(keys)[:5]} (media_hold with "
+                              f"pending first), got {confirm!r:.120}")
+
+    def _entry(self, part: PartitionMeta, key: str) -> int:
+        e = part.key_index.get(entry_key(key), -1) if isinstance(key, str) else -1
+        if e < 0 or not part.shared.entry[e] or not any(
+                part.ready[f][e] for f in part.shared.fields if f in part.ready):
+            raise KeyConflictError(f"key must name media put in partition {part.name!r} "
+                                   f"(a committed shared entry), got {key!r}")
+        return e
+
+    def handed(self, part: PartitionMeta, keys: Sequence[str | None]) -> None:
+        """Rows now name the entries ``keys``: their producers' pins go to the rows."""
+        named = {part.key_index.get(entry_key(k), -1) for k in keys if k is not None}
+        for pin, p in list(self.pins.items()):
+            if p.producer and p.partition == part.name and p.row in named and \
+                    part.shared.refs[p.row] > 0:
+                self._end(part, pin, HANDED, released=False)
+
+    def renew(self, partition: str, session: str, now: float) -> int:
+        """``session``'s heartbeat: extend its pins on ``partition``; how many."""
+        n = 0
+        for p in self.pins.values():
+            if p.session == session and p.partition == partition and p.expiry > now:
+                p.expiry = min(p.deadline, now + p.lease)
+                n += 1
+        return n
+
+    def _end(self, part: PartitionMeta | None, pin: str, why: str, released: bool) -> int:
+        """End ``pin``; returns its entry's row if nothing holds the entry now, else -1."""
+        p = self.pins.pop(pin)
+        self.ended[pin] = (why, released)
+        while len(self.ended) > ENDED_KEPT:
+            self.ended.popitem(last=False)
+        if part is None or not _alive(part, p):
+            return -1
+        part.shared.holds[p.row] -= 1
+        if part.shared.holds[p.row] == 0 and part.shared.refs[p.row] == 0:
+            part.shared.note_freed(part, np.array([p.row]), f"its last pin was {why}")
+            return p.row
+        return -1
+
+    # ----------------------------------------------------------- releasing
+    def release(self, part: PartitionMeta, pin: str, session: str,
+                holder: str) -> list[int]:
+        """End ``pin`` (a handle's ``release``); the entry rows to free."""
+        p = self.pins.get(pin)
+        if p is None:
+            why, released = self.ended.get(pin, ("", False))
+            if released:
+                raise StateError(f"ref must be released once, got a handle already "
+                                 f"released: {why}")
+            if not why:
+                raise KeyConflictError(f"ref must be a handle of partition {part.name!r} "
+                                       f"still known to this deployment, got pin {pin[:12]}")
+            self.ended[pin] = (f"{why}, then released by {holder}", True)
+            return []
+        if p.partition != part.name:
+            raise ConfigError(f"ref must name the partition of its pin {p.partition!r}, "
+                              f"got {part.name!r}")
+        e = self._end(part, pin, f"released by {holder} (session {session[:12]})",
+                      released=True)
+        return [] if e < 0 else [e]
+
+    def expire(self, parts: Mapping[str, PartitionMeta],
+               now: float) -> list[tuple[PartitionMeta, list[int]]]:
+        """End the pins whose session stopped renewing; the entry rows to free."""
+        out: dict[str, list[int]] = {}
+        for pin, p in list(self.pins.items()):
+            part = parts.get(p.partition)
+            if p.row < 0:
+                e = self._end_pending(part, pin, now)
+                if e >= 0 and part is not None:
+                    out.setdefault(part.name, []).append(e)
+                continue
+            if part is not None and _alive(part, p) and p.expiry > now:
+                continue
+            e = self._end(part, pin, f"ended when its holder {p.holder} (session "
+                          f"{p.session[:12]}) stopped renewing its lease of {p.lease:g} s"
+                          if part is not None and _alive(part, p) else
+                          "dropped: its entry was freed", released=False)
+            if e >= 0 and part is not None:
+                out.setdefault(part.name, []).append(e)
+        return [(parts[name], rows) for name, rows in out.items()]
+
+    def _end_pending(self, part: PartitionMeta | None, pin: str, now: float) -> int:
+        """End pending ``pin`` if due; returns the entry its put left that nothing
+        holds (to free), else -1."""
+        p = self.pins[pin]
+        if p.expiry > now:
+            return -1
+        del self.pins[pin]
+        self.ended[pin] = (f"ended when its producer {p.holder} (session {p.session[:12]}) "
+                           f"stopped before it held the media it put", False)
+        if part is None:
+            return -1
+        e = part.key_index.get(entry_key(p.key), -1)
+        if e < 0 or not part.shared.entry[e] or part.shared.refs[e] or part.shared.holds[e] \
+                or any(q.row < 0 and (q.partition, q.key) == (p.partition, p.key)
+                       for q in self.pins.values()):
+            return -1
+        part.shared.note_freed(part, np.array([e]), "its producer stopped before it held it")
+        return e
+
+    def soonest(self) -> float:
+        return min((p.expiry for p in self.pins.values()), default=float("inf"))
+
+    # ------------------------------------------------------------- reading
+    def lookup(self, part: PartitionMeta, key: str, index: int, generation: int, pin: str,
+               deployment: str, fields: Sequence[str]) -> dict[str, Any]:
+        """Where the entry of a handle lives, if the handle may still be resolved."""
+        if deployment != self.deployment:
+            raise ConfigError(f"ref must be a handle of this deployment ({self.deployment[:12]})"
+                              f", got one of deployment {deployment[:12]!r} (key {key!r})")
+        if pin not in self.pins:
+            why, _ = self.ended.get(pin, ("", False))
+            if why and why != HANDED:
+                raise StateError(f"ref must not be released to be resolved: media {key!r} "
+                                 f"of partition {part.name!r} was {why}")
+        e = part.key_index.get(entry_key(key), -1)
+        if e != index or int(part.generation[e]) != generation or not part.shared.entry[e]:
+            freed = part.shared.why(key, index, generation)
+            if freed is None and pin not in self.pins and pin not in self.ended:
+                raise KeyConflictError(f"ref must name media put in partition {part.name!r}"
+                                       f" (and not freed long ago), got key {key!r}")
+            raise StateError(f"ref must name media still held to be resolved: media {key!r} "
+                             f"of partition {part.name!r} was freed"
+                             f"{': ' + freed if freed else ''}")
+        missing = [f for f in fields if f not in part.ready or not part.ready[f][e]]
+        if missing:
+            raise KeyConflictError(f"fields must be held by media {key!r}, got {missing}")
+        return {"index": np.array([e]), "generation": np.array([generation]),
+                "unit": part.unit[[e]], "slot": part.slot[[e]],
+                "schemas": {f: part.schemas[f].to_dict() for f in fields}}
+
+    def stats(self, part: PartitionMeta, now: float) -> dict[str, Any]:
+        """Entries pinned, the bytes put into them, and live pins per holder."""
+        held: dict[str, int] = {}
+        rows: set[int] = set()
+        for p in self.pins.values():
+            if p.partition == part.name and p.expiry > now and _alive(part, p):
+                held[p.holder] = held.get(p.holder, 0) + 1
+                rows.add(p.row)
+        return {"entries": len(rows), "bytes": sum(part.shared.nbytes.get(e, 0) for e in rows),
+                "pins": held}
+
+
+def _alive(part: PartitionMeta, p: Pin) -> bool:
+    return p.row >= 0 and bool(part.used[p.row]) and \
+        int(part.generation[p.row]) == p.generation and bool(part.shared.entry[p.row])
+
+
+__all__ = ["MediaPins", "Pin"]
