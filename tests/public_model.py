@@ -20,8 +20,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-LEASE = 0.5  # tq.init(lease_timeout=...) of the machine
-SLACK = 0.15  # heartbeat period (LEASE / 4) and scheduling, beyond which a lease is over
+LEASE = 1.0  # tq.init(lease_timeout=...) of the machine: a live heartbeat (every LEASE / 4)
+# late by a whole LEASE on a loaded 2-core machine made a live lease lapse at 0.5
+SLACK = 0.3  # heartbeat period (LEASE / 4) and scheduling, beyond which a lease is over
 
 Slot = tuple[int, int]  # (dp_rank, replica) of the train task
 
