@@ -158,8 +158,11 @@ def held(part: PartitionMeta, tasks: Mapping[str, TaskState]) -> dict[str, int]:
 
 
 def existing(part: PartitionMeta, keys: Sequence[str]) -> np.ndarray:
-    """Row index of each of ``keys``; KeyConflictError naming the first missing ones."""
+    """Row index of each of ``keys``; KeyConflictError naming the first missing ones
+    (a shared entry's own key names no row)."""
     idx = part.lookup(list(keys))
+    if part.shared.count:
+        idx[idx >= 0] = np.where(part.shared.entry[idx[idx >= 0]], -1, idx[idx >= 0])
     if (idx < 0).any():
         missing = [k for k, i in zip(keys, idx.tolist(), strict=True) if i < 0][:5]
         raise KeyConflictError(f"keys must exist in partition {part.name!r}, missing {missing}")
