@@ -127,7 +127,7 @@ def keys_of(part: PartitionMeta, index: Sequence[int]) -> list[str]:
 
 
 def partition_stats(part: PartitionMeta, tasks: Mapping[str, TaskState],
-                    timings: Timings) -> dict[str, Any]:
+                    timings: Timings, now: float) -> dict[str, Any]:
     """Rows, fields, writer waits and per-task counters, rates and timings of one
     partition (the keys are documented by ``tq_stream.stats.PartitionStats``)."""
     out: dict[str, Any] = {
@@ -137,9 +137,9 @@ def partition_stats(part: PartitionMeta, tasks: Mapping[str, TaskState],
         "rows_lost": part.lost.rows, "lost_writes_skipped": part.lost.skipped,
         "held": held(part, tasks),
         "fields": {f: s.describe() for f, s in part.schemas.items()},
-        "tasks": {t: s.stats() for t, s in tasks.items()},
+        "tasks": {t: s.stats(now) for t, s in tasks.items()},
     }
-    add_measurements(out, part, dict(tasks), timings)
+    add_measurements(out, part, dict(tasks), timings, now)
     return out
 
 

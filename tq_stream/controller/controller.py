@@ -164,8 +164,8 @@ class Controller:
     def stats(self) -> dict[str, Any]:
         """Per partition: ``access.partition_stats`` (keys: ``stats.PartitionStats``)."""
         with self._cond:
-            return {name: access.partition_stats(part, self._tasks[name], self._timings)
-                    for name, part in self._parts.items()}
+            return {n: access.partition_stats(p, self._tasks[n], self._timings, self._book.clock())
+                    for n, p in self._parts.items()}
 
     def clear(self, partition: str, keys: Sequence[str] | None = None) -> int:
         """``Writes.clear``: free rows (all rows if ``keys`` is None); returns how many."""

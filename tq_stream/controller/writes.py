@@ -150,7 +150,7 @@ class Writes:
                 self._book.check_open()
             if n_new:
                 new_keys = [k for k, m in zip(keys, new.tolist(), strict=True) if m]
-                idx[new] = part.allocate(new_keys, self.place(unit, n_new))
+                idx[new] = part.allocate(new_keys, self.place(unit, n_new), self._book.clock())
                 self._book.grow_tasks(part)
                 self._book.reservations.add(partition, idx[new], part.generation[idx[new]],
                                        session, lease, timeout, self._book.clock())
