@@ -12,7 +12,8 @@ The entry lives while a live row names it: freeing the last such row (acked by
 every declared consumer, discarded, cleared, lost) frees the entry in the same
 ``PartitionMeta.release``. An entry no row names yet stays until its partition is
 cleared. Its bytes are written once: every field carries a digest, a put of the
-same bytes again is a no-op, other bytes are refused.
+same bytes again is a no-op, other bytes are refused (also while the first put is
+under way: its claim holds the digests; a put that aborted holds none).
 
 Invariants (``SharedTable``): ``entry[e]`` only for used rows keyed with the prefix;
 ``of[r] >= 0`` only for used rows that are not entries, and then ``entry[of[r]]``;
