@@ -471,9 +471,11 @@ def test_clear_refuses_shared_entries_keys(stream):
     assert stream.kv.get("a", partition=P)["prompt"].tolist() == [1, 2]
 
 
-def test_clear_of_a_partition_counts_rows_not_entries(stream):
+def test_clear_of_a_partition_counts_rows_not_entries_and_the_partition_is_reused(stream):
     put_groups(stream, g=2, n=2, image=False)
     assert stream.kv.clear(partition=P) == 4
+    keys, _ = put_groups(stream, g=2, n=2, image=False)  # the next iteration's groups
+    assert stream.kv.get(keys[3], partition=P)["prompt"].tolist() == [2, 3]
 
 
 def test_the_never_written_wait_error_counts_rows_not_entries(stream):

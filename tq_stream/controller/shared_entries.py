@@ -80,12 +80,14 @@ class SharedTable:
     # ----------------------------------------------------------------- puts
     def check_fields(self, part: PartRows, keys: Sequence[str],
                      schemas: Mapping[str, object]) -> None:
-        """A put's fields: a shared put writes no row field, a row put no shared one."""
+        """A put's fields: a shared put writes no field a row holds, a row put no shared
+        one (claimed by an entry, committed or not; ``check_commit`` sees the rest)."""
         if not self.fields and not (keys and keys[0].startswith(ENTRY_PREFIX)):
             return
         shared_put = bool(keys) and keys[0].startswith(ENTRY_PREFIX)
         for f in schemas:
-            if shared_put and f in part.schemas and f not in self.fields:
+            if shared_put and f not in self.fields and f in part.ready and \
+                    (part.ready[f] & ~self.entry).any():  # a row committed it
                 raise SchemaError(
                     f"field {f!r} of partition {part.name!r} is a field of its rows, so a "
                     f"shared entry must not have it (a read would not know whose to give); "
@@ -136,7 +138,7 @@ class SharedTable:
         """The fields entries among ``rows`` claim (committed or not)."""
         if not self.digests:
             return set()
-        return set().union(*(self.digests.get(e, {}) for e in rows.tolist()))
+        return set().union(*(self.digests.get(e, {}) for e in rows[self.entry[rows]].tolist()))
 
     def forget(self, names: set[str]) -> None:
         """Fields ``names`` are shared fields no more unless a live entry still claims
