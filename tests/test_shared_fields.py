@@ -532,3 +532,18 @@ def test_write_times_and_stats_ages_read_the_controller_s_clock():
     c.register_task("p", "t", ["x"], batch_size=1)
     stats = c.stats()["p"]["tasks"]["t"]
     assert stats["oldest_ready_age"] == 0.0 and stats["at"] == 1000.0
+
+
+def test_a_claim_whose_reservation_lapsed_leaves_no_shared_field():
+    from tq_stream.controller.controller import Controller
+
+    now = [0.0]
+    c = Controller(n_units=1, clock=lambda: now[0])
+    c.create_partition(P)
+    sch = _row_schema(x=torch.zeros(2))
+    c.reserve_shared(P, ["g"], sch, [{"x": "d"}], [16], session="s" * 32, lease=1.0,
+                     timeout=1.0)  # its producer dies before the commit
+    now[0] = 100.0
+    pl = c.reserve(P, ["r"], sch)  # aborts the lapsed reservation first
+    c.commit(P, pl["index"], pl["generation"], sch)
+    assert c.stats()[P]["rows"] == 1 and c.stats()[P]["shared"]["entries"] == 0

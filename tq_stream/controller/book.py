@@ -145,7 +145,15 @@ class Book:
         """Abort the reservations due (or every one of ``session``), lock held
         (``reservations.abort_due``); returns the rows removed."""
         return abort_due(self.reservations, self.parts, lambda part, rows: self.free_slots(
-            part.name, self.release_rows(part, rows)), self.clock(), session)
+            part.name, self.undo_rows(part, rows)), self.clock(), session)
+
+    def undo_rows(self, part: PartitionMeta, rows: np.ndarray) -> Freed:
+        """``release_rows`` of rows an aborted put placed (no field committed): shared
+        fields only they claimed are shared fields no more (``SharedTable.forget``)."""
+        claims = part.shared.claims(rows)
+        freed = self.release_rows(part, rows)
+        part.shared.forget(claims)
+        return freed
 
     def replace(self, parts: dict[str, PartitionMeta],
                 tasks: dict[str, dict[str, TaskState]]) -> None:

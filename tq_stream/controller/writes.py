@@ -235,9 +235,7 @@ class Writes:
             ok = part.used[index] & (part.generation[index] == gen)
             for r in part.shared.own_ready(part, index).values():  # not an entry's field
                 ok &= ~r
-            claims = part.shared.claims(index[ok])
-            freed = self._book.release_rows(part, index[ok])
-            part.shared.forget(claims)  # an aborted claim leaves no shared field
+            freed = self._book.undo_rows(part, index[ok])  # and the claims they made
         self._book.free_slots(partition, freed)
         with self._book.cond:  # a failed first put leaves no partition (once its slots are free)
             part = self._book.parts.get(partition)
