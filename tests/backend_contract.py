@@ -12,7 +12,7 @@ import torch
 
 from tq_stream.backends.base import occupancy
 from tq_stream.columns import Ragged
-from tq_stream.errors import ClosedError, StateError, TQError
+from tq_stream.errors import ClosedError, ConfigError, MemoryBudgetExceeded, StateError, TQError
 
 
 def slots(*s: int) -> np.ndarray:
@@ -276,3 +276,75 @@ class BackendContract:
         objs[0].append(5)
         got = unit.get("p", slots(0, 1), ["x", "o"])
         assert torch.equal(got["x"], dense(2)) and got["o"] == [[1], [2]]
+
+    # ---------------------------------------------------------------- memory budget
+    # A unit either keeps ``set_memory`` (budget and cold fields, ``backends/spill.py``)
+    # or refuses it with a ConfigError; it never takes it and ignores it.
+    def _spills(self, unit) -> bool:
+        try:
+            unit.set_memory("p", 1 << 30, [])
+        except ConfigError:
+            return False
+        return True
+
+    def test_cold_fields_read_back_as_written_and_hold_no_memory(self, unit):
+        if not self._spills(unit):
+            pytest.skip("this unit refuses set_memory")
+        unit.set_memory("p", None, ["img", "r", "o"])
+        unit.put("p", slots(3, 1, 2), {"img": dense(3, width=64), "x": dense(3),
+                                       "r": ragged([2, 0, 5]), "o": ["a", {"b": 1}, None]},
+                 occupancy(slots(3, 1, 2), slots(0, 0, 0)))
+        got = unit.get("p", slots(2, 3), ["img", "x", "r", "o"])
+        assert torch.equal(got["img"], dense(3, width=64)[[2, 0]])
+        assert torch.equal(got["x"], dense(3)[[2, 0]])
+        assert ragged_rows(got["r"]) == [ragged_rows(ragged([2, 0, 5]))[i] for i in (2, 0)]
+        assert got["o"] == [None, "a"]
+        part = unit.stats()["partitions"]["p"]
+        assert set(part["fields"]) == {"x"} and part["spilled"] > 0
+        unit.free("p", slots(1, 2, 3))
+        assert unit.stats()["partitions"].get("p", {"spilled": 0})["spilled"] == 0
+        with pytest.raises(TQError):
+            unit.get("p", slots(3), ["img"])
+
+    def test_marking_a_field_cold_moves_its_rows(self, unit):
+        if not self._spills(unit):
+            pytest.skip("this unit refuses set_memory")
+        unit.put("p", slots(0, 1), {"x": dense(2), "y": dense(2, 5.0)})
+        unit.set_memory("p", None, ["x"])
+        assert set(unit.stats()["partitions"]["p"]["fields"]) == {"y"}
+        assert torch.equal(unit.get("p", slots(1, 0), ["x"])["x"], dense(2)[[1, 0]])
+        unit.put("p", slots(1), {"x": dense(1, 9.0)})  # overwrite on disk
+        assert torch.equal(unit.get("p", slots(1), ["x"])["x"], dense(1, 9.0))
+
+    def test_a_put_past_the_budget_is_refused_and_leaves_other_rows(self, unit):
+        if not self._spills(unit):
+            pytest.skip("this unit refuses set_memory")
+        unit.set_memory("p", 64 << 10, [])
+        unit.put("p", slots(0), {"x": dense(1)})
+        with pytest.raises(MemoryBudgetExceeded, match="memory_budget of partition 'p'"):
+            unit.put("p", slots(1), {"big": dense(1, width=1 << 16)})
+        assert torch.equal(unit.get("p", slots(0), ["x"])["x"], dense(1))
+        assert unit.stats()["partitions"]["p"]["budget"] == 64 << 10
+        assert sum(unit.stats()["partitions"]["p"]["fields"].values()) <= 64 << 10
+
+    @pytest.mark.parametrize("bad", [0, -1, 1.5, "1"])
+    def test_a_bad_budget_names_memory_budget(self, unit, bad):
+        with pytest.raises(ConfigError, match="memory_budget"):
+            unit.set_memory("p", bad, [])
+
+    def test_rows_told_they_may_spill_read_back_equal(self, unit):
+        spills = self._spills(unit)  # with a budget, a spilling unit moves them to disk
+        unit.put("p", slots(0, 1, 2, 3), {"r": ragged([3, 1, 0, 2]), "x": dense(4)},
+                 occupancy(slots(0, 1, 2, 3), slots(0, 0, 0, 0)))
+        unit.may_spill("p", slots(3, 1), ["r"])
+        got = unit.get("p", slots(3, 0, 1, 2), ["r", "x"],
+                       occupancy(slots(3, 0, 1, 2), slots(0, 0, 0, 0)))
+        want = ragged_rows(ragged([3, 1, 0, 2]))
+        assert ragged_rows(got["r"]) == [want[i] for i in (3, 0, 1, 2)]
+        assert torch.equal(got["x"], dense(4)[[3, 0, 1, 2]])
+        if spills:
+            assert unit.stats()["partitions"]["p"]["spilled"] > 0
+        unit.put("p", slots(1), {"r": ragged([4], 7)})  # a later put overwrites
+        assert ragged_rows(unit.get("p", slots(1), ["r"])["r"]) == ragged_rows(ragged([4], 7))
+        unit.free("p", slots(0, 1, 2, 3))
+        assert unit.stats()["partitions"].get("p", {"spilled": 0})["spilled"] == 0

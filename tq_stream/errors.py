@@ -61,6 +61,12 @@ class DeploymentGone(ClosedError):
     closed): nothing will serve or restart its servers, so a call is not sent again."""
 
 
+class MemoryBudgetExceeded(StateError):
+    """A put that would take a partition's column bytes in memory past its
+    ``memory_budget`` with nothing left to spill: the writer aborts its rows and puts
+    again every 0.2 s within its timeout (consumers' acks free room), then raises it."""
+
+
 class LeaseError(StateError):
     """An ack/release/renew of rows the caller does not hold."""
 

@@ -134,7 +134,9 @@ class RpcStats(TypedDict):
 
 class UnitPartitionStats(TypedDict):
     rows: int  # slots holding a row
-    fields: dict[str, int]  # field -> bytes allocated
+    fields: dict[str, int]  # field -> bytes allocated in memory (its sum: in memory)
+    spilled: int  # bytes of the partition's rows on the unit's local disk
+    budget: int | None  # memory_budget (None: unbounded)
 
 
 class UnitStats(TypedDict):

@@ -88,18 +88,21 @@ def partition_table(stats: dict[str, PartitionStats]) -> Table:
 
 def unit_table(servers: DeploymentStats) -> Table:
     table = Table(title="Storage units", title_justify="left")
-    for col in ("unit", "health", "pid", "bytes", "rows", "rpc calls", "rpc errors"):
+    for col in ("unit", "health", "pid", "bytes", "spilled", "rows", "rpc calls",
+                "rpc errors"):
         table.add_column(col, justify="left" if col in ("unit", "health") else "right")
     for u in servers["units"]:
         if not u["up"]:
             table.add_row(str(u["unit"]), Text("down", style="bold red"), "-", "-", "-", "-",
-                          "-")
+                          "-", "-")
             continue
         rows = sum(p["rows"] for p in u["partitions"].values())
+        spilled = sum(p.get("spilled", 0) for p in u["partitions"].values())
         calls = sum(u["rpc"]["calls"].values())
         errors = sum(n for kinds in u["rpc"]["errors"].values() for n in kinds.values())
         table.add_row(str(u["unit"]), Text("up", style="green"), str(u["pid"]),
-                      _bytes(u["nbytes"]), str(rows), str(calls), str(errors))
+                      _bytes(u["nbytes"]), _bytes(spilled), str(rows), str(calls),
+                      str(errors))
     return table
 
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from tq_stream.backends.spill import check_budget, check_cold
 from tq_stream.client import Client
 from tq_stream.config import StreamConfig
 from tq_stream.connection.connection import Connection
-from tq_stream.errors import StateError
+from tq_stream.errors import StateError, check_name
 from tq_stream.kv import KV
 from tq_stream.stats import DeploymentStats, PartitionStats, ProcessInfo
 from tq_stream.writer import Writer
@@ -85,7 +87,9 @@ class Stream:
         return Client(self.connection, consumer)
 
     def create_partition(self, partition: str, capacity: int | None = None,
-                         consumers: list[str] | None = None) -> None:
+                         consumers: list[str] | None = None,
+                         memory_budget: int | None = None,
+                         cold: Sequence[str] = ()) -> None:
         """Create ``partition`` explicitly.
 
         Args:
@@ -95,9 +99,30 @@ class Stream:
                 it, whatever order they start in; a task not in the list cannot
                 register. Without it, rows stay until cleared (``kv.clear``,
                 ``client.clear``): nothing is freed behind a consumer's back.
+            memory_budget: at most this many bytes of the partition's column values in
+                memory on each storage unit; a put past it with nothing to spill is made
+                again within its timeout (acks free room), then raises
+                ``MemoryBudgetExceeded``. None: unbounded.
+            cold: fields kept on each unit's local disk, read back on demand
+                (``mark_cold``). See README, "Memory budget and spilling".
         """
-        self.connection.controller().create_partition(partition=partition, capacity=capacity,
-                                            consumers=consumers)
+        budget, names = check_budget(memory_budget), sorted(check_cold(cold))
+        self.connection.controller().create_partition(
+            partition=partition, capacity=capacity, consumers=consumers,
+            **({"spills": True} if budget is not None else {}))
+        if budget is not None or names:
+            for unit in self.connection.units():
+                unit.set_memory(partition, budget, names)
+
+    def mark_cold(self, partition: str, fields: Sequence[str]) -> None:
+        """Keep ``fields`` of ``partition`` on the storage units' local disk from now on:
+        rows already in memory move there, later puts write there, reads read them back
+        (for fields read rarely: images a trainer does not read, the prompt text after
+        generation). Its memory budget stays as set."""
+        check_name("partition", partition)
+        names = sorted(check_cold(fields))
+        for unit in self.connection.units():
+            unit.set_memory(partition, None, names)
 
     def close_partition(self, partition: str) -> None:
         """Declare that no new rows will be written to ``partition``."""

@@ -62,6 +62,9 @@ def test_a_client_without_the_owner_token_gets_auth_error(owner, method, token):
     ("load_rows", {"path": "/etc", "save": "x", "unit": 0}),
     ("save_rows", {"request": {"path": "/tmp", "save": "x", "unit": 0, "partitions": {}}}),
     ("held", {}),  # every row's slot and token
+    # the owner's memory bound, and what goes to disk
+    ("set_memory", {"partition": "auth", "memory_budget": 2**40, "cold": []}),
+    ("may_spill", {"partition": "auth", "slots": np.array([0]), "fields": ["x"]}),
 ])
 def test_unit_admin_calls_need_the_owner_token(owner, method, args):
     keys = ["auth_2"]

@@ -14,12 +14,13 @@ get checks them and raises StateError for a slot that no longer holds the row
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from tq_stream.columns import Column
+from tq_stream.errors import ConfigError
 
 
 def occupancy(index: np.ndarray, generation: np.ndarray) -> np.ndarray:
@@ -72,26 +73,61 @@ class StorageUnit(ABC):
     def nbytes(self) -> int:
         """Bytes currently held for row data (allocated capacity)."""
 
-    def collect(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """The rows a checkpoint request names that still hold their tokens (see
+    def collect(self, request: Mapping[str, Any], chunk_bytes: int) -> Iterator[
+            tuple[str, np.ndarray, np.ndarray, dict[str, tuple[np.ndarray, Column, np.ndarray]]]]:
+        """The rows a checkpoint request names that still hold their tokens, about
+        ``chunk_bytes`` of them at a time: ``(partition, slots, tokens, {field: (slots,
+        column, on disk)})`` per chunk (``on disk``: a bool per slot, rows that spilled),
+        each copied only when asked for (see
         ``tq_stream.backends.unit_files``); units that keep bytes implement it."""
         raise NotImplementedError(f"{type(self).__name__} cannot write checkpoints")
 
     def save_rows(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """Write this unit's checkpoint file; returns the skipped slots per partition."""
+        """Write this unit's checkpoint file, one chunk of rows in memory at a time;
+        returns the skipped slots per partition."""
         from tq_stream.backends import unit_files
 
-        return unit_files.write(request, self.collect(request))
+        return unit_files.write(request, self.collect(request, unit_files.CHUNK_BYTES),
+                                self.memory_settings())
 
     def load_rows(self, path: str, save: str, unit: int) -> dict[str, Any]:
-        """Check and store the rows of this unit's checkpoint file ``path`` (all or none);
-        returns ``{partition: [slots, tokens]}`` of the rows stored."""
+        """Check and store the rows of this unit's checkpoint file ``path`` (all or none),
+        one chunk in memory at a time; returns ``{partition: [slots, tokens]}``."""
         from tq_stream.backends import unit_files
 
-        return unit_files.put_all(self, unit_files.read(path, save, unit))
+        return unit_files.load(self, path, save, unit)
+
+    def set_memory(self, partition: str, memory_budget: int | None = None,
+                   cold: Sequence[str] = ()) -> None:
+        """Bound the bytes of ``partition``'s column values held in memory to
+        ``memory_budget`` (None: as it was; unbounded at first) and keep the fields
+        ``cold`` on local disk (added to those marked before; see
+        ``tq_stream.backends.spill``). A unit that cannot spill refuses both, never
+        ignores them."""
+        if memory_budget is not None or list(cold):
+            raise ConfigError(f"memory_budget and cold need a storage unit that spills "
+                              f"(storage 'memory' or 'shm'), not {type(self).__name__}")
+
+    def put_spilled(self, partition: str, slots: np.ndarray, columns: Mapping[str, Column],
+                    generations: np.ndarray | None = None) -> None:
+        """``put`` of rows a checkpoint had spilled: a unit that spills writes them to
+        disk (a restore does not bring them back into memory); others ``put`` them."""
+        self.put(partition, slots, columns, generations)
+
+    def may_spill(self, partition: str, slots: np.ndarray, fields: Sequence[str]) -> None:  # noqa: B027
+        """Advice from the controller: ``fields`` of ``slots`` hold rows every declared
+        reader of the field finished (the rows live on for other consumers). A unit that
+        spills may move them to disk; a get still returns them. The default keeps them."""
+
+    def memory_settings(self) -> dict[str, dict[str, Any]]:
+        """Every ``set_memory`` in force: ``{partition: {"budget", "cold"}}`` (a save
+        keeps them, a restore sets them again before it stores a row)."""
+        return {}
+
     def stats(self) -> dict[str, Any]:
         """What this unit holds: ``{"nbytes": int, "partitions": {partition: {"rows": int,
-        "fields": {field: bytes}}}}`` (a backend without a breakdown reports none)."""
+        "fields": {field: bytes in memory}, "spilled": bytes on disk, "budget": bytes or
+        None}}}`` (a backend without a breakdown reports none)."""
         return {"nbytes": self.nbytes(), "partitions": {}}
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default

@@ -81,6 +81,9 @@ class DirectWrites:
                                   f"writes stayed open for {GROWTH_WAIT}s")
             self._wcond.wait(min(left, 1.0))
 
+    def _writes_open(self, partition: str) -> bool:
+        return self._open_on(partition)
+
     def _quiesce(self, partition: str, slots: np.ndarray) -> None:
         """Called with the lock held: wait (bounded) until no open write covers ``slots``,
         so a checkpoint copies their finished rows (a row being written has no token)."""

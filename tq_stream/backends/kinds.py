@@ -12,6 +12,7 @@ the kinds written here.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from functools import partial
 
@@ -24,7 +25,7 @@ from tq_stream.errors import ConfigError
 # consumers that keep up empty a partition after nearly every row.
 SHM_KEEP_BYTES = 16 << 20
 
-KINDS: dict[str, Callable[[], StorageUnit]] = {
+KINDS: dict[str, Callable[..., StorageUnit]] = {
     "memory": MemoryUnit,  # rows on the unit's heap; clients read them through the unit
     "shm": partial(ShmUnit, keep_bytes=SHM_KEEP_BYTES),  # dense slabs in /dev/shm,
     # mapped by readers and writers on the unit's host (``backends.shared.SharedSlabs``)
@@ -38,9 +39,13 @@ def check_storage(storage: object) -> str:
     return storage
 
 
-def make_unit(storage: str) -> StorageUnit:
-    """A new, empty storage unit of kind ``storage``."""
-    return KINDS[check_storage(storage)]()
+def make_unit(storage: str, spill_dir: str | None = None) -> StorageUnit:
+    """A new, empty storage unit of kind ``storage`` (``spill_dir``: the folder its
+    spilled rows go under, ``tq_stream.backends.spill``; a kind taking none gets none)."""
+    kind = KINDS[check_storage(storage)]
+    if spill_dir and "spill_dir" in inspect.signature(kind).parameters:
+        return kind(spill_dir=spill_dir)
+    return kind()
 
 
 def storage_or_shm(storage: str | None, shm: bool | None) -> str:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from tq_stream.backends import unit_files
 from tq_stream.backends.base import StorageUnit
+from tq_stream.backends.row_bytes import held, row_bytes, written_slots
 from tq_stream.backends.slabs import (
     _MIN_ROWS,
     Alloc,
@@ -20,8 +23,9 @@ from tq_stream.backends.slabs import (
     stale_rows,
     store_for,
 )
+from tq_stream.backends.spill import Spill, bounded, check_budget, check_cold, merged
 from tq_stream.columns import Column, take
-from tq_stream.errors import ClosedError, KeyConflictError
+from tq_stream.errors import ClosedError, ConfigError, KeyConflictError
 
 
 def _rows_in(slots: np.ndarray, column: Column,
@@ -67,8 +71,9 @@ class MemoryUnit(StorageUnit):
         torch.Size([1, 3])
     """
 
-    def __init__(self, alloc: Alloc = heap_alloc) -> None:
+    def __init__(self, alloc: Alloc = heap_alloc, spill_dir: str | None = None) -> None:
         self._alloc = alloc
+        self._spill = Spill(spill_dir)  # budgets, cold fields, rows on disk (spill.py)
         self._parts: dict[str, _PartitionStore] = {}
         self._lock = threading.RLock()  # re-entered by ShmUnit's direct-write checks
         self._closed = False
@@ -79,8 +84,79 @@ class MemoryUnit(StorageUnit):
 
     def _alloc_for(self, partition: str, field: str, part: str = "") -> Alloc:
         """The allocator of one new store (``field`` "" for the partition's slot tokens;
-        ``part`` "flags" for a slab's written flags, "live" for the partition's)."""
+        ``part`` "flags" for a slab's written flags, "live" for the partition's): a
+        field's values are allocated within the partition's memory budget, never for a
+        cold field (``spill.py``)."""
+        raw = self._raw_alloc(partition, field, part)
+        if field == "" or part:
+            return raw
+        return bounded(raw, functools.partial(self._check_room, partition, field))
+
+    def _raw_alloc(self, partition: str, field: str, part: str = "") -> Alloc:
+        """Where a store's memory comes from (``ShmUnit``: shared-memory segments)."""
         return self._alloc
+
+    def _check_room(self, partition: str, field: str, need: int) -> None:
+        """Refuse an allocation of ``need`` bytes for ``field`` (lock held) that is cold
+        or would take ``partition`` past its memory budget."""
+        if self._spill.is_cold(partition, field):
+            raise ConfigError(f"field {field!r} of partition {partition!r} is cold: it is "
+                              f"kept on disk and written through put, never in memory")
+        part = self._parts.get(partition)
+        in_memory = sum(s.nbytes() for s in part.fields.values()) if part is not None else 0
+        self._spill.check_room(partition, in_memory, need)
+
+    def set_memory(self, partition: str, memory_budget: int | None = None,
+                   cold: Sequence[str] = ()) -> None:
+        budget, names = check_budget(memory_budget), check_cold(cold)
+        with self._lock:
+            self._check_open()
+            self._spill.set(partition, budget, names)
+            part = self._parts.get(partition)
+            if part is not None:  # rows already in memory go to disk, then their store
+                self._to_disk(partition, part, {f: written_slots(s) for f, s in
+                                                part.fields.items() if f in names})
+
+    def may_spill(self, partition: str, slots: np.ndarray, fields: Sequence[str]) -> None:
+        """Move the rows of ``slots`` of ``fields`` to disk if ``partition`` has a memory
+        budget (without one nothing is gained); a store left without rows in memory goes."""
+        slots = np.asarray(slots, dtype=np.int64)
+        with self._lock:
+            part = self._parts.get(partition)
+            if part is None or partition not in self._spill.budgets or self._closed:
+                return
+            self._quiesce(partition, slots)  # (ShmUnit) no direct write to them is open
+            self._to_disk(partition, part, {f: slots[held(part.fields[f], slots)]
+                                            for f in fields if f in part.fields})
+
+    def _to_disk(self, partition: str, part: _PartitionStore,
+                 rows: Mapping[str, np.ndarray]) -> None:
+        """Move ``rows[field]`` of each field to disk (lock held); a store left without a
+        row goes, unless a same-host write to the partition is open (a later call)."""
+        emptied = []
+        for f, slots in rows.items():
+            store = part.fields[f]
+            if len(slots):
+                self._spill.column(partition, f).put(slots, store.get(slots))
+                store.free(slots)
+            if not len(written_slots(store)):
+                emptied.append(f)
+        if emptied and not self._writes_open(partition):
+            self._stores_may_go()
+            for f in emptied:
+                del part.fields[f]
+            self._stores_went()
+
+    def _writes_open(self, partition: str) -> bool:
+        """True while a same-host write into ``partition``'s stores is open (ShmUnit)."""
+        return False
+
+    def memory_settings(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            return self._spill.settings()
+
+    def _stores_went(self) -> None:  # noqa: B027 - a hook for ShmUnit
+        """Called with the lock held after stores of a partition that holds rows went."""
 
     def _new_partition(self, partition: str) -> _PartitionStore:
         part = self._parts[partition] = _PartitionStore(
@@ -96,6 +172,14 @@ class MemoryUnit(StorageUnit):
 
     def put(self, partition: str, slots: np.ndarray, columns: Mapping[str, Column],
             generations: np.ndarray | None = None) -> None:
+        self._put(partition, slots, columns, generations)
+
+    def put_spilled(self, partition: str, slots: np.ndarray, columns: Mapping[str, Column],
+                    generations: np.ndarray | None = None) -> None:
+        self._put(partition, slots, columns, generations, to_disk=True)
+
+    def _put(self, partition: str, slots: np.ndarray, columns: Mapping[str, Column],
+             generations: np.ndarray | None = None, to_disk: bool = False) -> None:
         slots = np.asarray(slots, dtype=np.int64)
         if len(slots) == 0:
             return
@@ -107,10 +191,16 @@ class MemoryUnit(StorageUnit):
             part.gen.begin(slots)  # same-host readers of these slots now retry
             try:
                 for name, column in columns.items():
+                    if to_disk or self._spill.is_cold(partition, name):
+                        self._spill.column(partition, name).put(slots, column)
+                        continue
                     store = part.fields.get(name)
                     if store is None:
                         store = part.fields[name] = self._new_store(partition, name, column)
                     store.put(slots, column)
+                    disk = self._spill.on_disk(partition, name)
+                    if disk is not None:  # rows spilled before: this put overwrites them
+                        disk.free(slots)
                 part.mark(slots, True)
             finally:
                 part.gen.end(slots, generations)
@@ -127,48 +217,91 @@ class MemoryUnit(StorageUnit):
                         raise stale_rows(partition, slots)
                 else:
                     part.gen.check(partition, slots, generations)
-            out: dict[str, Column] = {}
-            for name in fields:
-                store = part.fields.get(name) if part is not None else None
-                if store is None:
-                    raise KeyConflictError(
-                        f"field {name!r} has no stored values in partition {partition!r}"
-                    )
-                try:
-                    out[name] = store.get(slots)
-                except KeyConflictError as exc:
-                    raise KeyConflictError(
-                        f"field {name!r} of partition {partition!r}: {exc}") from None
-            return out
+            return {name: self._read(partition, part, name, slots) for name in fields}
+
+    def _read(self, partition: str, part: _PartitionStore | None, name: str,
+              slots: np.ndarray) -> Column:
+        """Rows ``slots`` of field ``name``, from memory or disk (lock held)."""
+        store = part.fields.get(name) if part is not None else None
+        disk = self._spill.on_disk(partition, name)
+        if store is None and disk is None:
+            raise KeyConflictError(
+                f"field {name!r} has no stored values in partition {partition!r}")
+        try:
+            if disk is None:
+                assert store is not None
+                return store.get(slots)
+            if store is None:
+                return disk.get(slots)
+            # in memory where the store holds a row (a same-host direct write after a
+            # spill is newer), else on disk
+            on_disk = disk.holds(slots) & ~held(store, slots)
+            return merged(slots, on_disk, store.get, disk.get)
+        except KeyConflictError as exc:
+            raise KeyConflictError(f"field {name!r} of partition {partition!r}: {exc}") from None
 
     def _quiesce(self, partition: str, slots: np.ndarray) -> None:  # noqa: B027 - a hook
         """Called with the lock held before a checkpoint copies ``slots`` (ShmUnit waits
         for open direct writes to them)."""
 
-    def collect(self, request: Mapping[str, Any]) -> dict[str, Any]:
+    def collect(self, request: Mapping[str, Any], chunk_bytes: int) -> Iterator[
+            tuple[str, np.ndarray, np.ndarray, dict[str, tuple[np.ndarray, Column, np.ndarray]]]]:
         """Rows of a checkpoint request whose slots hold their tokens before and after
-        the copy (a same-host writer may write new rows without the lock: seqlock)."""
-        out = {}
+        the copy (a same-host writer may write new rows without the lock: seqlock), about
+        ``chunk_bytes`` at a time, each chunk copied under the lock when asked for."""
+        for name, spec in request["partitions"].items():
+            # Highest slots first: a restore's first put sizes each slab once (a slab
+            # grown row by row would hold its old and new memory at each doubling).
+            order = np.argsort(-np.asarray(spec["slots"], dtype=np.int64), kind="stable")
+            slots = np.asarray(spec["slots"], dtype=np.int64)[order]
+            tokens = np.asarray(spec["tokens"], dtype=np.int64)[order]
+            masks = {f: np.asarray(m, dtype=bool)[order] for f, m in spec["fields"].items()}
+            for rows in self._chunks(name, slots, masks, chunk_bytes):
+                chunk = self._copy(name, slots[rows], tokens[rows],
+                                   {f: m[rows] for f, m in masks.items()})
+                if chunk is not None:
+                    yield chunk
+
+    def _chunks(self, partition: str, slots: np.ndarray, masks: Mapping[str, np.ndarray],
+                chunk_bytes: int) -> list[slice]:
+        """Ranges of ``slots`` holding about ``chunk_bytes`` of the written fields."""
         with self._lock:
             self._check_open()
-            for name, spec in request["partitions"].items():
-                slots = np.asarray(spec["slots"], dtype=np.int64)
-                tokens = np.asarray(spec["tokens"], dtype=np.int64)
-                self._quiesce(name, slots)
-                part = self._parts.get(name)
-                if part is None:
-                    out[name] = (slots[:0], tokens[:0], {})
-                    continue
-                ok = part.gen.holds(slots, tokens)
-                fields = {f: (slots[np.asarray(m, dtype=bool) & ok], None)
-                          for f, m in spec["fields"].items()}
-                fields = {f: (s, part.fields[f].get(s)) for f, (s, _) in fields.items()
-                          if len(s)}
-                still = part.gen.holds(slots, tokens)
-                keep = ok & still
-                out[name] = (slots[keep], tokens[keep],
-                             {f: _rows_in(s, c, slots[keep]) for f, (s, c) in fields.items()})
-        return out
+            part = self._parts.get(partition)
+            sizes = np.zeros(len(slots), dtype=np.int64)
+            for f, mask in masks.items():
+                store = part.fields.get(f) if part is not None else None
+                disk = self._spill.on_disk(partition, f)
+                if store is not None:
+                    sizes += row_bytes(store, slots) * mask
+                elif disk is not None:
+                    sizes += disk.row_bytes(slots) * mask
+        return unit_files.chunk_rows(sizes, chunk_bytes)
+
+    def _copy(self, name: str, slots: np.ndarray, tokens: np.ndarray,
+              masks: Mapping[str, np.ndarray]) -> tuple[
+                  str, np.ndarray, np.ndarray,
+                  dict[str, tuple[np.ndarray, Column, np.ndarray]]] | None:
+        """The rows of ``slots`` still holding ``tokens`` (None: the partition is gone)."""
+        with self._lock:
+            self._check_open()
+            self._quiesce(name, slots)
+            part = self._parts.get(name)
+            if part is None:
+                return None
+            ok = part.gen.holds(slots, tokens)
+            fields = {f: slots[m & ok] for f, m in masks.items()}
+            fields = {f: (s, self._read(name, part, f, s)) for f, s in fields.items() if len(s)}
+            keep = ok & part.gen.holds(slots, tokens)
+            out = {}
+            for f, (s, c) in fields.items():
+                s, c = _rows_in(s, c, slots[keep])
+                disk, store = self._spill.on_disk(name, f), part.fields.get(f)
+                on_disk = np.zeros(len(s), dtype=bool) if disk is None else disk.holds(s)
+                if store is not None and on_disk.any():
+                    on_disk &= ~held(store, s)
+                out[f] = (s, c, on_disk)
+            return name, slots[keep], tokens[keep], out
 
     def free(self, partition: str, slots: np.ndarray) -> None:
         slots = np.asarray(slots, dtype=np.int64)
@@ -179,6 +312,7 @@ class MemoryUnit(StorageUnit):
             part.gen.free(slots)
             for store in part.fields.values():
                 store.free(slots)
+            self._spill.free(partition, slots)
             slots = slots[slots < part.live.shape[0]]
             part.live[slots] = False
             if not part.live.any():
@@ -205,6 +339,7 @@ class MemoryUnit(StorageUnit):
             part = self._parts.pop(partition, None)
             if part is not None:
                 part.gen.retire()
+            self._spill.drop(partition)
 
     def held(self) -> dict[str, dict[str, np.ndarray]]:
         """Every partition's written slots and their tokens (``{"slots", "tokens"}``):
@@ -227,11 +362,13 @@ class MemoryUnit(StorageUnit):
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            parts = {name: {"rows": int(p.live.sum()),
-                            "fields": {f: s.nbytes() for f, s in p.fields.items()}}
-                     for name, p in self._parts.items() if p.live.any()}
-        nbytes = sum(sum(p["fields"].values()) for p in parts.values())
-        return {"nbytes": nbytes, "partitions": parts}
+            held = {name: {f: s.nbytes() for f, s in p.fields.items()}
+                    for name, p in self._parts.items() if p.live.any()}
+            parts = {name: {"rows": int(self._parts[name].live.sum()), "fields": fields,
+                            "spilled": self._spill.spilled(name),
+                            "budget": self._spill.budgets.get(name)}
+                     for name, fields in held.items()}
+        return {"nbytes": sum(sum(f.values()) for f in held.values()), "partitions": parts}
 
     def close(self) -> None:
         with self._lock:
@@ -239,3 +376,4 @@ class MemoryUnit(StorageUnit):
             for part in self._parts.values():
                 part.gen.retire()
             self._parts.clear()
+            self._spill.close()

@@ -1,22 +1,19 @@
 """Shared-memory storage: a unit whose dense slabs live in /dev/shm segments.
 
-The unit process owns the segments (creates, grows, unlinks them); a client
-on the same host asks the unit for a field's ``layout`` (segment name, dtype,
-shape) and gathers rows straight out of the mapped segment: one copy, no
-socket for the bytes. A slab that grows moves to a new segment and the old
-one is unlinked; a reader that still maps it keeps a valid (older) view, which
-holds every row committed before its ``get_meta``. A ragged or multi-ragged arena
-grows in place instead: its segment's file is extended and mapped again, nothing is
-copied and no byte moves (``slabs.GrowsInPlace``), so growing it needs no wait for a
-same-host writer copying into it. Slots are reused after a
-clear, so the layout also names the partition's token array (``Generations``,
-a seqlock word per slot): after copying, a reader checks that every slot still
-holds the token of the row it asked for (``ShmReader.current``) and otherwise
-reads through the unit, which decides under its lock. Segment names carry the
-owner's pid (``tq_<pid>_<n>``), so segments of a unit that died are found and
-removed by ``sweep_stale`` (called by every new unit and by the deployment),
-which first moves the dead unit's layout epoch so that readers still mapping
-its segments stop trusting them.
+The unit process owns the segments (creates, grows, unlinks them); a client on the same host
+asks the unit for a field's ``layout`` (segment name, dtype, shape) and gathers rows straight
+out of the mapped segment: one copy, no socket for the bytes. A slab that grows moves to a new
+segment and the old one is unlinked; a reader that still maps it keeps a valid (older) view,
+which holds every row committed before its ``get_meta``. A ragged or multi-ragged arena grows in
+place instead: its segment's file is extended and mapped again, nothing is copied and no byte
+moves (``slabs.GrowsInPlace``), so growing it needs no wait for a same-host writer copying into
+it. Slots are reused after a clear, so the layout also names the partition's token array
+(``Generations``, a seqlock word per slot): after copying, a reader checks that every slot still
+holds the token of the row it asked for (``ShmReader.current``) and otherwise reads through the
+unit, which decides under its lock. Segment names carry the owner's pid (``tq_<pid>_<n>``), so
+segments of a unit that died are found and removed by ``sweep_stale`` (called by every new unit
+and by the deployment), which first moves the dead unit's layout epoch so that readers still
+mapping its segments stop trusting them.
 """
 
 from __future__ import annotations
@@ -36,6 +33,7 @@ import torch
 from tq_stream.backends.arena_writes import appended
 from tq_stream.backends.direct import DirectWrites
 from tq_stream.backends.memory import MemoryUnit
+from tq_stream.backends.row_bytes import held
 from tq_stream.backends.segments import SHM_DIR, Segment
 from tq_stream.backends.slabs import DenseSlab, MultiRaggedArena, fence
 from tq_stream.columns import Column
@@ -117,21 +115,20 @@ class ShmUnit(DirectWrites, MemoryUnit):
             this many bytes in all (not counted by ``nbytes``), for the partition's
             next rows; 0 (the default) unlinks them at once.
 
-    Kept stores and segments serve streaming: a consumer that keeps up with a few rows
-    at a time empties a partition again and again. So the stores of a partition whose
-    last row was freed stay (``warm``) while they fit in ``keep_bytes`` with the kept
-    segments (oldest evicted first): a same-host writer's layout of them stays valid,
-    and its next small put makes no call to the unit (``SameHostUnit``). A store that
-    did go costs, when made again, a file, a mapping in the unit and in every reader
-    and a new layout epoch, unless its segment was kept. A kept segment is reused
-    only by the store it served last (same partition and field), and only while that
-    store does not exist; so a reader's layout that maps it is right again once it is
-    reused, and needs no new epoch. Invariants: at most one kept segment per
-    (partition, field), the one that store used last; every other change of a
-    store's segment bumps the epoch before rows are written to it.
+    Kept stores and segments serve streaming: a consumer that keeps up with a few rows at a time
+    empties a partition again and again. So the stores of a partition whose last row was freed
+    stay (``warm``) while they fit in ``keep_bytes`` with the kept segments (oldest evicted
+    first): a same-host writer's layout of them stays valid, and its next small put makes no
+    call to the unit (``SameHostUnit``). A store that did go costs, when made again, a file, a
+    mapping in the unit and in every reader and a new layout epoch, unless its segment was kept.
+    A kept segment is reused only by the store it served last (same partition and field), and
+    only while that store does not exist; so a reader's layout that maps it is right again once
+    it is reused, and needs no new epoch. Invariants: at most one kept segment per (partition,
+    field), the one that store used last; every other change of a store's segment bumps the
+    epoch before rows are written to it.
     """
 
-    def __init__(self, keep_bytes: int = 0) -> None:
+    def __init__(self, keep_bytes: int = 0, spill_dir: str | None = None) -> None:
         sweep_stale()
         self.keep_bytes = keep_bytes
         self._segments: dict[int, Segment] = {}  # data_ptr of a slab -> its segment
@@ -150,10 +147,10 @@ class ShmUnit(DirectWrites, MemoryUnit):
         # [0]: the layout epoch; [STORES]: bumped before stores may be dropped.
         self._epoch = np.frombuffer(self._epoch_seg.map, dtype=np.int64, count=2)
         self._allocs = 0  # segments created so far (a put that made none needs no collect)
-        super().__init__(alloc=self._alloc_dense)
+        super().__init__(alloc=self._alloc_dense, spill_dir=spill_dir)
         self._init_direct()
 
-    def _alloc_for(self, partition: str, field: str, part: str = "") -> Any:
+    def _raw_alloc(self, partition: str, field: str, part: str = "") -> Any:
         key = (partition, field, part) if part else (partition, field)
         return _SegmentAlloc(functools.partial(self._alloc_dense, key=key), self._grow_segment)
 
@@ -280,6 +277,9 @@ class ShmUnit(DirectWrites, MemoryUnit):
             self._garbage = False
             self._collect()
 
+    def _stores_went(self) -> None:
+        self._collect(keep=False)  # their segments go (a reader re-reads the layout)
+
     def _drop_store(self, partition: str, part: Any) -> bool:
         dropped = super()._drop_store(partition, part)
         self._garbage = self._garbage or dropped
@@ -362,9 +362,9 @@ class ShmUnit(DirectWrites, MemoryUnit):
 
         Returns:
             ``{field: {"arena": {"shm", "dtype", "shape"}, "start": first element
-            per row, "shapes": int64 [n, ndim], "dims"}}``; fields of other kinds are
-            left out. Raises as ``get`` for rows cleared since their meta was read.
-        """
+            per row, "shapes": int64 [n, ndim], "dims"}}``; fields of other kinds, or
+            with rows spilled to disk, are left out (``get`` answers). Raises as ``get``
+            for rows cleared since their meta was read."""
         slots = np.asarray(slots, dtype=np.int64)
         out: dict[str, Any] = {}
         with self._lock:
@@ -375,8 +375,8 @@ class ShmUnit(DirectWrites, MemoryUnit):
                 part.gen.check(partition, slots, generations)
             for f in fields:
                 store = part.fields.get(f)
-                arena = self._describe(store.values) \
-                    if isinstance(store, MultiRaggedArena) else None
+                arena = self._describe(store.values) if isinstance(store, MultiRaggedArena) \
+                    and held(store, slots).all() else None  # spilled rows: get answers
                 if isinstance(store, MultiRaggedArena) and arena is not None:
                     start, shapes = store.locate(slots)
                     out[f] = {"arena": arena, "start": start, "shapes": shapes,

@@ -28,7 +28,8 @@ class ControllerAPI(Protocol):
     """The controller methods the client layers use (see module docstring)."""
 
     def create_partition(self, partition: str, capacity: int | None = None,
-                         consumers: Sequence[str] | None = None) -> None: ...
+                         consumers: Sequence[str] | None = None,
+                         spills: bool = False) -> None: ...
 
     def close_partition(self, partition: str) -> None: ...
 

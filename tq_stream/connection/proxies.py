@@ -99,9 +99,11 @@ class RemoteController:
 
     # --- partitions and writes
     def create_partition(self, partition: str, capacity: int | None = None,
-                         consumers: Sequence[str] | None = None) -> None:
+                         consumers: Sequence[str] | None = None,
+                         spills: bool = False) -> None:
         self._call("create_partition", partition=partition, capacity=capacity,
-                   consumers=None if consumers is None else list(consumers))
+                   consumers=None if consumers is None else list(consumers),
+                   **({"spills": True} if spills else {}))
 
     def close_partition(self, partition: str) -> None:
         self._call("close_partition", partition=partition)
@@ -326,6 +328,15 @@ class RemoteUnit(StorageUnit):
 
     def drop(self, partition: str) -> None:
         self._admin("drop", {"partition": partition}, self._timeout)
+
+    def may_spill(self, partition: str, slots: np.ndarray, fields: Sequence[str]) -> None:
+        self._admin("may_spill", {"partition": partition, "slots": np.asarray(slots),
+                                  "fields": list(fields)}, self._timeout)
+
+    def set_memory(self, partition: str, memory_budget: int | None = None,
+                   cold: Sequence[str] = ()) -> None:
+        self._admin("set_memory", {"partition": partition, "memory_budget": memory_budget,
+                                   "cold": list(cold)}, self._timeout)
 
     # --- same-host abilities (``backends.shared.SharedSlabs``): a unit without shared
     # memory answers layout with {} and prepare_write with a ConfigError

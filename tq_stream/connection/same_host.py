@@ -435,6 +435,13 @@ class SameHostUnit(StorageUnit):
     def drop(self, partition: str) -> None:
         self._remote.drop(partition)
 
+    def may_spill(self, partition: str, slots: np.ndarray, fields: Sequence[str]) -> None:
+        self._remote.may_spill(partition, slots, fields)
+
+    def set_memory(self, partition: str, memory_budget: int | None = None,
+                   cold: Sequence[str] = ()) -> None:
+        self._remote.set_memory(partition, memory_budget, cold)
+
     def nbytes(self) -> int:
         return self._remote.nbytes()
 

@@ -27,6 +27,7 @@ import numpy as np
 from tq_stream.controller.frees import Frees
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.reservations import Reservations, abort_due
+from tq_stream.controller.spill_hints import SpillHints, done_fields
 from tq_stream.controller.task import TaskState
 from tq_stream.errors import ClosedError, KeyConflictError, check_name
 
@@ -55,7 +56,8 @@ class Book:
     """Partitions, their tasks and what guards them (see the module docstring)."""
 
     def __init__(self, n_units: int, cond: threading.Condition, reservations: Reservations,
-                 frees: Frees, clock: Callable[[], float] = time.time) -> None:
+                 frees: Frees, spill_hints: SpillHints,
+                 clock: Callable[[], float] = time.time) -> None:
         self.n_units = n_units
         # wall-clock seconds of leases, reservations, write times (waits use monotonic)
         self.clock = clock
@@ -64,6 +66,7 @@ class Book:
         self.tasks: dict[str, dict[str, TaskState]] = {}
         self.reservations = reservations
         self.frees = frees
+        self.spill_hints = spill_hints  # fields units may spill (spill_hints.py)
         self.journal: Journal | None = None  # records delivery changes if set
         self.closed = False
 
@@ -125,6 +128,8 @@ class Book:
         if len(rows) == 0 or part.consumers is None:
             return []
         tasks = self.tasks[part.name]
+        if part.spills:  # fields no declared reader needs may spill (spill_hints.py)
+            self.spill_hints.add(part.name, done_fields(part, tasks, rows))
         for name in part.consumers:
             task = tasks.get(name)
             if task is None:
@@ -133,7 +138,9 @@ class Book:
         return self.release_rows(part, rows)
 
     def free_slots(self, partition: str, freed: Freed) -> None:
-        """Free slots in storage, then make them reusable (``frees.py``)."""
+        """Free slots in storage, then make them reusable (``frees.py``); tell units
+        which fields may spill (``spill_hints.py``). Lock not held."""
+        self.spill_hints.send()
         self.frees.run(partition, freed, self._give_slots)
 
     def _give_slots(self, unit: int, partition: str, slots: np.ndarray) -> None:

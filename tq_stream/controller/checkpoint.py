@@ -41,6 +41,7 @@ def _part_state(part: PartitionMeta) -> dict[str, Any]:
     return {
         "capacity": part.capacity, "closed": part.closed, "admitted": part.admitted,
         "consumers": None if part.consumers is None else list(part.consumers),
+        "spills": part.spills,
         "versions": {k: list(v) for k, v in part.versions.items()},
         "schemas": {f: s.to_dict() for f, s in part.schemas.items()},
         "size": part.size, "rows": rows, "keys": part.keys[rows].tolist(),
@@ -127,6 +128,7 @@ def load_controller(state: Any, n_units: int) -> tuple[dict, dict]:
         part = PartitionMeta(name, s["capacity"], n_units)
         part.closed = s["closed"]
         part.admitted = int(s.get("admitted", 0))
+        part.spills = s.get("spills") is True  # (absent before memory budgets)
         part.consumers = None if s["consumers"] is None else tuple(s["consumers"])
         part.versions = {str(k): (int(v), None if at is None else int(at))
                          for k, (v, at) in s["versions"].items()}

@@ -33,6 +33,7 @@ from tq_stream.controller.journal_replay import RowsOf, replay
 from tq_stream.controller.reservations import DEFAULT_WRITE_LEASE, Reservations, hold_restored
 from tq_stream.controller.shared_puts import reserve_shared
 from tq_stream.controller.spares import Spares
+from tq_stream.controller.spill_hints import SpillFn, SpillHints, no_spill
 from tq_stream.controller.task_config import DEFAULT_LEASE_TIMEOUT, TaskConfig
 from tq_stream.controller.timings import Timings
 from tq_stream.controller.units import Units
@@ -92,14 +93,15 @@ class Controller:
     RPC_REPLIES = frozenset({"get_meta"})
 
     def __init__(self, n_units: int = 1, free: FreeFn = no_free,
-                 timings: Timings | None = None, clock: Clock = time.time) -> None:
+                 timings: Timings | None = None, clock: Clock = time.time,
+                 may_spill: SpillFn = no_spill) -> None:
         self.n_units = check_positive("n_units", n_units)
         self._cond = threading.Condition(threading.RLock())
         self._timings = Timings() if timings is None else timings  # waits, rates, hand-outs
         self._reservations = Reservations()  # rows reserved, not committed (reservations.py)
         # partitions, tasks, slots freed in storage and retried (book.py, frees.py)
         self._book = Book(self.n_units, self._cond, self._reservations,
-                          Frees(free, self._cond), clock)
+                          Frees(free, self._cond), SpillHints(may_spill, self._cond), clock)
         self._parts, self._tasks = self._book.parts, self._book.tasks
         self._waiters = Waiters(self._cond)  # get_meta calls waiting (waiters.py)
         # storage units lost and not back, and the loss of their rows (units.py)
@@ -196,7 +198,8 @@ class Controller:
 
     # ------------------------------------------------------------ partitions
     def create_partition(self, partition: str, capacity: int | None = None,
-                         consumers: Sequence[str] | None = None) -> None:
+                         consumers: Sequence[str] | None = None,
+                         spills: bool = False) -> None:
         """Create ``partition`` (a no-op if it exists with the same settings).
 
         Args:
@@ -204,12 +207,14 @@ class Controller:
             consumers: the tasks that will read every row. A row is freed once each of
                 them acked or discarded it; without a declaration rows stay until cleared.
                 Declared once; tasks not in the list cannot register.
+            spills: its units keep a memory budget: tell them which fields of live rows
+                every declared reader finished (``spill_hints.py``); never unset.
         """
         if capacity is not None:
             check_positive("capacity", capacity)
         declared = None if consumers is None else check_consumers(consumers)
         with self._cond:
-            freed = registration.declare(self._book, partition, capacity, declared)
+            freed = registration.declare(self._book, partition, capacity, declared, spills)
         self._book.free_slots(partition, freed)
 
     def close_partition(self, partition: str) -> None:

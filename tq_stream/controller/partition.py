@@ -73,6 +73,8 @@ class PartitionMeta:
         self.closed = False
         # tasks that read every row (None: not declared; rows stay until cleared)
         self.consumers: tuple[str, ...] | None = None
+        # created with a memory_budget: units hear which fields may spill (spill_hints.py)
+        self.spills = False
         # set_version (version, at_step) of tasks not registered yet
         self.versions: dict[str, tuple[int, int | None]] = {}
         self.admitted = 0  # rows producers started through Writer.reserve

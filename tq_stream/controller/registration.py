@@ -23,7 +23,7 @@ from tq_stream.samplers.base import Sampler
 
 
 def declare(book: Book, partition: str, capacity: int | None,
-            declared: tuple[str, ...] | None) -> Freed:
+            declared: tuple[str, ...] | None, spills: bool = False) -> Freed:
     """``Controller.create_partition`` (arguments checked): returns the slots to free."""
     part = book.part(partition, create=True)
     if part.capacity != capacity and part.live and capacity is not None \
@@ -43,6 +43,7 @@ def declare(book: Book, partition: str, capacity: int | None,
                 f"consumers must include every task already registered on partition "
                 f"{partition!r}, missing {stray} from {list(declared)}")
     part.capacity = capacity
+    part.spills = part.spills or spills is True
     if declared is not None and part.consumers is None:
         part.consumers = declared
         return book.finish_rows(part, np.flatnonzero(part.used))

@@ -45,7 +45,9 @@ def init(mode: str = "embedded", storage_units: int = 1, restore: str | None = N
             ``config=StreamConfig(lease_timeout=...)``; every mode.
         options: mode-specific settings (see the mode's module); every mode takes
             ``storage``, the storage units' kind (``tq_stream.backends.kinds.KINDS``:
-            "memory", the embedded default, or "shm", the local and Ray default).
+            "memory", the embedded default, or "shm", the local and Ray default), and
+            ``spill_dir``, the folder storage units spill rows under (see
+            ``Stream.create_partition(memory_budget=, cold=)``).
 
     Example:
         >>> stream = tq.init(mode="local", storage_units=2, lease_timeout=30)  # doctest: +SKIP

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, NoReturn
 import numpy as np
 
 from tq_stream.backends.kinds import make_unit
+from tq_stream.backends.spill import check_spill_dir
 from tq_stream.controller import Controller
 from tq_stream.deploy import snapshot
 from tq_stream.errors import StateError
@@ -24,20 +25,28 @@ class EmbeddedBackend:
         n_units: storage units.
         restore: a checkpoint folder to start from (``tq.init``'s ``restore``).
         storage: the units' kind (``tq_stream.backends.kinds.KINDS``), "memory" by default.
+        spill_dir: the folder spilled rows go under (``backends/spill.py``; default the
+            system's temporary folder), each unit's files removed when it closes.
     """
 
     address: str | None = None  # nothing to connect to from elsewhere
     curve_server_key: bytes | None = None
 
     def __init__(self, n_units: int = 1, restore: str | None = None,
-                 storage: str = "memory") -> None:
-        self._units: list[StorageUnit] = [make_unit(storage) for _ in range(n_units)]
-        self._ctrl = Controller(n_units, free=self._free)
+                 storage: str = "memory", spill_dir: str | None = None) -> None:
+        spill_dir = check_spill_dir(spill_dir)
+        self._units: list[StorageUnit] = [make_unit(storage, spill_dir)
+                                          for _ in range(n_units)]
+        self._ctrl = Controller(n_units, free=self._free, may_spill=self._may_spill)
         if restore is not None:
             snapshot.restore(restore, self._ctrl, self._units)
 
     def _free(self, unit: int, partition: str, slots: np.ndarray) -> None:
         self._units[unit].free(partition, slots)
+
+    def _may_spill(self, unit: int, partition: str, slots: np.ndarray,
+                   fields: list[str]) -> None:
+        self._units[unit].may_spill(partition, slots, fields)
 
     def controller(self) -> Controller:
         return self._ctrl

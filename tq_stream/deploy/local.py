@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tq_stream.backends.kinds import storage_or_shm
+from tq_stream.backends.spill import check_spill_dir
 from tq_stream.config import DEFAULT_LEASE_TIMEOUT
 from tq_stream.connection.owner_watch import owner_of_this_process
 from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT
@@ -202,6 +203,8 @@ class LocalDeployment:
             None: no checkpoints.
         restart_controller: restart a controller whose process died, from the last
             checkpoint (needs ``checkpoint_interval``); clients reconnect by themselves.
+        spill_dir: the folder units spill rows under (``backends/spill.py``; default
+            the deployment's folder, else the system's temporary folder).
     """
 
     def __init__(self, n_units: int, sampler_modules: Sequence[str] = (),
@@ -213,8 +216,10 @@ class LocalDeployment:
                  restart_units: bool = False, checkpoint_interval: float | None = None,
                  checkpoint_path: str | None = None,
                  restart_controller: bool = False,
-                 lease_timeout: float = DEFAULT_LEASE_TIMEOUT) -> None:
+                 lease_timeout: float = DEFAULT_LEASE_TIMEOUT,
+                 spill_dir: str | None = None) -> None:
         check_positive("storage_units", n_units)
+        spill_dir = check_spill_dir(spill_dir)
         storage = storage_or_shm(storage, shm)
         check_timeout("unit_timeout", unit_timeout)
         if checkpoint_interval is not None:
@@ -262,7 +267,8 @@ class LocalDeployment:
         base = {"storage": storage, "curve_secret": secret,
                 "curve_server": (self.curve_server_key or b"").decode(),
                 "owner_token": self.owner_token, "max_message": max_message,
-                "owner": self.owner}
+                "owner": self.owner,  # units spill under the deployment's folder by default
+                "spill_dir": spill_dir or self._ipc_dir or None}
         self._children: list[_Child] = []
         self._start_method = start_method
         self._closed = False

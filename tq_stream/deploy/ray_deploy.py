@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tq_stream.backends.kinds import storage_or_shm
+from tq_stream.backends.spill import check_spill_dir
 from tq_stream.config import DEFAULT_LEASE_TIMEOUT
 from tq_stream.connection import ray_owner
 from tq_stream.connection.owner_watch import owner_of_this_process
@@ -88,7 +89,8 @@ class _Service:
                  local_dir: str | None = None,
                  checkpoint: tuple[str | None, float | None] = (None, None),
                  owner: dict[str, Any] | None = None,
-                 annotations: dict[str, str] | None = None) -> None:
+                 annotations: dict[str, str] | None = None,
+                 spill_dir: str | None = None) -> None:
         """``address``: the zmq address to bind (default: a free port); ``local_dir``:
         the folder of the unix socket (default: a new one); ``checkpoint``: the
         controller's (path, interval), see ``deploy.meta_checkpoint``; ``owner``: the
@@ -114,7 +116,8 @@ class _Service:
             curve_secret.encode() or None, curve_server.encode() or None,
             local_dir=self._dir, owner_token=owner_token, max_message=max_message,
             allow_insecure=True,  # RayDeployment checked the bind (see its Args)
-            unit_timeout=unit_timeout, checkpoint=checkpoint, owner=owner)
+            unit_timeout=unit_timeout, checkpoint=checkpoint, owner=owner,
+            spill_dir=spill_dir)
         self._info = {"address": self._server.address, "pid": os.getpid(), "host": hosts.host_id(),
                       "node": ray.get_runtime_context().get_node_id(), "local": local,
                       "curve_server_key": curve_server,  # public: lets tq.connect() by name
@@ -160,6 +163,8 @@ class RayDeployment:
             the deployment up by name (``controller_info(name, namespace)
             ["annotations"]``), kept across controller restarts; set at start, so a
             process that finds the deployment finds them.
+        spill_dir: the folder each unit spills rows under on its node
+            (``backends/spill.py``; default the node's temporary folder).
 
     A deployment whose driver ends without ``stream.close()`` is closed at exit.
     """
@@ -175,7 +180,8 @@ class RayDeployment:
                  checkpoint_path: str | None = None,
                  restart_controller: bool = False,
                  annotations: Mapping[str, str] | None = None,
-                 lease_timeout: float = DEFAULT_LEASE_TIMEOUT) -> None:
+                 lease_timeout: float = DEFAULT_LEASE_TIMEOUT,
+                 spill_dir: str | None = None) -> None:
         try:
             import ray
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -190,6 +196,7 @@ class RayDeployment:
             raise ConfigError("restart_controller=True needs checkpoint_interval (seconds "
                               "between checkpoints of the controller), got None")
         storage = storage_or_shm(storage, shm)
+        self._unit_kwargs = {"spill_dir": check_spill_dir(spill_dir)}  # on each unit's node
         self.annotations = check_annotations(annotations)
         self._actors: list[Any] = []
         self._infos: list[dict[str, Any]] = []
@@ -243,7 +250,7 @@ class RayDeployment:
                 strategy = NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=False)
                 self._actors.append(actor.options(
                     name=f"{name}_unit{i}", namespace=namespace, scheduling_strategy=strategy,
-                ).remote(*self._unit_args))
+                ).remote(*self._unit_args, **self._unit_kwargs))
             self._actors.append(actor.options(
                 name=f"{name}_controller", namespace=namespace, **ctrl_options,
             ).remote(*self._ctrl_args, **self._ctrl_kwargs, owner=self.owner,
@@ -346,7 +353,8 @@ class RayDeployment:
             dropped = ctrl.unit_lost(i)  # before the new unit serves: no row goes there
             node = ray_recovery.unit_node(self._infos[i]["node"], self.unit_nodes, elsewhere)
             new = ray_recovery.create(self._actor_class, f"{self._name}_unit{i}",
-                                      self._namespace, node, self._unit_args, {})
+                                      self._namespace, node, self._unit_args,
+                                      self._unit_kwargs)
             self._actors[i] = new
             self._infos[i] = ray_recovery.started(new, f"storage unit {i}",
                                                   timeout or self.start_timeout)

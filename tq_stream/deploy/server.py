@@ -50,17 +50,19 @@ def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = 
                   curve_server_key: bytes | None = None,
                   owner_token: str | None = None, unit_timeout: float | None = None,
                   checkpoint: tuple[str | None, float | None] = (None, None),
-                  owner: dict[str, Any] | None = None) -> tuple[Any, Any]:
+                  owner: dict[str, Any] | None = None,
+                  spill_dir: str | None = None) -> tuple[Any, Any]:
     """The handler for ``role`` and a cleanup callable (``storage``: a unit's kind in
-    ``tq_stream.backends.kinds``; ``unit_timeout``: seconds a controller waits for a
-    silent unit before it is lost; None: the default; ``owner``: the process that
-    restarts the servers, which the controller's ``ping`` reports)."""
+    ``tq_stream.backends.kinds``; ``spill_dir``: where a unit spills; ``unit_timeout``:
+    seconds a controller waits for a silent unit before it is lost; None: the default;
+    ``owner``: the process that restarts the servers, which the controller's ``ping``
+    reports)."""
     from tq_stream.deploy.services import ControllerService, UnitService
 
     if role == "unit":
         from tq_stream.backends.kinds import make_unit
 
-        unit = make_unit(storage)
+        unit = make_unit(storage, spill_dir)
         return UnitService(unit), unit.close
     from tq_stream.transport.rpc import rpc_client
 
@@ -97,7 +99,8 @@ def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, .
           owner_token: str | None = None, max_message: int | None = None,
           allow_insecure: bool = False, unit_timeout: float | None = None,
           checkpoint: tuple[str | None, float | None] = (None, None),
-          owner: dict[str, Any] | None = None) -> tuple[Any, Any, str | None]:
+          owner: dict[str, Any] | None = None,
+          spill_dir: str | None = None) -> tuple[Any, Any, str | None]:
     """Start serving ``role`` at ``address``; returns (server, cleanup, local address).
 
     With ``local_dir`` (and no CURVE key) the same service is also served on a unix
@@ -112,7 +115,7 @@ def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, .
     service, cleanup = build_service(role, units, sampler_modules, storage,
                                      curve_server_key=curve_server_key,
                                      owner_token=owner_token, unit_timeout=unit_timeout,
-                                     checkpoint=checkpoint, owner=owner)
+                                     checkpoint=checkpoint, owner=owner, spill_dir=spill_dir)
     bounds = {"workers": WORKERS[role], "backlog": 1024, "owner_token": owner_token,
               "max_message": max_message or MAX_MESSAGE[role],
               "wait_caps": WAIT_CAPS.get(role)}
@@ -208,7 +211,7 @@ def run_child(cfg: dict[str, Any], out: Any) -> int:
         owner_token=cfg.get("owner_token"), max_message=cfg.get("max_message"),
         unit_timeout=cfg.get("unit_timeout"),
         checkpoint=(cfg.get("checkpoint_path"), cfg.get("checkpoint_interval")),
-        owner=cfg.get("owner"))
+        owner=cfg.get("owner"), spill_dir=cfg.get("spill_dir"))
     try:
         from tq_stream import hosts
 

@@ -95,7 +95,7 @@ class ControllerService(Controller):
                  checkpoint_path: str | None = None,
                  checkpoint_interval: float | None = None,
                  owner: dict[str, Any] | None = None) -> None:
-        super().__init__(n_units, free=self._free_remote)
+        super().__init__(n_units, free=self._free_remote, may_spill=self._may_spill_remote)
         self._owner = owner  # the process that restarts the servers (``ping`` tells)
         # Per unit: its address record, whose "pid" is the process last seen serving it.
         self._unit_addresses: list[dict[str, Any]] = []
@@ -151,6 +151,14 @@ class ControllerService(Controller):
         if self._silent(unit):
             raise StateError(f"storage unit {unit} is not answering its heartbeat")
         self._call_unit(unit, "free", {"partition": partition, "slots": slots})
+
+    def _may_spill_remote(self, unit: int, partition: str, slots: np.ndarray,
+                          fields: list[str]) -> None:
+        """Tell a unit that ``fields`` of ``slots`` may spill (``spill_hints.py``)."""
+        if self._silent(unit):
+            raise StateError(f"storage unit {unit} is not answering its heartbeat")
+        self._call_unit(unit, "may_spill", {"partition": partition, "slots": slots,
+                                            "fields": fields, OWNER_ARG: self._owner_token})
 
     def _send_grant(self, unit: int, partition: str, slots: int) -> None:
         # A restarted controller serves calls before its owner attached the units again

@@ -20,9 +20,10 @@ from tq_stream import hosts
 from tq_stream.backends.base import ListsRows, StorageUnit
 from tq_stream.backends.shared import SharedSlabs
 from tq_stream.backends.slots import check_slots
+from tq_stream.backends.spill import check_budget, check_cold
 from tq_stream.columns import Ragged
 from tq_stream.deploy.grants import SlotLimits
-from tq_stream.errors import ConfigError
+from tq_stream.errors import ConfigError, check_name
 from tq_stream.handling import WouldBlock, may_block
 from tq_stream.multiragged import MultiRagged
 from tq_stream.transport.dispatch import rpc_stats
@@ -61,15 +62,19 @@ class UnitService:
 
     RPC_METHODS = frozenset({"put", "get", "free", "drop", "nbytes", "ping", "layout", "spans",
                              "prepare_write", "finish_write", "save_rows", "load_rows", "stats",
-                             "grant", "held"})
+                             "grant", "held", "set_memory", "may_spill"})
     # Owner-only: what changes placement or every row, and what touches files or lists
-    # every row (a client could otherwise read or write files of its choosing).
-    RPC_ADMIN = frozenset({"drop", "grant", "save_rows", "load_rows", "held"})
+    # every row (a client could otherwise read or write files of its choosing), or a
+    # partition's memory budget (the owner's bound) and what goes to disk.
+    RPC_ADMIN = frozenset({"drop", "grant", "save_rows", "load_rows", "held", "set_memory",
+                           "may_spill"})
     # The unit's lock guards only copies, so every method may run on the server's IO
     # thread; large transfers go to worker threads (``INLINE_BYTES``/``INLINE_ROWS``), so
     # a bulk copy never delays small requests and several copies run in parallel.
     # prepare_write may wait for open writes; save_rows / load_rows write / read files.
-    RPC_INLINE = RPC_METHODS - {"prepare_write", "save_rows", "load_rows"}
+    # set_memory and may_spill may move rows to disk.
+    RPC_INLINE = RPC_METHODS - {"prepare_write", "save_rows", "load_rows", "set_memory",
+                                "may_spill"}
     INLINE_BYTES = 1 << 20  # a put carrying more bytes than this runs on a worker
     INLINE_ROWS = 64  # a get of more rows than this runs on a worker
 
@@ -142,6 +147,17 @@ class UnitService:
 
         check_file(path, save, unit)
         return self.unit.load_rows(path, save, unit)
+    def may_spill(self, partition: str, slots: object, fields: Sequence[str]) -> None:
+        """Advice: these slots' fields may spill (``StorageUnit.may_spill``)."""
+        self.unit.may_spill(check_name("partition", partition), _slots(slots),
+                            sorted(check_cold(fields)))
+
+    def set_memory(self, partition: str, memory_budget: object = None,
+                   cold: object = ()) -> None:
+        """The partition's memory budget and cold fields (``StorageUnit.set_memory``)."""
+        self.unit.set_memory(check_name("partition", partition), check_budget(memory_budget),
+                             sorted(check_cold(cold)))
+
     def stats(self) -> dict[str, Any]:
         """The unit's ``stats()`` plus its process id and the RPC calls it served."""
         return {**self.unit.stats(), "pid": os.getpid(), "rpc": rpc_stats()}
