@@ -63,7 +63,7 @@ def test_register_with_a_config_is_register_task():
 
 def test_free_rows_and_slots_survive_a_round_trip_with_spares_counted_free():
     part = PartitionMeta(P, None, 2)
-    rows = part.allocate(keys_of("k", 4), np.array([0, 0, 1, 1], dtype=np.int32))
+    rows = part.allocate(keys_of("k", 4), np.array([0, 0, 1, 1], dtype=np.int32), 0.0)
     spare = part.allocate_spares(np.array([1], dtype=np.int32))
     for unit, slots in part.release(rows[:1]):  # freed in storage: reusable
         part.give_slots(unit, slots)

@@ -334,3 +334,216 @@ def test_a_waiting_reader_wakes_when_the_entry_gets_its_field(stream):
                                                                          fixed_dims=(0,))})
     reader.join(timeout=10)
     assert not reader.is_alive() and sorted(got[0].keys) == keys
+
+
+# ------------------------------------------------------------ review findings (races, losses)
+def _row_schema(**cols: torch.Tensor) -> dict:
+    from tq_stream.convert import schemas_of, single_row
+
+    return schemas_of(single_row(cols))
+
+
+def test_a_put_of_other_bytes_while_a_claim_is_in_flight_is_refused(stream, monkeypatch):
+    from tq_stream.connection import placement
+
+    w = stream.writer(P)
+    store = placement.store
+    seen: list[int] = []
+
+    def interleaved(*a, **k):  # while A's bytes are on their way, B puts other bytes
+        if not seen:
+            seen.append(1)
+            with pytest.raises(ConfigError, match="'p0'"):
+                w.put_shared("p0", {"prompt": torch.tensor([9, 9])})
+        return store(*a, **k)
+
+    monkeypatch.setattr(placement, "store", interleaved)
+    assert w.put_shared("p0", {"prompt": torch.tensor([1, 2])}) == ["p0"]
+    monkeypatch.setattr(placement, "store", store)
+    assert seen
+    w.put(["r0"], {"r": torch.zeros(1)}, shared=["p0"])
+    assert stream.kv.get("r0", partition=P)["prompt"].tolist() == [1, 2]
+    assert w.put_shared("p0", {"prompt": torch.tensor([1, 2])}) == []
+
+
+def test_a_claim_an_aborted_put_left_may_be_put_with_other_bytes():
+    from tq_stream.controller.controller import Controller
+
+    c = Controller(n_units=1)
+    sch = _row_schema(prompt=torch.zeros(2))
+    a = c.reserve_shared(P, ["g"], sch, [{"prompt": "A"}], [16])
+    c.abort(P, a["index"], a["generation"])
+    b = c.reserve_shared(P, ["g"], sch, [{"prompt": "B"}], [16])
+    c.commit(P, b["index"], b["generation"], sch)
+    assert c.stats()[P]["shared"]["entries"] == 1
+
+
+def test_a_claim_of_a_row_freed_after_its_reserve_is_refused():
+    from tq_stream.controller.controller import Controller
+    from tq_stream.controller.shared_puts import reserve_shared
+    from tq_stream.errors import StateError
+
+    c = Controller(n_units=1)
+    row = _row_schema(r=torch.zeros(1))
+    pl = c.reserve(P, ["keep"], row)
+    c.commit(P, pl["index"], pl["generation"], row)
+    sch = _row_schema(prompt=torch.zeros(2))
+    a = c.reserve_shared(P, ["g"], sch, [{"prompt": "A"}], [16])
+
+    def reserve_then_a_aborts(*args, **kw):
+        out = c.reserve(*args, **kw)
+        c.abort(P, a["index"], a["generation"])  # A's store failed meanwhile
+        return out
+
+    with pytest.raises(StateError):
+        reserve_shared(c._cond, lambda p: c._book.part(p, create=True), reserve_then_a_aborts,
+                       c.abort, P, ["g"], sch, [{"prompt": "A"}], [16], {})
+    pl = c.reserve(P, ["x"], row)
+    c.commit(P, pl["index"], pl["generation"], row)
+    assert c.stats()[P]["rows"] == 2 and c.stats()[P]["shared"]["entries"] == 0
+    c.register_task(P, "t", ["r"], batch_size=2)
+    assert sorted(c.get_meta(P, "t", step=0, timeout=1)["keys"]) == ["keep", "x"]
+
+
+def test_a_commit_that_fails_after_naming_an_entry_leaves_no_half_row():
+    from tq_stream.controller.controller import Controller
+    from tq_stream.convert import schemas_of
+
+    c = Controller(n_units=1)
+    sch = _row_schema(prompt=torch.zeros(2))
+    e = c.reserve_shared(P, ["g"], sch, [{"prompt": "d"}], [16])
+    c.commit(P, e["index"], e["generation"], sch)
+    c.create_partition(P, consumers=["t"])
+    c.register_task(P, "t", ["prompt", "response"], batch_size=1)
+    fl = schemas_of({"response": torch.zeros(1)})
+    it = schemas_of({"response": torch.zeros(1, dtype=torch.int64)})
+    a, b = c.reserve(P, ["a"], fl), c.reserve(P, ["b"], it)  # two first puts of "response"
+    c.commit(P, a["index"], a["generation"], fl)
+    with pytest.raises(SchemaError):
+        c.commit(P, b["index"], b["generation"], it, shared=["g"])
+    c.abort(P, b["index"], b["generation"])  # what the Writer does
+    assert c.stats()[P]["rows"] == 1 and c.stats()[P]["shared"]["refs"] == 0
+
+
+def test_a_restart_reconcile_loses_the_rows_naming_a_lost_entry_and_frees_their_bytes():
+    import numpy as np
+
+    from tq_stream.deploy.meta_checkpoint import reconcile
+
+    with tq.init(storage_units=2, config=tq.StreamConfig(timeout=2.0)) as stream:
+        stream.create_partition(P, consumers=["actor"])
+        stream.writer(P, unit=0).put_shared("p0", {"prompt": torch.tensor([1, 2])})
+        stream.writer(P, unit=1).put(["a", "b"], {"r": torch.arange(2)}, shared=["p0"] * 2)
+        ctrl = stream.connection.controller()
+        stream.client().register_task(P, "actor", fields=["prompt", "r"], batch_size=2)
+        part = ctrl._parts[P]
+        with ctrl._cond:  # unit 0 came back empty
+            gone, _ = reconcile(part, 0, {"slots": np.zeros(0, np.int64),
+                                          "tokens": np.zeros(0, np.int64)})
+            assert ctrl._units.lose_rows(part, gone, 0) == 2
+        ctrl._units.free_pending()  # what Recovery.reconcile does after the lock
+        stats = stream.stats()[P]
+        assert stats["rows"] == 0 and stats["shared"]["entries"] == 0
+        assert stats["tasks"]["actor"]["discarded"] == {"unit_lost": 2}
+        assert stream.deployment_stats()["units"][1]["nbytes"] == 0
+
+
+def test_rows_on_a_live_unit_naming_a_lost_entry_free_their_bytes():
+    with tq.init(storage_units=2, config=tq.StreamConfig(timeout=5.0)) as stream:
+        stream.create_partition(P, consumers=["actor"])
+        stream.writer(P, unit=0).put_shared("p0", {"prompt": torch.tensor([1, 2])})
+        stream.writer(P, unit=1).put(["a", "b", "c", "d"], {"r": torch.arange(4)},
+                                     shared=["p0"] * 4)
+        assert stream.deployment_stats()["units"][1]["nbytes"] > 0
+        assert stream.connection.controller().unit_lost(0) == {P: 4}
+        assert stream.deployment_stats()["units"][1]["nbytes"] == 0
+
+
+def test_clear_refuses_shared_entries_keys(stream):
+    w = stream.writer(P)
+    w.put_shared("p0", {"prompt": torch.tensor([1, 2])})
+    w.put(["a"], {"r": torch.zeros(1)}, shared=["p0"])
+    with pytest.raises(ConfigError, match="shared:p0"):
+        stream.client().clear(["\x00shared:p0"], partition=P)
+    with pytest.raises(ConfigError, match="shared:p0"):
+        stream.connection.controller().clear(P, ["\x00shared:p0"])
+    assert stream.stats()[P]["shared"]["entries"] == 1
+    assert stream.kv.get("a", partition=P)["prompt"].tolist() == [1, 2]
+
+
+def test_clear_of_a_partition_counts_rows_not_entries_and_the_partition_is_reused(stream):
+    put_groups(stream, g=2, n=2, image=False)
+    assert stream.kv.clear(partition=P) == 4
+    keys, _ = put_groups(stream, g=2, n=2, image=False)  # the next iteration's groups
+    assert stream.kv.get(keys[3], partition=P)["prompt"].tolist() == [2, 3]
+
+
+def test_the_never_written_wait_error_counts_rows_not_entries(stream):
+    put_groups(stream, g=2, n=2, image=False)
+    client = stream.client()
+    client.register_task(P, "t", fields=["nope"], batch_size=1)
+    with pytest.raises(WaitTimeout, match="any of its 4 rows"):
+        client.get_meta(P, "t", step=0, timeout=0.1)
+
+
+def test_a_row_put_and_a_first_shared_put_of_one_field_cannot_both_commit():
+    from tq_stream.controller.controller import Controller
+
+    c = Controller(n_units=1)
+    sch = _row_schema(x=torch.zeros(2))
+    row = c.reserve(P, ["r"], sch)  # a row put of "x" in flight
+    e = c.reserve_shared(P, ["g"], sch, [{"x": "d"}], [16])
+    c.commit(P, e["index"], e["generation"], sch)
+    with pytest.raises(SchemaError, match="'x'"):
+        c.commit(P, row["index"], row["generation"], sch)
+    c.abort(P, row["index"], row["generation"])
+    assert c.stats()[P]["rows"] == 0
+
+
+def test_an_aborted_claim_and_a_cleared_partition_forget_shared_field_names():
+    from tq_stream.controller.controller import Controller
+
+    c = Controller(n_units=1)
+    sch = _row_schema(x=torch.zeros(2))
+    e = c.reserve_shared(P, ["g"], sch, [{"x": "d"}], [16])
+    c.abort(P, e["index"], e["generation"])  # its store failed
+    c.create_partition(P)
+    pl = c.reserve(P, ["r"], sch)  # "x" may be a row field now
+    c.commit(P, pl["index"], pl["generation"], sch)
+    c.clear(P)
+    y = _row_schema(y=torch.zeros(2))
+    e = c.reserve_shared(P, ["g"], y, [{"y": "d"}], [16])
+    c.commit(P, e["index"], e["generation"], y)
+    c.clear(P)
+    pl = c.reserve(P, ["r"], y)  # a cleared partition forgot its shared fields
+    c.commit(P, pl["index"], pl["generation"], y)
+    assert c.stats()[P]["rows"] == 1
+
+
+def test_write_times_and_stats_ages_read_the_controller_s_clock():
+    from tq_stream.controller.controller import Controller
+
+    c = Controller(n_units=1, clock=lambda: 1000.0)
+    sch = _row_schema(x=torch.zeros(2))
+    p = c.reserve("p", ["a"], sch, spare=1)
+    c.commit("p", p["index"], p["generation"], sch)
+    s = p["spare"]
+    assert c.commit_new("p", ["b"], [int(s["index"][0])], [int(s["generation"][0])], sch)["ok"]
+    c.register_task("p", "t", ["x"], batch_size=1)
+    stats = c.stats()["p"]["tasks"]["t"]
+    assert stats["oldest_ready_age"] == 0.0 and stats["at"] == 1000.0
+
+
+def test_a_claim_whose_reservation_lapsed_leaves_no_shared_field():
+    from tq_stream.controller.controller import Controller
+
+    now = [0.0]
+    c = Controller(n_units=1, clock=lambda: now[0])
+    c.create_partition(P)
+    sch = _row_schema(x=torch.zeros(2))
+    c.reserve_shared(P, ["g"], sch, [{"x": "d"}], [16], session="s" * 32, lease=1.0,
+                     timeout=1.0)  # its producer dies before the commit
+    now[0] = 100.0
+    pl = c.reserve(P, ["r"], sch)  # aborts the lapsed reservation first
+    c.commit(P, pl["index"], pl["generation"], sch)
+    assert c.stats()[P]["rows"] == 1 and c.stats()[P]["shared"]["entries"] == 0

@@ -19,6 +19,14 @@ _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 RESERVED = "\x00"  # no user key starts with it (``controller.shared_entries.ENTRY_PREFIX``)
 
 
+def check_unreserved(keys: Sequence[str]) -> None:
+    """No key of ``keys`` (non-empty str) starts with ``RESERVED``."""
+    bad = [k for k in keys if k[0] == RESERVED]
+    if bad:
+        raise ConfigError(f"keys must not start with {RESERVED!r} (reserved for shared "
+                          f"entries), got {bad[:5]!r}")
+
+
 def check_keys(keys: Any) -> list[str]:
     """Keys of a put: a non-empty list of distinct non-empty str, none starting with
     ``RESERVED`` (the prefix of shared entries' own keys)."""
@@ -33,10 +41,7 @@ def check_keys(keys: Any) -> list[str]:
     bad = [k for k in keys if not isinstance(k, str) or not k]
     if bad:
         raise ConfigError(f"keys must be non-empty str, got {bad[:5]!r}")
-    bad = [k for k in keys if k[0] == RESERVED]
-    if bad:
-        raise ConfigError(f"keys must not start with {RESERVED!r} (reserved for shared "
-                          f"entries), got {bad[:5]!r}")
+    check_unreserved(keys)
     if len(set(keys)) != len(keys):
         seen: set[str] = set()
         dup = [k for k in keys if k in seen or seen.add(k)]  # type: ignore[func-returns-value]

@@ -127,7 +127,7 @@ def keys_of(part: PartitionMeta, index: Sequence[int]) -> list[str]:
 
 
 def partition_stats(part: PartitionMeta, tasks: Mapping[str, TaskState],
-                    timings: Timings) -> dict[str, Any]:
+                    timings: Timings, now: float) -> dict[str, Any]:
     """Rows, fields, writer waits and per-task counters, rates and timings of one
     partition (the keys are documented by ``tq_stream.stats.PartitionStats``)."""
     out: dict[str, Any] = {
@@ -137,9 +137,9 @@ def partition_stats(part: PartitionMeta, tasks: Mapping[str, TaskState],
         "rows_lost": part.lost.rows, "lost_writes_skipped": part.lost.skipped,
         "held": held(part, tasks),
         "fields": {f: s.describe() for f, s in part.schemas.items()},
-        "tasks": {t: s.stats() for t, s in tasks.items()},
+        "tasks": {t: s.stats(now) for t, s in tasks.items()},
     }
-    add_measurements(out, part, dict(tasks), timings)
+    add_measurements(out, part, dict(tasks), timings, now)
     return out
 
 
@@ -158,8 +158,11 @@ def held(part: PartitionMeta, tasks: Mapping[str, TaskState]) -> dict[str, int]:
 
 
 def existing(part: PartitionMeta, keys: Sequence[str]) -> np.ndarray:
-    """Row index of each of ``keys``; KeyConflictError naming the first missing ones."""
+    """Row index of each of ``keys``; KeyConflictError naming the first missing ones
+    (a shared entry's own key names no row)."""
     idx = part.lookup(list(keys))
+    if part.shared.count:
+        idx[idx >= 0] = np.where(part.shared.entry[idx[idx >= 0]], -1, idx[idx >= 0])
     if (idx < 0).any():
         missing = [k for k, i in zip(keys, idx.tolist(), strict=True) if i < 0][:5]
         raise KeyConflictError(f"keys must exist in partition {part.name!r}, missing {missing}")

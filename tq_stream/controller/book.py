@@ -155,7 +155,7 @@ class Book:
         (``reservations.abort_due``); returns the rows removed."""
         return self.expire_pins() + abort_due(
             self.reservations, self.parts, lambda part, rows: self.free_slots(
-                part.name, self.release_rows(part, rows)), self.clock(), session)
+                part.name, self.undo_rows(part, rows)), self.clock(), session)
 
     def expire_pins(self) -> int:
         """End the media pins whose session lapsed and free the entries nothing holds
@@ -167,6 +167,14 @@ class Book:
         for part, rows in self.pins.expire(self.parts, now):
             self.free_slots(part.name, self.release_rows(part, np.asarray(rows, np.int64)))
             freed += len(rows)
+        return freed
+
+    def undo_rows(self, part: PartitionMeta, rows: np.ndarray) -> Freed:
+        """``release_rows`` of rows an aborted put placed (no field committed): shared
+        fields only they claimed are shared fields no more (``SharedTable.forget``)."""
+        claims = part.shared.claims(rows)
+        freed = self.release_rows(part, rows)
+        part.shared.forget(claims)
         return freed
 
     def replace(self, parts: dict[str, PartitionMeta],

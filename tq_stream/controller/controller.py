@@ -171,7 +171,8 @@ class Controller:
     def stats(self) -> dict[str, Any]:
         """Per partition: ``access.partition_stats`` (keys: ``stats.PartitionStats``)."""
         with self._cond:
-            return {name: {**access.partition_stats(part, self._tasks[name], self._timings),
+            now = self._book.clock()
+            return {name: {**access.partition_stats(part, self._tasks[name], self._timings, now),
                            "media": self._media.stats(part)} for name, part in self._parts.items()}
 
     def clear(self, partition: str, keys: Sequence[str] | None = None) -> int:

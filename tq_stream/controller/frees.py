@@ -66,6 +66,11 @@ class Frees:
             for unit, part_name, slots in done:
                 give(unit, part_name, slots)
 
+    def defer(self, partition: str, unit: int, slots: np.ndarray) -> None:
+        """Free ``slots`` of ``partition`` on ``unit`` with the next ``run`` (the caller
+        holds the lock, so it may not call the unit now)."""
+        self._pending = coalesce(self._pending + [(unit, partition, slots)])
+
     def forget_unit(self, unit: int) -> list[tuple[str, np.ndarray]]:
         """Drop the pending frees of ``unit`` (lost: nothing left to free there); returns
         their (partition, slots). The caller holds the lock."""

@@ -10,7 +10,6 @@ allocated per unit, lowest freed first, so slabs stay compact.
 from __future__ import annotations
 
 import heapq
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -204,10 +203,11 @@ class PartitionMeta:
         get = self.key_index.get
         return np.fromiter((get(k, -1) for k in keys), dtype=np.int64, count=len(keys))
 
-    def allocate(self, keys: list[str], units: np.ndarray) -> np.ndarray:
-        """Create rows for new ``keys``, each in storage unit ``units[i]``."""
+    def allocate(self, keys: list[str], units: np.ndarray, now: float) -> np.ndarray:
+        """Create rows for new ``keys``, each in storage unit ``units[i]``, written
+        (so far) at ``now`` (the controller's clock)."""
         idx = self._place(units)
-        self._bind(keys, idx)
+        self._bind(keys, idx, now)
         return idx
 
     def allocate_spares(self, units: np.ndarray) -> np.ndarray:
@@ -216,16 +216,16 @@ class PartitionMeta:
         self.spare[idx] = True
         return idx
 
-    def bind(self, keys: list[str], idx: np.ndarray) -> None:
+    def bind(self, keys: list[str], idx: np.ndarray, now: float) -> None:
         """Give spare rows ``idx`` the new ``keys``: they become rows like ``allocate``'s."""
         self.spare[idx] = False
-        self._bind(keys, idx)
+        self._bind(keys, idx, now)
 
-    def bind_row(self, key: str, i: int) -> None:
+    def bind_row(self, key: str, i: int, now: float) -> None:
         """``bind`` of one row with int indexing."""
         self.spare[i] = False
         self.used[i] = True
-        self.write_time[i] = time.time()
+        self.write_time[i] = now
         self.created[i] = self.next_created
         self.next_created += 1
         self.keys[i] = key
@@ -263,10 +263,10 @@ class PartitionMeta:
         self.unit[idx] = units
         return idx
 
-    def _bind(self, keys: list[str], idx: np.ndarray) -> None:
+    def _bind(self, keys: list[str], idx: np.ndarray, now: float) -> None:
         n = len(keys)
         self.used[idx] = True
-        self.write_time[idx] = time.time()
+        self.write_time[idx] = now
         self.created[idx] = np.arange(self.next_created, self.next_created + n)
         self.next_created += n
         for k, i in zip(keys, idx.tolist(), strict=True):

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from tq_stream.controller.partition import PartitionMeta
@@ -20,12 +19,11 @@ def oldest_ready_age(part: PartitionMeta, state: TaskState, now: float) -> float
 
 
 def add_measurements(out: dict[str, Any], part: PartitionMeta, tasks: dict[str, TaskState],
-                     timings: Timings) -> None:
+                     timings: Timings, now: float) -> None:
     """Add to one partition's ``stats()`` entry (``out``, its counters already in):
     rows created, writers' blocked seconds, and per task the lease counters (0 when the
     task keeps none), rates, the oldest ready row's age, the timing histograms, the
     rows not ready and what they lack, and the claims on its shares."""
-    now = time.time()
     out["rows_created"] = int(part.next_created)
     out["blocked_seconds"] = timings.blocked_seconds(part.name)
     for name, task in out["tasks"].items():

@@ -14,7 +14,8 @@ declared consumer, discarded, cleared, lost) frees an entry no pin holds in the
 same ``PartitionMeta.release``. An entry no row names and no pin holds stays until
 its partition is cleared. Why an entry was freed is kept for a while (``why``).
 Its bytes are written once: every field carries a digest, a put of the same bytes
-again is a no-op, other bytes are refused.
+again is a no-op, other bytes are refused (also while the first put is under way:
+its claim holds the digests; a put that aborted holds none).
 
 Invariants (``SharedTable``): ``entry[e]`` only for used rows keyed with the prefix;
 ``of[r] >= 0`` only for used rows that are not entries, and then ``entry[of[r]]``;
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from tq_stream.checks import RESERVED
-from tq_stream.errors import ConfigError, KeyConflictError, SchemaError
+from tq_stream.errors import ConfigError, KeyConflictError, SchemaError, StateError
 
 if TYPE_CHECKING:
     from tq_stream.columns import FieldSchema
@@ -43,6 +44,7 @@ class PartRows(Protocol):
 
     name: str
     schemas: dict[str, FieldSchema]
+    used: np.ndarray
     key_index: dict[str, int]
     keys: np.ndarray
     ready: dict[str, np.ndarray]
@@ -87,13 +89,15 @@ class SharedTable:
 
     # ----------------------------------------------------------------- puts
     def check_fields(self, part: PartRows, keys: Sequence[str],
-                     schemas: Mapping[str, FieldSchema]) -> None:
-        """A put's fields: a shared put writes no row field, a row put no shared one."""
+                     schemas: Mapping[str, object]) -> None:
+        """A put's fields: a shared put writes no field a row holds, a row put no shared
+        one (claimed by an entry, committed or not; ``check_commit`` sees the rest)."""
         if not self.fields and not (keys and keys[0].startswith(ENTRY_PREFIX)):
             return
         shared_put = bool(keys) and keys[0].startswith(ENTRY_PREFIX)
         for f in schemas:
-            if shared_put and f in part.schemas and f not in self.fields:
+            if shared_put and f not in self.fields and f in part.ready and \
+                    (part.ready[f] & ~self.entry).any():  # a row committed it
                 raise SchemaError(
                     f"field {f!r} of partition {part.name!r} is a field of its rows, so a "
                     f"shared entry must not have it (a read would not know whose to give); "
@@ -106,23 +110,32 @@ class SharedTable:
 
     def to_write(self, part: PartRows, key: str, digests: Mapping[str, str]) -> bool:
         """False if every field of a shared put of ``key`` is stored (committed) with
-        these bytes already; ConfigError if one was stored with other bytes. A field
-        claimed by a put that never committed (it failed) may be put again."""
+        these bytes already; ConfigError if one was stored with other bytes, or is
+        claimed with other bytes by a put not committed yet (it may still succeed). A
+        field claimed by a put that aborted may be put again (``unclaim``)."""
         row = part.key_index.get(entry_key(key), -1)
         have = self.digests.get(row, {}) if row >= 0 else {}
-        stored = {f: d for f, d in have.items() if f in part.ready and part.ready[f][row]}
+        stored = {f for f in have if f in part.ready and part.ready[f][row]}
         for f, d in digests.items():
-            old = stored.get(f)
+            old = have.get(f)
             if old is not None and old != d:
+                how = "holds" if f in stored else "is being put with"
                 raise ConfigError(
                     f"shared entry {key!r} of partition {part.name!r} is written once: its "
-                    f"field {f!r} holds other bytes (digest {old[:16]}), got {d[:16]}; "
+                    f"field {f!r} {how} other bytes (digest {old[:16]}), got {d[:16]}; "
                     f"put it under a new key")
         return any(f not in stored for f in digests)
 
-    def claim(self, part: PartRows, row: int, key: str, digests: Mapping[str, str],
-              nbytes: int) -> None:
-        """Row ``row`` (reserved for ``key``) is a shared entry with ``digests``' fields."""
+    def claim(self, part: PartRows, row: int, generation: int, key: str,
+              digests: Mapping[str, str], nbytes: int) -> None:
+        """Row ``row`` (reserved for ``key`` with ``generation``) is a shared entry with
+        ``digests``' fields; StateError if the row was freed since (the put is made
+        again), SchemaError if a row put committed one of the fields meanwhile."""
+        if not (part.used[row] and int(part.generation[row]) == generation
+                and part.keys[row] == entry_key(key)):
+            raise StateError(f"shared entry {key!r} of partition {part.name!r} must still "
+                             f"hold the row reserved for it, but the row was freed meanwhile")
+        self.check_fields(part, [entry_key(key)], digests)
         self.to_write(part, key, digests)  # a concurrent put of other bytes came first
         if not self.entry[row]:
             self.entry[row] = True
@@ -130,6 +143,32 @@ class SharedTable:
         self.digests.setdefault(row, {}).update(digests)
         self.nbytes[row] = self.nbytes.get(row, 0) + int(nbytes)
         self.fields.update(digests)
+
+    def claims(self, rows: np.ndarray) -> set[str]:
+        """The fields entries among ``rows`` claim (committed or not)."""
+        if not self.digests:
+            return set()
+        return set().union(*(self.digests.get(e, {}) for e in rows[self.entry[rows]].tolist()))
+
+    def forget(self, names: set[str]) -> None:
+        """Fields ``names`` are shared fields no more unless a live entry still claims
+        one (their claims aborted, their partition was cleared)."""
+        if names:
+            self.fields -= names - set().union(*self.digests.values())
+
+    def check_commit(self, part: PartRows, index: np.ndarray,
+                     schemas: Mapping[str, FieldSchema]) -> None:
+        """A row put of rows ``index`` commits no shared field (one claimed after the
+        put was reserved: its check_fields came first)."""
+        if not self.fields or (self.count and self.entry[index].all()):
+            return
+        clash = sorted(set(schemas) & self.fields)
+        if clash:
+            raise SchemaError(
+                f"field {clash[0]!r} of partition {part.name!r} is a shared field (put "
+                f"once per entry with put_shared, claimed while this put was under way), "
+                f"so a row put must not write it; got it in a commit of rows "
+                f"{part.keys[index[:5]].tolist()}")
 
     def bind(self, part: PartRows, index: np.ndarray,
              shared: Sequence[str | None]) -> None:

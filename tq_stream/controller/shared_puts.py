@@ -64,8 +64,8 @@ def reserve_shared(lock: threading.Condition, part_of: PartOf, reserve: Reserve,
         with lock:
             part = part_of(partition)
             for j, i in enumerate(pos):
-                part.shared.claim(part, int(out["index"][j]), keys[i], digests_[i],
-                                  int(nbytes[i]))
+                part.shared.claim(part, int(out["index"][j]), int(out["generation"][j]),
+                                  keys[i], digests_[i], int(nbytes[i]))
     except BaseException:
         new = out["new"]
         if new.any():

@@ -138,7 +138,7 @@ class Spares:
             refused = _refusal(part, keys, schemas_)
             if refused is not None:
                 return refused
-            part.bind(keys, index)
+            part.bind(keys, index, self._book.clock())
             self._mark_written(part, index, schemas_, tags)
             return self._committed(part, unit, spare)
 
@@ -157,7 +157,7 @@ class Spares:
             refused = _refusal(part, [key], schemas_)
             if refused is not None:
                 return refused
-            part.bind_row(key, i)
+            part.bind_row(key, i, self._book.clock())
             self._mark_row(part, i, schemas_)
             return self._committed(part, unit, spare)
 

@@ -26,7 +26,6 @@ DISCARDED row never becomes NEW again.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -371,7 +370,7 @@ class TaskState:
         return {"step": start,
                 "skip": [s for s in range(start + 1, self.next_step) if s not in still]}
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, now: float) -> dict[str, Any]:
         return {
             "fields": list(self.config.fields),
             "available": int(self.queue.count),
@@ -389,5 +388,5 @@ class TaskState:
                               for r in range(self.config.dp_size)],
             "version": self.version,
             "ended": self.ended,
-            "at": time.time(),
+            "at": now,
         }

@@ -76,6 +76,7 @@ class Units:
             for part_name, slots in self._book.frees.forget_unit(unit):
                 if part_name in parts:
                     parts[part_name].give_slots(unit, slots)
+        self.free_pending()
         logger.warning("storage unit %d is lost: dropped its rows %s; no new rows go "
                        "there until it is back", unit, dropped or "(none)")
         return dropped
@@ -98,19 +99,22 @@ class Units:
             for u, slots in part.release_spares(spare):
                 part.give_slots(u, slots)
             rows = np.flatnonzero(part.used & (part.unit[: part.size] == unit))
-            rows = part.shared.with_namers(rows)  # their shared entry is gone with it
-            lost = self.lose_rows(part, rows) if len(rows) else 0
+            lost = self.lose_rows(part, rows, unit) if len(rows) else 0
             if lost:
                 dropped[name] = lost
         self._cond.notify_all()
         return dropped
 
-    def lose_rows(self, part: PartitionMeta, rows: np.ndarray) -> int:
-        """Rows whose bytes are gone (lock held): each task counts those it had not
-        finished as discarded ``unit_lost``; shares that held them shrink; their slots
-        are reusable at once (there is nothing left to free). A row no field was
-        committed to is not lost, only undone: the put that placed it was not done, and
-        puts it again (its commit finds the row gone). Returns the rows lost."""
+    def lose_rows(self, part: PartitionMeta, rows: np.ndarray, unit: int) -> int:
+        """Rows whose bytes ``unit`` no longer holds (lock held), and the rows naming a
+        shared entry among them (``with_namers``): each task counts those it had not
+        finished as discarded ``unit_lost``; shares that held them shrink. Slots of
+        ``unit`` (or of a lost unit) are reusable at once (nothing left to free); the
+        others, on live units, are freed there with the next free (``free_pending``).
+        A row no field was committed to is not lost, only undone: the put that placed
+        it was not done, and puts it again (its commit finds the row gone). Returns
+        the rows lost."""
+        rows = part.shared.with_namers(rows)  # their shared entry is gone with them
         written = np.zeros(len(rows), dtype=bool)
         for i, r in enumerate(rows.tolist()):
             fields = frozenset(part.fields_of(r))
@@ -124,8 +128,15 @@ class Units:
             for rec in task.steps.values():
                 rec.lost.update(r for r, s in enumerate(rec.shares) if np.isin(s, rows).any())
         for u, slots in self._book.release_rows(part, rows):
-            part.give_slots(u, slots)
+            if u == unit or u in self.dead:
+                part.give_slots(u, slots)
+            else:  # a namer (or an entry no row names now) whose bytes a live unit holds
+                self._book.frees.defer(part.name, u, slots)
         return int(written.sum())
+
+    def free_pending(self) -> None:
+        """Send the frees ``lose_rows`` left for live units (lock not held)."""
+        self._book.free_slots("", [])
 
 
 __all__ = ["UNIT_LOST", "Units"]

@@ -91,12 +91,13 @@ def wait_error(delivery: Delivery, parts: Mapping[str, PartitionMeta], part: Par
             f"its predecessor died takes the share back once that lease expired (a "
             f"shorter lease_timeout makes it sooner)")
     unknown = [f for f in state.config.fields if not fieldpath.under(f, part.schemas)]
-    if unknown and part.live:  # a timeout still: a later stage may write the field
+    rows = part.live - part.shared.count  # shared entries are no rows
+    if unknown and rows:  # a timeout still: a later stage may write the field
         return WaitTimeout(
             f"get_meta waited timeout={format_seconds(timeout)} for task {state.name!r} "
             f"on partition "
             f"{part.name!r}, but fields {unknown} were never written to any of its "
-            f"{part.live} rows (known fields: {sorted(part.schemas)}); check the name, "
+            f"{rows} rows (known fields: {sorted(part.schemas)}); check the name, "
             f"or start the stage that writes them")
     hint = ""
     if not part.schemas:  # a misspelt partition looks like this: help find the name

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tq_stream.checks import check_tags
+from tq_stream.checks import check_tags, check_unreserved
 from tq_stream.columns import FieldSchema
 from tq_stream.controller import access
 from tq_stream.controller.book import Book
@@ -150,7 +150,7 @@ class Writes:
                 self._book.check_open()
             if n_new:
                 new_keys = [k for k, m in zip(keys, new.tolist(), strict=True) if m]
-                idx[new] = part.allocate(new_keys, self.place(unit, n_new))
+                idx[new] = part.allocate(new_keys, self.place(unit, n_new), self._book.clock())
                 self._book.grow_tasks(part)
                 self._book.reservations.add(partition, idx[new], part.generation[idx[new]],
                                        session, lease, timeout, self._book.clock())
@@ -201,6 +201,8 @@ class Writes:
             part = self._book.part(partition)
             self._check_holder(partition, held)
             part.check_generation(index, generation)
+            part.check_schemas(schemas_)  # every check before the bind changes rows
+            part.shared.check_commit(part, index, schemas_)
             if shared is not None:
                 part.shared.bind(part, index, shared)
                 self._book.pins.handed(part, shared)  # the rows keep the entries now
@@ -232,9 +234,9 @@ class Writes:
                 return
             gen = np.asarray(generation, dtype=np.int64)
             ok = part.used[index] & (part.generation[index] == gen)
-            for r in part.ready.values():
-                ok &= ~r[index]
-            freed = self._book.release_rows(part, index[ok])
+            for r in part.shared.own_ready(part, index).values():  # not an entry's field
+                ok &= ~r
+            freed = self._book.undo_rows(part, index[ok])  # and the claims they made
         self._book.free_slots(partition, freed)
         with self._book.cond:  # a failed first put leaves no partition (once its slots are free)
             part = self._book.parts.get(partition)
@@ -248,12 +250,17 @@ class Writes:
             if keys is None:
                 rows = np.flatnonzero(part.used)
             else:
-                rows = part.lookup(list(keys))
+                keys = list(keys)
+                check_unreserved([k for k in keys if isinstance(k, str) and k])  # no entry's
+                rows = part.lookup(keys)
                 rows = rows[rows >= 0]
             part.lost.forget(keys)  # a cleared key may be written afresh
+            n = len(part.shared.rows(rows))  # entries are no rows
             freed = self._book.release_rows(part, rows)
+            if keys is None:  # a cleared partition forgets its shared fields
+                part.shared.forget(set(part.shared.fields))
         self._book.free_slots(partition, freed)
-        return len(rows)
+        return n
 
     def set_tags(self, partition: str, keys: Sequence[str], tags: list[dict[str, Any]]) -> None:
         """Merge ``tags[i]`` into the tags of ``keys[i]``; rows may become ready."""

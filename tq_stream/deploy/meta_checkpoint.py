@@ -235,11 +235,11 @@ class Recovery:
                     empty = {"slots": np.zeros(0, np.int64), "tokens": np.zeros(0, np.int64)}
                     gone, orphans = reconcile(part, unit, held.get(name, empty))
                     if len(gone):
-                        self._units.lose_rows(part, gone)
-                    lost += len(gone)
+                        lost += self._units.lose_rows(part, gone, unit)
                     if len(orphans):
                         frees.append((name, orphans))
                 unknown = [n for n in held if n not in self._parts]
+            self._units.free_pending()  # rows elsewhere that named a lost entry
             for name, slots in frees:
                 client.call("free", {"partition": name, "slots": slots})
                 orphaned += len(slots)

@@ -344,6 +344,7 @@ class ControllerService(Controller):
             dropped = self._units.drop_rows_of(unit)
             self._units.dead.discard(unit)
             self._cond.notify_all()
+        self._units.free_pending()  # rows elsewhere that named an entry lost there
         logger.warning("storage unit %d went down and was replaced by an empty one; rows "
                        "lost per partition (discarded as %r): %s", unit, UNIT_LOST, dropped)
         return dropped
