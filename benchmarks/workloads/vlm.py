@@ -1,0 +1,124 @@
+"""Workload ``vlm``: a VLM GRPO step's rollouts (issue 23's Proof), tq_stream against
+TransferQueue 0.1.11 in the same run.
+
+64 prompts x 8 responses; per prompt a ``[3, H, W]`` uint8 image (H, W uniform in
+100..400) and 64..512 prompt tokens, per response 100..1000 token ids (int64), as many
+log-probs (float32) and a reward (``vlm_data``). One producer process writes a group
+every 50 ms (rollouts, then rewards); one trainer process reads one group a batch
+through the system's DataLoader (``vlm_driver``). Measured per system and layout:
+
+- storage held once every row was read (no row is freed before), against the raw bytes
+  of the distinct images and tokens (each image and prompt once);
+- peak resident memory of every process: producer, controller, each storage unit,
+  trainer (and the ``/dev/shm`` files they map), summed, and its growth over the idle
+  processes (sampled every 50 ms before the first write);
+- write -> yield: from the start of the put of a group's last field (its rewards) to
+  the trainer's DataLoader yielding the batch that holds it, p50 and p99 over rows.
+
+tq_stream runs embedded (everything in one process, producer and trainer in threads)
+and local (2 storage units) in the layouts of ``vlm_tq``; TransferQueue in the layout
+of ``vlm_peer`` (not in a quick run).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from benchmarks.workloads import vlm_driver, vlm_tq
+from benchmarks.workloads.common import Row, in_rounds, percentiles
+from benchmarks.workloads.vlm_data import Shape, raw_bytes
+from benchmarks.workloads.vlm_driver import DRIVER, RAY
+from benchmarks.workloads.vlm_memory import SHM
+
+ROUNDS = 2
+OUTSIDE = (DRIVER, RAY)  # shown, not summed: the driver that deployed, Ray's own daemons
+SYSTEMS = ("tq-embedded", "tq-local", "transferqueue")
+MB = 1e6
+MACHINE = ("2 cores, shared with other sessions and noisy: compare figures only within "
+           "one run (the by-round columns), not across runs.")
+
+
+def targets(quick: bool, only: set[str]) -> tuple[list[str], list[str]]:
+    """Names ``"system/layout"`` to run, and notes on what was skipped."""
+    names, notes = [], []
+    layouts = list(vlm_tq.LAYOUTS)
+    why = vlm_tq.shared_api()
+    if why:
+        layouts.remove("shared")
+        notes.append(f"vlm: layout shared skipped: {why}")
+    for system in SYSTEMS[:2]:
+        if not only or system in only or "vlm" in only:
+            names += [f"{system}/{layout}" for layout in layouts]
+    if not quick and (not only or only & {"transferqueue", "vlm"}):
+        from benchmarks.systems.transferqueue import TransferQueueSystem
+
+        ok, reason = TransferQueueSystem.available()
+        names += ["transferqueue/image per row"] if ok else []
+        if not ok:
+            notes.append(f"vlm: transferqueue skipped: {reason}")
+    return names, notes
+
+
+def _target(name: str) -> Any:
+    system, layout = name.split("/", 1)
+    if system == "transferqueue":
+        from benchmarks.workloads.vlm_peer import PeerTarget
+
+        return PeerTarget()
+    return vlm_tq.TqTarget(system.removeprefix("tq-"), layout)
+
+
+def rows_of(res: vlm_driver.RunResult, shape: Shape, raw: int) -> list[Row]:
+    """The result rows of one run."""
+    system = f"{res.target} ({res.layout})"
+    if res.errors:
+        print(f"vlm {system}: " + "\n".join(res.errors), file=sys.stderr)
+        return [Row("vlm", "storage held", system, float("nan"), "MB",
+                    {"error": res.errors[0].splitlines()[-1][:160]})]
+    mem = {r: v for r, v in res.peak_rss.items() if r not in OUTSIDE}
+    pss = {r: v for r, v in res.peak_pss.items() if r not in OUTSIDE}
+    growth = {r: v - res.baseline.get(r, 0) for r, v in mem.items()}
+    outside = [f"{r} {res.peak_rss[r] / MB:.0f}" for r in OUTSIDE if r in res.peak_rss]
+    per = ", ".join(f"{r} {v / MB:.1f}" if r == SHM else f"{r} {v / MB:.0f}"
+                    for r, v in mem.items()) + \
+        (f"; not counted: {', '.join(outside)}" if outside else "")
+    p50, p99 = percentiles(res.latencies())
+    storage = {"x raw": f"{res.storage / raw:.2f}"}
+    if res.peak_rss.get(SHM):
+        storage["shm resident"] = f"{res.peak_rss[SHM] / MB:.1f} MB " \
+                                  f"({res.peak_rss[SHM] / raw:.2f}x raw)"
+    return [
+        Row("vlm", "storage held", system, res.storage / MB, "MB", storage),
+        Row("vlm", "peak RSS, every process summed", system, sum(mem.values()) / MB, "MB",
+            {"per process (MB)": per}),
+        Row("vlm", "peak PSS, every process summed", system, sum(pss.values()) / MB, "MB",
+            {"per process (MB)": ", ".join(f"{r} {v / MB:.0f}" for r, v in pss.items())}),
+        Row("vlm", "peak RSS growth over idle, summed", system,
+            sum(growth.values()) / MB, "MB",
+            {"per process (MB)": ", ".join(f"{r} {v / MB:+.0f}" for r, v in growth.items())}),
+        Row("vlm", "write -> yield p50", system, p50, "ms"),
+        Row("vlm", "write -> yield p99", system, p99, "ms"),
+    ]
+
+
+def run(quick: bool, only: set[str] = frozenset()) -> tuple[list[Row], list[str]]:
+    """Every target, ROUNDS times (once in a quick run); rows and notes."""
+    from benchmarks.report import merge_rounds
+
+    shape = Shape.quick() if quick else Shape.full()
+    raw = raw_bytes(shape)
+    total = sum(raw.values())
+    names, notes = targets(quick, only)
+    rounds = in_rounds(names, lambda n: rows_of(vlm_driver.run(_target(n), shape), shape,
+                                                total), 1 if quick else ROUNDS, "vlm")
+    rows = [Row("vlm", "storage held", "raw data (distinct)", total / MB, "MB",
+                {"x raw": ", ".join(f"{k} {v / MB:.2f} MB" for k, v in raw.items())})]
+    rows += merge_rounds(rounds)
+    notes = [f"vlm: {MACHINE}",
+             f"vlm: {shape.prompts} prompts x {shape.responses} responses, images "
+             f"3 x H x W uint8 with H, W in {shape.px[0]}..{shape.px[1]}, a group "
+             f"written every {shape.pace_s * 1e3:.0f} ms, one group a batch. "
+             "Layout side: the yield time is taken after the trainer's join with the "
+             "side partition."] + notes
+    return rows, notes
