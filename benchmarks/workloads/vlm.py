@@ -112,7 +112,7 @@ def run(quick: bool, only: set[str] = frozenset()) -> tuple[list[Row], list[str]
     names, notes = targets(quick, only)
     rounds = in_rounds(names, lambda n: rows_of(vlm_driver.run(_target(n), shape), shape,
                                                 total), 1 if quick else ROUNDS, "vlm")
-    rows = [Row("vlm", "storage held", "raw data (distinct)", total / MB, "MB",
+    rows = [Row("vlm", "raw bytes of the distinct images and tokens", "data", total / MB, "MB",
                 {"x raw": ", ".join(f"{k} {v / MB:.2f} MB" for k, v in raw.items())})]
     rows += merge_rounds(rounds)
     notes = [f"vlm: {MACHINE}",
@@ -120,5 +120,20 @@ def run(quick: bool, only: set[str] = frozenset()) -> tuple[list[Row], list[str]
              f"3 x H x W uint8 with H, W in {shape.px[0]}..{shape.px[1]}, a group "
              f"written every {shape.pace_s * 1e3:.0f} ms, one group a batch. "
              "Layout side: the yield time is taken after the trainer's join with the "
-             "side partition."] + notes
+             "side partition.",
+             "vlm: storage held: tq_stream's is what its units report "
+             "(`deployment_stats()`, the arenas' allocated capacity); in local mode "
+             "'shm resident' is the tmpfs blocks of the /dev/shm files the processes map "
+             "(the pages actually written). TransferQueue reports none: its figure is the "
+             "growth of its storage units' RSS from before the first write to after the "
+             "last read.",
+             "vlm: memory: the sums count producer, controller, every storage unit and "
+             "trainer (and the /dev/shm files mapped, once); the driver that deployed and "
+             "Ray's daemons are shown, not counted. tq_stream's local servers are forked "
+             "from the driver (its default), so their RSS counts pages shared with it; "
+             "PSS splits shared pages among the processes mapping them. 'Growth over "
+             "idle' is the peak less each process's RSS just before the first write.",
+             "vlm: TransferQueue's StreamingDataset sleeps a fixed 1 s whenever fewer than "
+             "a batch of rows is ready (see benchmarks/peers/TRANSFERQUEUE_NOTES.md): "
+             "that sleep is most of its write -> yield."] + notes
     return rows, notes
