@@ -65,6 +65,8 @@ def _produce(end: Any, shape: Shape, out: Any, start: Any, stop: Any) -> None:
                 break
             time.sleep(max(0.0, t0 + g * shape.pace_s - now()))
             written[grp.uid] = end.put_group(grp)
+    except SystemExit:  # stopped by the driver
+        pass
     except BaseException:  # report, never hang the driver
         out.put(("error", "producer", traceback.format_exc(limit=8)))
     finally:

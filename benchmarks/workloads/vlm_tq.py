@@ -45,9 +45,16 @@ def shared_api() -> str | None:
     return None
 
 
-def _put_shared(writer: Any, grp: Group) -> None:
-    """Layout (c): the group's prompt fields once, under its uid (API of branch shared)."""
-    writer.put_shared(grp.uid, {"image": grp.image, "prompt_ids": grp.prompt_ids})
+def put_shared(writer: Any, grp: Group, rows: dict[str, Any]) -> None:
+    """Layout (c), the API of branch ``shared``: the group's prompt fields written once
+    under its uid (``Writer.put_shared``), then its response rows naming that entry
+    (``put(..., shared=)``), which read the entry's fields as their own."""
+    import tq_stream as tq
+
+    writer.put_shared([grp.uid], {
+        "image": tq.MultiRagged.from_list([grp.image], fixed_dims=(0,)),
+        "prompt_ids": jagged([grp.prompt_ids])})
+    writer.put(grp.keys, rows, shared=[grp.uid] * len(grp.keys))
 
 
 class Producer:
@@ -76,9 +83,10 @@ class Producer:
             self._side.put([grp.uid], {
                 "image": tq.MultiRagged.from_list([grp.image], fixed_dims=(0,)),
                 "prompt_ids": jagged([grp.prompt_ids])})
+        if self.layout == "shared":
+            put_shared(self._rows, grp, rows)
         else:
-            _put_shared(self._rows, grp)
-        self._rows.put(keys, rows)
+            self._rows.put(keys, rows)
         t = time.monotonic()
         self._rows.put(keys, {"reward": grp.rewards})
         return t
