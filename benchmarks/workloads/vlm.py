@@ -113,7 +113,7 @@ def run(quick: bool, only: set[str] = frozenset()) -> tuple[list[Row], list[str]
     rounds = in_rounds(names, lambda n: rows_of(vlm_driver.run(_target(n), shape), shape,
                                                 total), 1 if quick else ROUNDS, "vlm")
     rows = [Row("vlm", "raw bytes of the distinct images and tokens", "data", total / MB, "MB",
-                {"x raw": ", ".join(f"{k} {v / MB:.2f} MB" for k, v in raw.items())})]
+                {"parts": ", ".join(f"{k} {v / MB:.2f} MB" for k, v in raw.items())})]
     rows += merge_rounds(rounds)
     notes = [f"vlm: {MACHINE}",
              f"vlm: {shape.prompts} prompts x {shape.responses} responses, images "
@@ -127,8 +127,9 @@ def run(quick: bool, only: set[str] = frozenset()) -> tuple[list[Row], list[str]
              "(the pages actually written). TransferQueue reports none: its figure is the "
              "growth of its storage units' RSS from before the first write to after the "
              "last read.",
-             "vlm: memory: the sums count producer, controller, every storage unit and "
-             "trainer (and the /dev/shm files mapped, once); the driver that deployed and "
+             "vlm: memory (sampled every 50 ms): the sums count producer, controller, "
+             "every storage unit and trainer (and the /dev/shm files mapped, once); "
+             "the driver that deployed and "
              "Ray's daemons are shown, not counted. tq_stream's local servers are forked "
              "from the driver (its default), so their RSS counts pages shared with it; "
              "PSS splits shared pages among the processes mapping them. 'Growth over "
