@@ -22,6 +22,7 @@ of ``vlm_peer`` (not in a quick run).
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -31,7 +32,7 @@ from benchmarks.workloads.vlm_data import Shape, raw_bytes
 from benchmarks.workloads.vlm_driver import DRIVER, RAY
 from benchmarks.workloads.vlm_memory import SHM
 
-ROUNDS = 2
+ROUNDS = 2  # each target once per round, each run in a driver process of its own
 OUTSIDE = (DRIVER, RAY)  # shown, not summed: the driver that deployed, Ray's own daemons
 SYSTEMS = ("tq-embedded", "tq-local", "transferqueue")
 MB = 1e6
@@ -102,6 +103,41 @@ def rows_of(res: vlm_driver.RunResult, shape: Shape, raw: int) -> list[Row]:
     ]
 
 
+def isolated(name: str, quick: bool, timeout: float = 900.0) -> vlm_driver.RunResult:
+    """One run of target ``name`` in a fresh driver process (``python -m
+    benchmarks.workloads.vlm``), so that no run inherits what another imported or
+    allocated (TransferQueue's Ray, an earlier run's heap; local servers are forked
+    from the driver)."""
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        cmd = [sys.executable, "-m", "benchmarks.workloads.vlm", name, out]
+        try:
+            subprocess.run(cmd + (["--quick"] if quick else []), timeout=timeout, check=True,
+                           stdout=sys.stderr)
+            with open(out) as f:
+                return vlm_driver.RunResult(**json.load(f))
+        except (subprocess.SubprocessError, OSError, ValueError) as exc:
+            return vlm_driver.RunResult(*name.split("/", 1), errors=[f"driver: {exc!r}"])
+
+
+def main(argv: list[str]) -> int:
+    """``python -m benchmarks.workloads.vlm NAME OUT [--quick]``: one run of target NAME
+    (``system/layout``), its RunResult written to OUT as JSON."""
+    import dataclasses
+    import json
+
+    name, out = argv[0], argv[1]
+    shape = Shape.quick() if "--quick" in argv else Shape.full()
+    res = vlm_driver.run(_target(name), shape)
+    with open(out, "w") as f:
+        json.dump(dataclasses.asdict(res), f)
+    return 0
+
+
 def run(quick: bool, only: set[str] = frozenset()) -> tuple[list[Row], list[str]]:
     """Every target, ROUNDS times (once in a quick run); rows and notes."""
     from benchmarks.report import merge_rounds
@@ -110,8 +146,8 @@ def run(quick: bool, only: set[str] = frozenset()) -> tuple[list[Row], list[str]
     raw = raw_bytes(shape)
     total = sum(raw.values())
     names, notes = targets(quick, only)
-    rounds = in_rounds(names, lambda n: rows_of(vlm_driver.run(_target(n), shape), shape,
-                                                total), 1 if quick else ROUNDS, "vlm")
+    rounds = in_rounds(names, lambda n: rows_of(isolated(n, quick), shape, total),
+                       1 if quick else ROUNDS, "vlm")
     rows = [Row("vlm", "raw bytes of the distinct images and tokens", "data", total / MB, "MB",
                 {"parts": ", ".join(f"{k} {v / MB:.2f} MB" for k, v in raw.items())})]
     rows += merge_rounds(rounds)
@@ -138,3 +174,7 @@ def run(quick: bool, only: set[str] = frozenset()) -> tuple[list[Row], list[str]
              "a batch of rows is ready (see benchmarks/peers/TRANSFERQUEUE_NOTES.md): "
              "that sleep is most of its write -> yield."] + notes
     return rows, notes
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
