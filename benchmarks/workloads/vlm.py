@@ -36,6 +36,7 @@ ROUNDS = 2  # each target once per round, each run in a driver process of its ow
 OUTSIDE = (DRIVER, RAY)  # shown, not summed: the driver that deployed, Ray's own daemons
 SYSTEMS = ("tq-embedded", "tq-local", "transferqueue")
 MB = 1e6
+RAW = "raw bytes of the distinct images and tokens"
 MACHINE = ("2 cores, shared with other sessions and noisy: compare figures only within "
            "one run (the by-round columns), not across runs.")
 
@@ -148,7 +149,7 @@ def run(quick: bool, only: set[str] = frozenset()) -> tuple[list[Row], list[str]
     names, notes = targets(quick, only)
     rounds = in_rounds(names, lambda n: rows_of(isolated(n, quick), shape, total),
                        1 if quick else ROUNDS, "vlm")
-    rows = [Row("vlm", "raw bytes of the distinct images and tokens", "data", total / MB, "MB",
+    rows = [Row("vlm", RAW, "data", total / MB, "MB",
                 {"parts": ", ".join(f"{k} {v / MB:.2f} MB" for k, v in raw.items())})]
     rows += merge_rounds(rounds)
     notes = [f"vlm: {MACHINE}",
@@ -173,7 +174,35 @@ def run(quick: bool, only: set[str] = frozenset()) -> tuple[list[Row], list[str]
              "vlm: TransferQueue's StreamingDataset sleeps a fixed 1 s whenever fewer than "
              "a batch of rows is ready (see benchmarks/peers/TRANSFERQUEUE_NOTES.md): "
              "that sleep is most of its write -> yield."] + notes
-    return rows, notes
+    return rows, notes + targets_met(rows)
+
+
+def targets_met(rows: list[Row]) -> list[str]:
+    """Issue 23's targets against these rows: storage <= 1.1x raw, peak memory <= 1/4
+    of TransferQueue's (its summed peak RSS and PSS)."""
+    def value(case: str, system: str) -> float | None:
+        return next((r.value for r in rows if r.case == case and r.system == system), None)
+
+    peer = next((r.system for r in rows if r.system.startswith("transferqueue")), None)
+    out = []
+    for system in dict.fromkeys(r.system for r in rows if r.system.startswith("tq-")):
+        held, raw = value("storage held", system), value(RAW, "data")
+        if held is None or held != held or not raw:  # a failed run
+            continue
+        line = f"storage {held / raw:.2f}x raw allocated"
+        mine = next(r for r in rows if r.system == system and r.case == "storage held")
+        if "shm resident" in mine.extra:
+            line += f", {mine.extra['shm resident'].split('(')[1].rstrip(')')} resident"
+        line += " (target <= 1.1x)"
+        if peer is not None:
+            for kind in ("RSS", "PSS"):
+                case = f"peak {kind}, every process summed"
+                a, b = value(case, system), value(case, peer)
+                if a and b:
+                    line += f"; peak {kind} {a / b:.2f} of TransferQueue's"
+            line += " (target <= 0.25)"
+        out.append(f"vlm targets, {system}: {line}")
+    return out
 
 
 if __name__ == "__main__":

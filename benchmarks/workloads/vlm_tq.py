@@ -40,8 +40,8 @@ def shared_api() -> str | None:
     import tq_stream as tq
 
     if not hasattr(tq.Writer, "put_shared"):
-        return ("shared fields are not in this tq_stream (issue 23 item 2, branch `shared`, "
-                "had no API yet): layout skipped")
+        return ("this tq_stream has no shared fields (`Writer.put_shared`, issue 23 "
+                "item 2, built on branch `shared`)")
     return None
 
 
