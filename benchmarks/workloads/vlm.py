@@ -10,8 +10,8 @@ through the system's DataLoader (``vlm_driver``). Measured per system and layout
 - storage held once every row was read (no row is freed before), against the raw bytes
   of the distinct images and tokens (each image and prompt once);
 - peak resident memory of every process: producer, controller, each storage unit,
-  trainer (and the ``/dev/shm`` files they map), summed, and its growth over the idle
-  processes (sampled every 50 ms before the first write);
+  trainer (and the ``/dev/shm`` files they map), sampled every 50 ms, summed, and its
+  growth over the idle processes (their RSS just before the first write);
 - write -> yield: from the start of the put of a group's last field (its rewards) to
   the trainer's DataLoader yielding the batch that holds it, p50 and p99 over rows.
 
@@ -56,7 +56,7 @@ def targets(quick: bool, only: set[str]) -> tuple[list[str], list[str]]:
         from benchmarks.systems.transferqueue import TransferQueueSystem
 
         ok, reason = TransferQueueSystem.available()
-        names += ["transferqueue/image per row"] if ok else []
+        names += ["transferqueue/image per row (verl)"] if ok else []
         if not ok:
             notes.append(f"vlm: transferqueue skipped: {reason}")
     return names, notes
@@ -71,7 +71,7 @@ def _target(name: str) -> Any:
     return vlm_tq.TqTarget(system.removeprefix("tq-"), layout)
 
 
-def rows_of(res: vlm_driver.RunResult, shape: Shape, raw: int) -> list[Row]:
+def rows_of(res: vlm_driver.RunResult, raw: int) -> list[Row]:
     """The result rows of one run."""
     system = f"{res.target} ({res.layout})"
     if res.errors:
@@ -147,7 +147,7 @@ def run(quick: bool, only: set[str] = frozenset()) -> tuple[list[Row], list[str]
     raw = raw_bytes(shape)
     total = sum(raw.values())
     names, notes = targets(quick, only)
-    rounds = in_rounds(names, lambda n: rows_of(isolated(n, quick), shape, total),
+    rounds = in_rounds(names, lambda n: rows_of(isolated(n, quick), total),
                        1 if quick else ROUNDS, "vlm")
     rows = [Row("vlm", RAW, "data", total / MB, "MB",
                 {"parts": ", ".join(f"{k} {v / MB:.2f} MB" for k, v in raw.items())})]
