@@ -161,7 +161,6 @@ def _measure(target: Any, shape: Shape, res: RunResult, timeout: float) -> None:
             _handle(out.get_nowait(), res, {})
         except (queue.Empty, EOFError, OSError):
             break
-    res.yielded = {target.keys([k])[0]: t for k, t in res.yielded.items()}
 
 
 def _handle(msg: tuple, res: RunResult, state: dict[str, int]) -> None:

@@ -156,9 +156,6 @@ class PeerTarget:
         return sum(max(0, now[r] - sampler.baseline.get(r, now[r])) for r in now
                    if r.startswith("unit "))
 
-    def keys(self, ids: list[Any]) -> list[str]:
-        return [str(i) for i in ids]
-
     def stop(self) -> None:
         from benchmarks.systems import ray_util
 

@@ -188,9 +188,6 @@ class TqTarget:
         stats = self.stream.deployment_stats()
         return sum(u["nbytes"] for u in stats["units"] if u["up"])
 
-    def keys(self, ids: list[Any]) -> list[str]:
-        return [str(i) for i in ids]
-
     def stop(self) -> None:
         if self.stream is not None:
             self.stream.close()
