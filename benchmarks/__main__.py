@@ -122,7 +122,9 @@ def main(quick: bool = False, systems: str = "", out: str = "benchmarks/RESULTS.
               file=sys.stderr)
         return 2
     rows, notes = run(quick, only, chosen)
-    command = "tq-stream bench" + (" --quick" if quick else "")
+    command = "tq-stream bench" + (" --quick" if quick else "") + \
+        (f" --workloads {workloads}" if workloads else "") + \
+        (f" --systems {systems}" if systems else "")
     text = report.document(rows, command, notes)
     print(text)
     if out:
