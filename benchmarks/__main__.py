@@ -23,6 +23,7 @@ from benchmarks.workloads import (
     startup,
     streaming,
     verl,
+    vlm,
 )
 from benchmarks.workloads.common import Row, Shapes
 
@@ -48,7 +49,8 @@ def _available(name: str, factory: object) -> tuple[bool, str]:
     return check() if check is not None else (True, "")
 
 
-WORKLOADS = ("bulk", "small", "streaming", "controller", "verl", "nemo_rl")
+WORKLOADS = ("bulk", "small", "streaming", "controller", "verl", "nemo_rl", "vlm")
+VLM_SYSTEMS = {"vlm", "tq-embedded", "tq-local", "transferqueue"}
 
 
 def run(quick: bool, only: set[str],
@@ -89,6 +91,15 @@ def run(quick: bool, only: set[str],
             except Exception as exc:  # noqa: BLE001 - report the failure, keep the rest
                 traceback.print_exc()
                 notes.append(f"{name} failed: {exc!r:.200}")
+    if "vlm" in workloads and (not only or only & VLM_SYSTEMS):  # tq_stream and TQ
+        print("## vlm", file=sys.stderr, flush=True)
+        try:
+            got, more = vlm.run(quick, only)
+            rows += got
+            notes += more
+        except Exception as exc:  # noqa: BLE001 - report the failure, keep the rest
+            traceback.print_exc()
+            notes.append(f"vlm failed: {exc!r:.200}")
     _stop_ray()
     return rows, notes
 
@@ -111,7 +122,9 @@ def main(quick: bool = False, systems: str = "", out: str = "benchmarks/RESULTS.
               file=sys.stderr)
         return 2
     rows, notes = run(quick, only, chosen)
-    command = "tq-stream bench" + (" --quick" if quick else "")
+    command = "tq-stream bench" + (" --quick" if quick else "") + \
+        (f" --workloads {workloads}" if workloads else "") + \
+        (f" --systems {systems}" if systems else "")
     text = report.document(rows, command, notes)
     print(text)
     if out:
