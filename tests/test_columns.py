@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from tq_stream.columns import (
-    FieldSchema,
     Ragged,
     coerce,
     column_len,
@@ -21,6 +20,7 @@ from tq_stream.columns import (
     take,
 )
 from tq_stream.errors import SchemaError
+from tq_stream.schemas import FieldSchema
 
 ROWS = [torch.tensor([1, 2, 3]), torch.tensor([], dtype=torch.int64), torch.tensor([4, 5])]
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import tq_stream as tq
-from tq_stream.columns import FieldSchema, coerce, concat, span, take
+from tq_stream.columns import coerce, concat, span, take
 from tq_stream.errors import SchemaError, SerializationError
+from tq_stream.schemas import FieldSchema
 from tq_stream.serialization import decode, encode
 
 P = "vlm"

@@ -21,7 +21,7 @@ from tq_stream._version import __version__
 if _typing.TYPE_CHECKING:
     from tq_stream import errors, samplers
     from tq_stream.client import Client
-    from tq_stream.columns import FieldSchema, Ragged
+    from tq_stream.columns import Ragged
     from tq_stream.config import StreamConfig
     from tq_stream.dataloader import StreamingDataLoader
     from tq_stream.datasets import StreamingDataset, batch_meta, select_rows, split_rows
@@ -30,6 +30,7 @@ if _typing.TYPE_CHECKING:
     from tq_stream.media import MediaRef
     from tq_stream.meta import BatchMeta
     from tq_stream.multiragged import MultiRagged
+    from tq_stream.schemas import FieldSchema
     from tq_stream.stream import Stream
     from tq_stream.writer import Writer
 

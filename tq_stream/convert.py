@@ -38,7 +38,6 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 from tq_stream import fieldpath
 from tq_stream.columns import (
     Column,
-    FieldSchema,
     Ragged,
     column_len,
     dtype_name,
@@ -47,6 +46,7 @@ from tq_stream.columns import (
 )
 from tq_stream.errors import ConfigError, SchemaError, check_name
 from tq_stream.multiragged import MultiRagged
+from tq_stream.schemas import FieldSchema
 
 _PLAIN = (str, int, float, bool, bytes, type(None))
 def _check_plain(field: str, value: Any, depth: int = 0) -> None:

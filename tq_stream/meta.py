@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from tq_stream.columns import FieldSchema
 from tq_stream.errors import ConfigError
+from tq_stream.schemas import FieldSchema
 from tq_stream.shared_refs import SharedRefs
 
 _INT64 = np.dtype(np.int64)

@@ -23,20 +23,7 @@ import torch
 
 from tq_stream.buffers import take_spans
 from tq_stream.errors import SchemaError
-
-ANY = -1  # a dim of ``dims`` whose size varies per row
-
-
-def pattern(dims: Sequence[int]) -> str:
-    """``(3, -1, -1)`` as ``"[3, *, *]"``."""
-    return "[" + ", ".join("*" if d == ANY else str(d) for d in dims) + "]"
-
-
-def fits(dims: Sequence[int], given: Sequence[int]) -> bool:
-    """True if rows of pattern ``given`` may fit ``dims`` (equal ndim; each fixed size
-    of one is the other's or varies there: the rows' shapes decide)."""
-    return len(dims) == len(given) and all(
-        a == ANY or b == ANY or a == b for a, b in zip(dims, given, strict=True))
+from tq_stream.schemas import ANY, pattern
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ import torch
 from tq_stream.backends.slabs import Alloc, MultiRaggedArena, RaggedArena, Store
 from tq_stream.columns import Column, Ragged, dtype_from_name, dtype_name
 from tq_stream.errors import ConfigError
-from tq_stream.multiragged import ANY, MultiRagged
+from tq_stream.multiragged import MultiRagged
+from tq_stream.schemas import ANY
 
 KINDS = ("ragged", "multiragged")
 MAX_BYTES = 4 << 30  # values one write may place: what one put message to a unit may carry

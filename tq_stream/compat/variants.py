@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import NonTensorStack
 
-from tq_stream.columns import FieldSchema, dtype_name, flat_plain, schema_of
+from tq_stream.columns import dtype_name, flat_plain, schema_of
 from tq_stream.convert import to_column
 from tq_stream.forksafe import ForkSafeLock
+from tq_stream.schemas import FieldSchema
 
 if TYPE_CHECKING:
     from tq_stream.stream import Stream

@@ -30,11 +30,12 @@ from typing import Any
 import numpy as np
 
 from tq_stream.backends.base import occupancy
-from tq_stream.columns import Column, FieldSchema, coerce
+from tq_stream.columns import Column, coerce
 from tq_stream.connection import placement
 from tq_stream.convert import schemas_of
 from tq_stream.errors import StateError, TQError, WaitTimeout
 from tq_stream.forksafe import ForkSafeLock
+from tq_stream.schemas import FieldSchema
 
 _FIELDS = ("index", "unit", "slot", "generation")  # of each spare row, from the controller
 _ROWS = (*_FIELDS, "token")  # and its occupancy token (``occupancy``), computed once here

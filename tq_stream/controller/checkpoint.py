@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from tq_stream.columns import FieldSchema
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task import Claim, StepRecord, TaskState
 from tq_stream.controller.task_config import TaskConfig
 from tq_stream.errors import ConfigError
 from tq_stream.samplers.base import Sampler
+from tq_stream.schemas import FieldSchema
 
 FORMAT = 2
 STATE_KEYS = ("format", "partitions", "tasks")

@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 
 from tq_stream import fieldpath
-from tq_stream.columns import FieldSchema, coercible
 from tq_stream.controller.lost import LostKeys
 from tq_stream.controller.shared_entries import SharedTable
 from tq_stream.controller.tags import TagTable
 from tq_stream.errors import SchemaError, StateError
+from tq_stream.schemas import FieldSchema, coercible
 
 _MIN = 64
 

@@ -36,7 +36,7 @@ from tq_stream.checks import RESERVED
 from tq_stream.errors import ConfigError, KeyConflictError, SchemaError, StateError
 
 if TYPE_CHECKING:
-    from tq_stream.columns import FieldSchema
+    from tq_stream.schemas import FieldSchema
 
 
 class PartRows(Protocol):

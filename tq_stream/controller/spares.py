@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from tq_stream.checks import check_tags
-from tq_stream.columns import FieldSchema
 from tq_stream.controller.book import Book
 from tq_stream.controller.partition import PartitionMeta, parse_schemas
 from tq_stream.errors import ClosedError, ConfigError, KeyConflictError, StateError
+from tq_stream.schemas import FieldSchema
 
 MAX_SPARE = 1024  # spare rows one reserve may ask for
 

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from tq_stream.checks import check_tags, check_unreserved
-from tq_stream.columns import FieldSchema
 from tq_stream.controller import access
 from tq_stream.controller.book import Book
 from tq_stream.controller.capacity import full_error, full_reason
@@ -35,6 +34,7 @@ from tq_stream.controller.timings import Timings
 from tq_stream.controller.units import Units
 from tq_stream.errors import ClosedError, ConfigError, check_timeout
 from tq_stream.handling import WouldBlock, may_block
+from tq_stream.schemas import FieldSchema
 
 RowsReady = Callable[[PartitionMeta], None]
 
