@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from tq_stream.controller import access, counts, registration
+from tq_stream.controller import access, counts, registration, rpc_surface
 from tq_stream.controller.admission import Admission
 from tq_stream.controller.book import Book, Journal
 from tq_stream.controller.consuming import Consuming
@@ -67,32 +67,9 @@ class Controller:
             fake clock moves them on; waits are bounded by ``time.monotonic``).
     """
 
-    RPC_METHODS = frozenset({
-        "create_partition", "close_partition", "reserve", "commit", "abort", "register_task",
-        "get_meta", "ack", "release", "renew", "clear", "lookup", "locate", "list_rows",
-        "list_tags", "keys_of", "set_tags", "set_version", "reading", "stats", "partitions",
-        "admit", "set_admission", "admission", "commit_new", "release_spares",
-        "first_unfinished", "cancel", "task_rows", "dead_units", "reserve_shared",
-        "media_hold", "media_release", "media_lookup",
-    })
-    # Methods that never wait, so a server may run them on its IO thread: they hold the
-    # lock only for short CPU work; reserve and admit raise WouldBlock instead of waiting.
-    # Not here: get_meta (waits, and a sampler's discards free storage through the units),
-    # ack / clear / abort (free storage through the units), list_rows / register_task
-    # (work proportional to the partition, or a sampler module import).
-    RPC_INLINE = frozenset({
-        "create_partition", "close_partition", "partitions", "reserve", "commit", "release",
-        "renew", "lookup", "locate", "keys_of", "set_tags", "set_version", "reading", "stats",
-        "admit", "set_admission", "admission", "commit_new", "release_spares",
-        "first_unfinished", "cancel", "task_rows", "dead_units",
-    })
-    # Methods that may wait long, by who waits (a server caps each class: see
-    # ``tq_stream.transport.wait_slots``).
-    RPC_WAITS = {"get_meta": "consume", "reserve": "produce", "admit": "produce",
-                 "reserve_shared": "produce"}
-    # Methods a server calls with their request's reply handle: a commit may answer a
-    # waiting get_meta (``waiters.py``).
-    RPC_REPLIES = frozenset({"get_meta"})
+    # what a server may call, and how (``rpc_surface.py``)
+    RPC_METHODS, RPC_INLINE = rpc_surface.METHODS, rpc_surface.INLINE
+    RPC_WAITS, RPC_REPLIES = rpc_surface.WAITS, rpc_surface.REPLIES
 
     def __init__(self, n_units: int = 1, free: FreeFn = no_free,
                  timings: Timings | None = None, clock: Clock = time.time,
