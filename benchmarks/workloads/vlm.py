@@ -45,10 +45,6 @@ def targets(quick: bool, only: set[str]) -> tuple[list[str], list[str]]:
     """Names ``"system/layout"`` to run, and notes on what was skipped."""
     names, notes = [], []
     layouts = list(vlm_tq.LAYOUTS)
-    why = vlm_tq.shared_api()
-    if why:
-        layouts.remove("shared")
-        notes.append(f"vlm: layout shared skipped: {why}")
     for system in SYSTEMS[:2]:
         if not only or system in only or "vlm" in only:
             names += [f"{system}/{layout}" for layout in layouts]
@@ -147,8 +143,15 @@ def run(quick: bool, only: set[str] = frozenset()) -> tuple[list[Row], list[str]
     raw = raw_bytes(shape)
     total = sum(raw.values())
     names, notes = targets(quick, only)
-    rounds = in_rounds(names, lambda n: rows_of(isolated(n, quick), total),
-                       1 if quick else ROUNDS, "vlm")
+    load: list[float] = []  # the 1-minute load average at each run's start and end
+
+    def measure(name: str) -> list[Row]:
+        load.append(os.getloadavg()[0])
+        res = isolated(name, quick)
+        load.append(os.getloadavg()[0])
+        return rows_of(res, total)
+
+    rounds = in_rounds(names, measure, 1 if quick else ROUNDS, "vlm")
     rows = [Row("vlm", RAW, "data", total / MB, "MB",
                 {"parts": ", ".join(f"{k} {v / MB:.2f} MB" for k, v in raw.items())})]
     rows += merge_rounds(rounds)
@@ -173,8 +176,17 @@ def run(quick: bool, only: set[str] = frozenset()) -> tuple[list[Row], list[str]
              "idle' is the peak less each process's RSS just before the first write.",
              "vlm: TransferQueue's StreamingDataset sleeps a fixed 1 s whenever fewer than "
              "a batch of rows is ready (see benchmarks/peers/TRANSFERQUEUE_NOTES.md): "
-             "that sleep is most of its write -> yield."] + notes
+             "that sleep is most of its write -> yield.",
+             load_note(load)] + notes
     return rows, notes + targets_met(rows)
+
+
+def load_note(load: list[float]) -> str:
+    """The machine's load while the runs ran (2 cores: above 2, runs waited for CPU)."""
+    got = sorted(load) or [float("nan")]
+    return (f"vlm: 1-minute load average at each run's start and end: min {got[0]:.1f}, "
+            f"median {got[len(got) // 2]:.1f}, max {got[-1]:.1f} (2 cores; other "
+            "sessions' jobs share them, which inflates latencies most)")
 
 
 def targets_met(rows: list[Row]) -> list[str]:

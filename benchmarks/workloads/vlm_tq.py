@@ -4,8 +4,8 @@
   and prompt tokens, i.e. ``responses`` copies of each.
 - ``side`` (b): the image and prompt tokens are written once, on a side partition keyed
   by the prompt uid; the trainer reads the uids of a batch from there and joins.
-- ``shared`` (c): shared fields (issue 23, item 2), when the installed tq_stream has
-  them (see :func:`shared_api`); skipped with a note otherwise.
+- ``shared`` (c): shared fields (issue 23, item 2): the image and prompt tokens written
+  once under the prompt uid (``Writer.put_shared``), each response row naming it.
 
 Every group is two puts, the rollouts then the rewards (the group's last field, as a
 reward model writes it later); the write time of a row is the start of that last put.
@@ -31,24 +31,10 @@ def jagged(rows: list[torch.Tensor]) -> torch.Tensor:
     return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
 
 
-def shared_api() -> str | None:
-    """Why layout ``shared`` cannot run here, or None when it can.
-
-    A feature test belongs in a benchmark, not in the library: the shared-field API
-    (issue 23, item 2) was being built on branch ``shared`` when this was written.
-    """
-    import tq_stream as tq
-
-    if not hasattr(tq.Writer, "put_shared"):
-        return ("this tq_stream has no shared fields (`Writer.put_shared`, issue 23 "
-                "item 2, built on branch `shared`)")
-    return None
-
-
 def put_shared(writer: Any, grp: Group, rows: dict[str, Any]) -> None:
-    """Layout (c), the API of branch ``shared``: the group's prompt fields written once
-    under its uid (``Writer.put_shared``), then its response rows naming that entry
-    (``put(..., shared=)``), which read the entry's fields as their own."""
+    """Layout (c): the group's prompt fields written once under its uid
+    (``Writer.put_shared``), then its response rows naming that entry (``put(...,
+    shared=)``), which read the entry's fields as their own."""
     import tq_stream as tq
 
     writer.put_shared([grp.uid], {
