@@ -14,7 +14,7 @@ from test_shared_fields import images
 
 import tq_stream as tq
 from tq_stream.connection.connection import Connection
-from tq_stream.errors import ConfigError, KeyConflictError, StateError
+from tq_stream.errors import ClosedError, ConfigError, KeyConflictError, StateError
 
 P = "agent"
 N = 4  # responses per group
@@ -229,3 +229,11 @@ def test_a_failed_put_leaves_no_pin(stream):
         stream.connection.controller().media_hold(
             partition=P, keys=["m0"], session="s", holder="h", lease=1.0, producer=True,
             pins=["nope"])
+
+
+def test_media_put_into_a_closed_partition_names_the_key_as_written(stream):
+    """The refusal shows the media key the user gave, not the entry's reserved key."""
+    stream.create_partition("closed")
+    stream.close_partition("closed")
+    with pytest.raises(ClosedError, match=r"""got new keys \["shared 'p1'"\]"""):
+        stream.media.put("closed", "p1", {"image": torch.ones(3, 4, 4, dtype=torch.uint8)})

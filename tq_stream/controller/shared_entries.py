@@ -62,6 +62,12 @@ def entry_key(key: str) -> str:
     return ENTRY_PREFIX + key
 
 
+def shown_keys(keys: list[str]) -> list[str]:
+    """Keys as their user wrote them: an entry's as ``shared 'p1'``, for messages."""
+    return [f"shared {k[len(ENTRY_PREFIX):]!r}" if k.startswith(ENTRY_PREFIX) else k
+            for k in keys]
+
+
 def _grown(arr: np.ndarray, n: int, fill: int | bool) -> np.ndarray:
     return np.concatenate([arr, np.full(n - arr.shape[0], fill, dtype=arr.dtype)])
 
@@ -338,4 +344,4 @@ class SharedTable:
         self._mirror(part, named, of)
 
 
-__all__ = ["ENTRY_PREFIX", "SharedTable", "entry_key"]
+__all__ = ["ENTRY_PREFIX", "SharedTable", "entry_key", "shown_keys"]

@@ -28,6 +28,7 @@ from tq_stream.controller.capacity import full_error, full_reason
 from tq_stream.controller.consuming import check_session
 from tq_stream.controller.partition import PartitionMeta, parse_schemas
 from tq_stream.controller.reservations import DEFAULT_WRITE_LEASE
+from tq_stream.controller.shared_entries import shown_keys
 from tq_stream.controller.spares import check_spare
 from tq_stream.controller.takeovers import check_holder
 from tq_stream.controller.timings import Timings
@@ -127,10 +128,9 @@ class Writes:
                 if expect is not None:
                     part.check_expected(keys, idx, expect)
                 if n_new and part.closed:
-                    raise ClosedError(
-                        f"partition {partition!r} is closed to new rows, got new keys "
-                        f"{[k for k, m in zip(keys, new.tolist(), strict=True) if m][:5]}"
-                    )
+                    fresh = [k for k, m in zip(keys, new.tolist(), strict=True) if m]
+                    raise ClosedError(f"partition {partition!r} is closed to new rows, got new "
+                                      f"keys {shown_keys(fresh[:5])}")
                 cap = part.capacity
                 if cap is not None and n_new > cap:
                     raise ConfigError(
