@@ -252,6 +252,64 @@ def test_a_loader_reads_shared_fields_once_per_entry_with_shared_index(stream):
         tq.StreamingDataset(stream, P, "actor", ["image"], batch_size=N, shared="once")
 
 
+def test_select_split_and_minibatches_of_an_indexed_batch_keep_each_row_s_entry(stream):
+    keys, _ = put_groups(stream)
+    stream.close_partition(P)
+    ds = tq.StreamingDataset(stream, P, "actor", ["image", "prompt", "response"],
+                             batch_size=G * N, ragged="list", shared="index", timeout=5)
+    loader = tq.StreamingDataLoader(ds)
+    batch = next(iter(loader))
+
+    def same_as_materialized(part) -> None:
+        rows = stream.kv.get_batch(list(tq.batch_meta(part).keys), partition=P,
+                                   fields=["image", "prompt", "response"], ragged="list")
+        assert part["response"].tolist() == rows["response"].tolist()
+        for r in range(len(rows["response"])):
+            assert torch.equal(part["image"][int(part["image_index"][r])], rows["image"][r])
+            assert torch.equal(part["prompt"][int(part["prompt_index"][r])], rows["prompt"][r])
+        # every entry kept, not copied: the index still points into them
+        assert part["image"][0].data_ptr() == batch["image"][0].data_ptr()
+
+    same_as_materialized(tq.select_rows(batch, [9, 0, 5]))
+    row = batch[5]  # tensordict's indexing keeps the entries whole too
+    assert torch.equal(row["image"][int(row["image_index"])],
+                       batch["image"][int(batch["image_index"][5])])
+    same_as_materialized(tq.select_rows(batch, torch.arange(G * N) % 2 == 1))
+    parts = tq.split_rows(batch, 5)
+    assert [len(tq.batch_meta(p)) for p in parts] == [5, 5, 2]
+    for part in parts:
+        same_as_materialized(part)
+    mbs = list(loader.minibatches(batch, minibatch_size=4, epochs=2, shuffle=True))
+    assert len(mbs) == 2 * G
+    for mb in mbs:
+        same_as_materialized(mb)
+
+
+def test_a_padded_indexed_read_gives_each_entry_s_shape(stream):
+    keys, imgs = put_groups(stream)
+    sel = [keys[9], keys[1], keys[10]]  # groups 2, 0, 2
+    td = stream.kv.get_batch(sel, fields=["image", "response"], partition=P,
+                             ragged="padded", shared="index")
+    index = td["image_index"].tolist()
+    assert index[0] == index[2] != index[1]
+    shapes = td["image_shape"]  # int64 [entries, ndim], as ragged="padded" gives per row
+    assert shapes.shape == (2, 3) and td["image"].shape[0] == 2
+    for row, key in zip(index, sel, strict=True):
+        c, h, w = shapes[row].tolist()
+        assert torch.equal(td["image"][row, :c, :h, :w], imgs[int(key[1])])
+    batch = next(iter(tq.StreamingDataLoader(tq.StreamingDataset(
+        stream, P, "actor", ["image"], batch_size=2 * N, ragged="padded", shared="index",
+        timeout=5))))
+    part = tq.select_rows(batch, [N + 1])
+    assert torch.equal(part["image_shape"], batch["image_shape"])  # entries kept whole
+    c, h, w = part["image_shape"][int(part["image_index"][0])].tolist()
+    assert torch.equal(part["image"][int(part["image_index"][0]), :c, :h, :w], imgs[1])
+    stream.writer(P).put(["x"], {"image_shape": torch.zeros(1, 3)}, shared=["p0"])
+    with pytest.raises(SchemaError, match="image_shape"):
+        stream.kv.get_batch(["x"], fields=["image", "image_shape"], partition=P,
+                            ragged="padded", shared="index")
+
+
 def test_rows_naming_an_entry_lost_with_its_unit_are_lost_too():
     with tq.init(storage_units=2, config=tq.StreamConfig(timeout=5.0)) as stream:
         stream.create_partition(P, consumers=["actor"])

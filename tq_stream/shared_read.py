@@ -16,7 +16,7 @@ from tensordict import TensorDict
 from tq_stream.backends.base import occupancy
 from tq_stream.columns import Column, Ragged, take
 from tq_stream.connection import placement
-from tq_stream.convert import check_shared_read, row_list, to_tensordict, to_value
+from tq_stream.convert import SHAPE, check_shared_read, row_list, to_tensordict, to_value
 from tq_stream.errors import SchemaError, StateError
 from tq_stream.meta import BatchMeta
 from tq_stream.multiragged import MultiRagged
@@ -105,14 +105,19 @@ def _load(units: Sequence[Any], meta: BatchMeta, fields: Sequence[str]) -> tuple
 
 def _indexed(cols: dict[str, Column], entries: dict[str, Column], names: list[str],
              pos: torch.Tensor, n: int, ragged: str) -> TensorDict:
+    shaped = [f for f in names if ragged == "padded" and isinstance(entries[f], MultiRagged)]
     for f in names:
-        if f + INDEX in cols or f + INDEX in entries:
-            raise SchemaError(f"shared field {f!r} read with shared='index' gives its rows' "
-                              f"positions as {f + INDEX!r}, a field read too")
+        for extra in [INDEX, SHAPE] if f in shaped else [INDEX]:
+            if f + extra in cols or f + extra in entries:
+                raise SchemaError(f"shared field {f!r} read with shared='index' gives "
+                                  f"{f + extra!r}, a field read too")
         cols[f + INDEX] = pos
     td = to_tensordict(cols, n, ragged=ragged)
-    for f in names:
+    for f in names:  # one value for the batch each: select_rows keeps them whole
         td.set_non_tensor(f, _once(entries[f], ragged))
+        col = entries[f]
+        if f in shaped and isinstance(col, MultiRagged):  # each entry's shape
+            td.set_non_tensor(f + SHAPE, col.shapes)
     return td
 
 

@@ -85,7 +85,7 @@ def loader_step(batch: TensorDictBase) -> int:
     return _attached(batch).step
 
 
-def _take(value: Any, pos: torch.Tensor) -> Any:
+def _take(key: str, value: Any, pos: torch.Tensor) -> Any:
     if isinstance(value, torch.Tensor):
         if value.is_nested:
             rows = value.unbind()
@@ -100,14 +100,21 @@ def _take(value: Any, pos: torch.Tensor) -> Any:
         return NonTensorStack.from_list([items[i] for i in pos.tolist()])
     if isinstance(value, TensorDictBase) and not isinstance(value, NonTensorData):
         return _take_rows(value, pos)
-    raise ConfigError(f"batch values must be tensors, NonTensorStack or TensorDict, "
-                      f"got {type(value).__name__}")
+    raise ConfigError(f"batch field {key!r} must be a tensor, NonTensorStack or TensorDict "
+                      f"to select rows of, got {type(value).__name__}")
 
 
 def _take_rows(td: TensorDictBase, pos: torch.Tensor) -> TensorDict:
+    """Rows ``pos`` of every field; a NonTensorData (one value for the whole batch, as
+    the entries of a ``shared="index"`` read: ``<f>_index`` is a row field and keeps
+    pointing into them) is kept whole, not copied."""
     out = TensorDict({}, batch_size=[len(pos)])
     for key in td.keys():
-        out.set(key, _take(td.get(key), pos))
+        value = td.get(key)
+        if isinstance(value, NonTensorData):
+            out.set_non_tensor(key, value.data)
+        else:
+            out.set(key, _take(key, value, pos))
     return out
 
 
