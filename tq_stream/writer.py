@@ -32,6 +32,7 @@ from tq_stream.errors import (
     ClosedError,
     ConnectionLost,
     LeaseError,
+    MemoryBudgetTooSmall,
     StateError,
     Unreachable,
     check_name,
@@ -283,7 +284,7 @@ class RowWriter:
                 placement.store(self._conn.units(), self.partition, place["unit"],
                                 place["slot"], cols,
                                 occupancy(place["index"], place["generation"]))
-            except ClosedError:
+            except (ClosedError, MemoryBudgetTooSmall):  # the latter: freeing rows cannot help
                 raise
             except (Unreachable, ConnectionLost, StateError) as exc:  # e.g. "slots must
                 # be ones the controller placed" (a new process), or the unit died while

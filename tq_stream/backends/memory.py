@@ -103,8 +103,9 @@ class MemoryUnit(StorageUnit):
             raise ConfigError(f"field {field!r} of partition {partition!r} is cold: it is "
                               f"kept on disk and written through put, never in memory")
         part = self._parts.get(partition)
-        in_memory = sum(s.nbytes() for s in part.fields.values()) if part is not None else 0
-        self._spill.check_room(partition, in_memory, need)
+        stores = list(part.fields.values()) if part is not None else []
+        self._spill.check_room(partition, sum(s.nbytes() for s in stores), need, lambda: sum(
+            int(row_bytes(s, written_slots(s)).sum()) for s in stores))
 
     def set_memory(self, partition: str, memory_budget: int | None = None,
                    cold: Sequence[str] = ()) -> None:
@@ -185,6 +186,8 @@ class MemoryUnit(StorageUnit):
             return
         with self._lock:
             self._check_open()
+            self._spill.check_fits(partition, {} if to_disk else {
+                n: c for n, c in columns.items() if not self._spill.is_cold(partition, n)})
             part = self._parts.get(partition)
             if part is None:
                 part = self._new_partition(partition)

@@ -32,10 +32,18 @@ import torch
 
 from tq_stream import recordfile
 from tq_stream.backends.slabs import Alloc, GrowsInPlace
-from tq_stream.columns import Column, concat, take
-from tq_stream.errors import ConfigError, KeyConflictError, MemoryBudgetExceeded
+from tq_stream.columns import Column, Ragged, concat, take
+from tq_stream.errors import (
+    ConfigError,
+    KeyConflictError,
+    MemoryBudgetExceeded,
+    MemoryBudgetTooSmall,
+)
+from tq_stream.multiragged import MultiRagged
 
 MAX_PARTITIONS = 4096  # partitions a unit keeps settings for: a client cannot grow more
+MIN_BUDGET = 4096  # bytes: a smaller memory_budget is refused when set
+MIN_ROWS = 16  # rows a store of a field holds at least (``slabs``)
 
 
 def check_spill_dir(value: object) -> str | None:
@@ -54,10 +62,23 @@ def check_budget(value: object) -> int | None:
     """``memory_budget`` as bytes (None: unbounded), or ConfigError naming it."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"memory_budget must be a positive number of bytes or None, got "
-                          f"{value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < MIN_BUDGET:
+        raise ConfigError(f"memory_budget must be a number of bytes of at least {MIN_BUDGET} "
+                          f"(one page; a store holds at least {MIN_ROWS} rows of each "
+                          f"in-memory field) or None, got {value!r}")
     return value
+
+
+def least_bytes(column: Column) -> int:
+    """Bytes a store needs at least to hold ``column``'s rows: a dense field at least
+    ``MIN_ROWS`` rows, a ragged one its values (object values are not counted)."""
+    if isinstance(column, (Ragged, MultiRagged)):
+        return int(column.values.numel()) * column.values.element_size()
+    if isinstance(column, torch.Tensor) and not column.is_nested and column.dim() > 0:
+        rows = int(column.shape[0])
+        row = int(np.prod(column.shape[1:])) * column.element_size()
+        return max(rows, MIN_ROWS) * row if rows else 0
+    return 0
 
 
 def check_cold(value: object) -> frozenset[str]:
@@ -243,16 +264,36 @@ class Spill:
             self._folder = tempfile.mkdtemp(prefix=f"tq_spill_{os.getpid()}_", dir=root)
         return self._folder
 
-    def check_room(self, partition: str, held: int, need: int) -> None:
-        """Raise MemoryBudgetExceeded unless ``need`` more bytes fit beside ``held``."""
+    def check_fits(self, partition: str, columns: dict[str, Column]) -> None:
+        """Raise MemoryBudgetTooSmall if the in-memory ``columns`` of one put need more
+        than the budget by themselves (``least_bytes``): freeing rows cannot help."""
+        budget = self.budgets.get(partition)
+        if budget is None:
+            return
+        need = sum(least_bytes(c) for c in columns.values())
+        if need > budget:
+            rows = max(len(c) for c in columns.values())
+            raise MemoryBudgetTooSmall(
+                f"memory_budget of partition {partition!r} is {budget} bytes, less than "
+                f"the {need} bytes this put's {rows} rows need in memory by themselves (a "
+                f"store holds at least {MIN_ROWS} rows of each in-memory field): it can "
+                f"never fit however many rows are freed (raise memory_budget to at least "
+                f"{need}, mark large fields cold, or put fewer rows at a time)")
+
+    def check_room(self, partition: str, held: int, need: int,
+                   live: Callable[[], int]) -> None:
+        """Raise MemoryBudgetExceeded unless ``need`` more bytes fit beside ``held``
+        (``live()``: the bytes of those that live rows hold, for the message)."""
         budget = self.budgets.get(partition)
         if budget is not None and held + need > budget:
+            rows = live()
             raise MemoryBudgetExceeded(
                 f"memory_budget of partition {partition!r} is {budget} bytes; its stores "
-                f"hold {held} and must grow by {need} for this put, and nothing more can "
-                f"spill (the put is made again within its timeout, as acks free rows; or "
-                f"mark large fields cold, declare consumers, bound rows with capacity=, or "
-                f"raise memory_budget)")
+                f"take {held} ({rows} held by live rows, {held - rows} room reserved in "
+                f"stores of at least {MIN_ROWS} rows that grow by doubling) and must grow "
+                f"by {need} for this put, and nothing more can spill (the put is made "
+                f"again within its timeout, as acks free rows; or mark large fields cold, "
+                f"declare consumers, bound rows with capacity=, or raise memory_budget)")
 
     def spilled(self, partition: str) -> int:
         return sum(c.nbytes() for c in self.columns.get(partition, {}).values())
