@@ -123,7 +123,8 @@ def test_the_budget_message_tells_live_rows_from_room_reserved():
 
 
 @pytest.mark.parametrize(("kwargs", "name"), [
-    ({"memory_budget": 0}, "memory_budget"), ({"memory_budget": 10}, "at least 4096"), ({"memory_budget": "1GB"}, "memory_budget"),
+    ({"memory_budget": 0}, "memory_budget"), ({"memory_budget": "1GB"}, "memory_budget"),
+    ({"memory_budget": 10}, "memory_budget must be a number of bytes of at least 4096"),
     ({"cold": "image"}, "cold"), ({"cold": [3]}, "cold")])
 def test_bad_settings_name_their_argument(kwargs, name):
     with tq.init() as stream, pytest.raises(ConfigError, match=name):
