@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import os
 import threading
+import urllib.request
 
 import pytest
 import torch
@@ -120,6 +121,24 @@ def test_the_budget_message_tells_live_rows_from_room_reserved():
         assert not isinstance(info.value, MemoryBudgetTooSmall)  # it could fit after acks
         assert (f"take {ROW * 4 * 16} ({ROW * 4 * 2} held by live rows, "
                 f"{ROW * 4 * 14} room reserved") in str(info.value)
+
+
+def test_a_put_paused_by_the_budget_counts_in_blocked_seconds_and_metrics():
+    parser = pytest.importorskip("prometheus_client.parser")
+    with tq.init(metrics_port=0) as stream:
+        stream.create_partition(P, memory_budget=ROW * 4 * 16 + 1024)
+        writer = stream.writer(P)
+        writer.put(keys_of("a", 16), {"image": images(16)})
+        with pytest.raises(MemoryBudgetExceeded):  # puts again at least once, 0.2 s apart
+            writer.put(keys_of("b", 16), {"image": images(16)}, timeout=1.0)
+        waits = stream.stats()[P]["blocked_seconds"]
+        assert waits["memory_budget"] > 0 and waits["capacity"] == 0
+        text = urllib.request.urlopen(f"http://{stream.metrics_endpoint}/metrics",
+                                      timeout=10).read().decode()
+    samples = {tuple(sorted(s.labels.items())): s.value
+               for fam in parser.text_string_to_metric_families(text) for s in fam.samples
+               if s.name == "tq_stream_writer_blocked_seconds_total"}
+    assert samples[(("partition", P), ("reason", "memory_budget"))] == waits["memory_budget"]
 
 
 @pytest.mark.parametrize(("kwargs", "name"), [
