@@ -75,10 +75,13 @@ def least_bytes(column: Column) -> int:
     if isinstance(column, (Ragged, MultiRagged)):
         return int(column.values.numel()) * column.values.element_size()
     if isinstance(column, torch.Tensor) and not column.is_nested and column.dim() > 0:
-        rows = int(column.shape[0])
-        row = int(np.prod(column.shape[1:])) * column.element_size()
-        return max(rows, MIN_ROWS) * row if rows else 0
+        return least_dense(int(column.shape[0]), tuple(column.shape[1:]), column.dtype)
     return 0
+
+
+def least_dense(rows: int, shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """Bytes a dense slab needs at least to hold ``rows`` rows of ``shape``."""
+    return _bytes((max(rows, MIN_ROWS), *shape), dtype) if rows else 0
 
 
 def check_cold(value: object) -> frozenset[str]:
@@ -264,15 +267,11 @@ class Spill:
             self._folder = tempfile.mkdtemp(prefix=f"tq_spill_{os.getpid()}_", dir=root)
         return self._folder
 
-    def check_fits(self, partition: str, columns: dict[str, Column]) -> None:
-        """Raise MemoryBudgetTooSmall if the in-memory ``columns`` of one put need more
-        than the budget by themselves (``least_bytes``): freeing rows cannot help."""
+    def check_fits(self, partition: str, need: int, rows: int) -> None:
+        """Raise MemoryBudgetTooSmall if a put of ``rows`` rows needs more than the budget
+        by itself (``need``: its ``least_bytes``): freeing rows cannot help."""
         budget = self.budgets.get(partition)
-        if budget is None:
-            return
-        need = sum(least_bytes(c) for c in columns.values())
-        if need > budget:
-            rows = max(len(c) for c in columns.values())
+        if budget is not None and need > budget:
             raise MemoryBudgetTooSmall(
                 f"memory_budget of partition {partition!r} is {budget} bytes, less than "
                 f"the {need} bytes this put's {rows} rows need in memory by themselves (a "
