@@ -11,7 +11,9 @@ and is read back on demand by ``get``. The rules a unit keeps (``Spill``):
   bytes of the partition's stores, counting the new allocation whole: what a growth by
   copy holds at its peak) is refused with ``MemoryBudgetExceeded``: the writer aborts its
   rows and puts again within its timeout, so a producer ahead of its consumers waits for
-  their acks to free rows; nothing is written past the budget, ever.
+  their acks to free rows; nothing is written past the budget, ever. A put whose own rows
+  need more than the budget (``least_bytes``) is refused first with
+  ``MemoryBudgetTooSmall``, not put again: freeing rows cannot make room for it.
 
 Files live in one private folder per unit (``tq_spill_<pid>_*``, mode 0700) under the
 owner's ``spill_dir``; their names are counters (no client string reaches a path), one
