@@ -7,13 +7,14 @@ from __future__ import annotations
 import glob
 import os
 import threading
+import urllib.request
 
 import pytest
 import torch
 from conftest import keys_of
 
 import tq_stream as tq
-from tq_stream.errors import ConfigError, MemoryBudgetExceeded
+from tq_stream.errors import ConfigError, MemoryBudgetExceeded, MemoryBudgetTooSmall
 
 P = "train"
 ROW = 4096  # floats per image row: 16 KiB
@@ -90,8 +91,58 @@ def test_a_put_past_the_budget_waits_for_acks_to_free_room():
         assert memory <= ROW * 4 * 16 + 1024
 
 
+def test_a_put_that_can_never_fit_fails_at_once_naming_budget_and_need():
+    with tq.init() as stream:
+        stream.create_partition(P, memory_budget=16 * 4096)  # 64 KiB; the put needs 1 MiB
+        with pytest.raises(MemoryBudgetTooSmall) as info:
+            stream.writer(P).put(keys_of("k", 64), {"image": images(64)}, timeout=30)
+        message = str(info.value)
+        assert "memory_budget of partition 'train' is 65536" in message
+        assert f"{64 * ROW * 4} bytes" in message and "never fit" in message
+        assert stream.stats()[P]["rows"] == 0
+        stream.writer(P).put(keys_of("k", 1), {"x": torch.ones(1, 4)})  # 16 rows fit
+
+
+def test_a_one_row_put_below_what_16_rows_need_says_so():
+    with tq.init() as stream:
+        stream.create_partition(P, memory_budget=4096)  # 16 rows of 16 KiB do not fit
+        with pytest.raises(MemoryBudgetTooSmall, match="at least 16 rows"):
+            stream.writer(P).put(keys_of("k", 1), {"image": images(1)}, timeout=30)
+
+
+def test_the_budget_message_tells_live_rows_from_room_reserved():
+    with tq.init() as stream:
+        stream.create_partition(P, memory_budget=ROW * 4 * 16 + 1024)
+        writer = stream.writer(P)
+        writer.put(keys_of("a", 2), {"image": images(2)})  # a 16-row store, 2 rows live
+        with pytest.raises(MemoryBudgetExceeded) as info:  # 18 rows: the store must double
+            writer.put(keys_of("b", 16), {"image": images(16)}, timeout=0.3)
+        assert not isinstance(info.value, MemoryBudgetTooSmall)  # it could fit after acks
+        assert (f"take {ROW * 4 * 16} ({ROW * 4 * 2} held by live rows, "
+                f"{ROW * 4 * 14} room reserved") in str(info.value)
+
+
+def test_a_put_paused_by_the_budget_counts_in_blocked_seconds_and_metrics():
+    parser = pytest.importorskip("prometheus_client.parser")
+    with tq.init(metrics_port=0) as stream:
+        stream.create_partition(P, memory_budget=ROW * 4 * 16 + 1024)
+        writer = stream.writer(P)
+        writer.put(keys_of("a", 16), {"image": images(16)})
+        with pytest.raises(MemoryBudgetExceeded):  # puts again at least once, 0.2 s apart
+            writer.put(keys_of("b", 16), {"image": images(16)}, timeout=1.0)
+        waits = stream.stats()[P]["blocked_seconds"]
+        assert waits["memory_budget"] > 0 and waits["capacity"] == 0
+        text = urllib.request.urlopen(f"http://{stream.metrics_endpoint}/metrics",
+                                      timeout=10).read().decode()
+    samples = {tuple(sorted(s.labels.items())): s.value
+               for fam in parser.text_string_to_metric_families(text) for s in fam.samples
+               if s.name == "tq_stream_writer_blocked_seconds_total"}
+    assert samples[(("partition", P), ("reason", "memory_budget"))] == waits["memory_budget"]
+
+
 @pytest.mark.parametrize(("kwargs", "name"), [
     ({"memory_budget": 0}, "memory_budget"), ({"memory_budget": "1GB"}, "memory_budget"),
+    ({"memory_budget": 10}, "memory_budget must be a number of bytes of at least 4096"),
     ({"cold": "image"}, "cold"), ({"cold": [3]}, "cold")])
 def test_bad_settings_name_their_argument(kwargs, name):
     with tq.init() as stream, pytest.raises(ConfigError, match=name):

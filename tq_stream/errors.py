@@ -67,6 +67,12 @@ class MemoryBudgetExceeded(StateError):
     again every 0.2 s within its timeout (consumers' acks free room), then raises it."""
 
 
+class MemoryBudgetTooSmall(MemoryBudgetExceeded):
+    """A put whose rows need more than the partition's ``memory_budget`` by themselves
+    (a store holds at least 16 rows of each in-memory field): it could never fit however
+    many rows are freed, so it fails at once (not put again); raise the budget."""
+
+
 class LeaseError(StateError):
     """An ack/release/renew of rows the caller does not hold."""
 

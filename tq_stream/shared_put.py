@@ -28,6 +28,7 @@ from tq_stream.errors import (
     ConfigError,
     ConnectionLost,
     LeaseError,
+    MemoryBudgetTooSmall,
     StateError,
     Unreachable,
 )
@@ -101,7 +102,7 @@ def put_shared(conn: Connection, partition: str, unit: int, keys: list[str],
             return _put_once(conn, partition, unit, keys, cols, digests, sizes,
                              max(0.001, deadline - time.monotonic()))
         except (Unreachable, ConnectionLost, StateError) as exc:
-            if isinstance(exc, ClosedError | LeaseError) or \
+            if isinstance(exc, ClosedError | LeaseError | MemoryBudgetTooSmall) or \
                     time.monotonic() + RETRY_PAUSE >= deadline:
                 raise
             logger.info("shared put to partition %r had no effect (%s); putting again",

@@ -96,6 +96,7 @@ class BlockedSeconds(TypedDict):
 
     capacity: float  # reserve waiting for a bounded partition to free rows
     admission: float  # Writer.reserve waiting for the staleness window
+    memory_budget: float  # a put paused for acks to free room under a unit's memory_budget
 
 
 class SharedStats(TypedDict):

@@ -79,7 +79,8 @@ def partition_table(stats: dict[str, PartitionStats]) -> Table:
     for col in ("partition", "rows", "capacity", "created", "state", "blocked s"):
         table.add_column(col, justify="left" if col in ("partition", "state") else "right")
     for name, p in sorted(stats.items()):
-        blocked = p["blocked_seconds"]["capacity"] + p["blocked_seconds"]["admission"]
+        waits = p["blocked_seconds"]
+        blocked = waits["capacity"] + waits["admission"] + waits["memory_budget"]
         table.add_row(name, str(p["rows"]), "-" if p["capacity"] is None else str(p["capacity"]),
                       str(p["rows_created"]), "closed" if p["closed"] else "open",
                       f"{blocked:.1f}")

@@ -110,9 +110,10 @@ class Stream:
                 register. Without it, rows stay until cleared (``kv.clear``,
                 ``client.clear``): nothing is freed behind a consumer's back.
             memory_budget: at most this many bytes of the partition's column values in
-                memory on each storage unit; a put past it with nothing to spill is made
-                again within its timeout (acks free room), then raises
-                ``MemoryBudgetExceeded``. None: unbounded.
+                memory on each storage unit (at least 4096); a put past it with nothing to
+                spill is made again within its timeout (acks free room), then raises
+                ``MemoryBudgetExceeded``; one that needs more by itself fails at once
+                (``MemoryBudgetTooSmall``). None: unbounded.
             cold: fields kept on each unit's local disk, read back on demand
                 (``mark_cold``). See README, "Memory budget and spilling".
         """

@@ -32,6 +32,8 @@ from tq_stream.errors import (
     ClosedError,
     ConnectionLost,
     LeaseError,
+    MemoryBudgetExceeded,
+    MemoryBudgetTooSmall,
     StateError,
     Unreachable,
     check_name,
@@ -206,10 +208,11 @@ class RowWriter:
         deadline = time.monotonic() + timeout
         left = timeout  # the caller's own figure first: a timeout error names it
         skipped: list[str] = []
+        paused = 0.0  # seconds paused for the memory budget, told on the next reserve
         while True:
             try:
                 return skipped + self._write_placed(ctrl, spares, keys, cols, tags, left,
-                                                    expect, holder, shared)
+                                                    expect, holder, shared, paused)
             except PutAgain as exc:
                 if exc.skipped:  # told once: the put again names only the other rows
                     skipped += exc.skipped
@@ -230,15 +233,19 @@ class RowWriter:
                     raise exc.cause from None
                 logger.info("put to partition %r had no effect (%s); putting again",
                             self.partition, exc.cause)
+                before = time.monotonic()
                 time.sleep(RETRY_PAUSE)
                 left = max(0.001, deadline - time.monotonic())
+                paused = time.monotonic() - before if isinstance(
+                    exc.cause, MemoryBudgetExceeded) else 0.0
 
     def _write_placed(self, ctrl: ControllerAPI, spares: SparePool | None, keys: list[str],
                       cols: dict[str, Column], tags: list[dict[str, Any]] | None, timeout: float,
                       expect: Any = None, holder: dict[str, Any] | None = None,
-                      shared: list[str | None] | None = None) -> list[str]:
+                      shared: list[str | None] | None = None, paused: float = 0.0) -> list[str]:
         """One put through ``reserve``: place, store the bytes, commit (or abort); returns
-        the keys the controller skipped as lost with their unit.
+        the keys the controller skipped as lost with their unit (``paused``: seconds the
+        put waited for the memory budget since its previous reserve, counted there).
 
         Raises:
             PutAgain: a unit did not take the bytes (down or replaced), or the controller
@@ -250,6 +257,8 @@ class RowWriter:
             extra["holder"] = holder
         if spares is not None and spares.wanted():
             extra["spare"] = spares.wanted()
+        if paused > 0:
+            extra["blocked"] = paused
         if expect is None:  # rows may be created: hold them under this process's session
             lease = self._conn.config.lease_timeout
             extra["session"] = self._conn.keeper().producer_session(self.partition, lease)
@@ -283,7 +292,7 @@ class RowWriter:
                 placement.store(self._conn.units(), self.partition, place["unit"],
                                 place["slot"], cols,
                                 occupancy(place["index"], place["generation"]))
-            except ClosedError:
+            except (ClosedError, MemoryBudgetTooSmall):  # the latter: freeing rows cannot help
                 raise
             except (Unreachable, ConnectionLost, StateError) as exc:  # e.g. "slots must
                 # be ones the controller placed" (a new process), or the unit died while

@@ -16,6 +16,7 @@ from tq_fixtures import segments_of, start_local
 
 import tq_stream as tq
 from tq_stream.backends.shm import EPOCH, SHM_DIR
+from tq_stream.errors import MemoryBudgetTooSmall
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -82,6 +83,20 @@ def test_a_partition_larger_than_its_budget_streams_through_within_it():
             t.join(60)
         assert sorted(seen) == list(range(total))
         assert 0 < peak[0] <= BUDGET + (1 << 20), peak[0]  # + tokens and flags
+        assert stream.stats()[P]["blocked_seconds"]["memory_budget"] > 0  # it waited 1 s
+    finally:
+        stream.close()
+
+
+def test_a_put_that_can_never_fit_fails_across_processes_without_waiting():
+    stream = start_local(storage_units=1)
+    try:
+        stream.create_partition(P, memory_budget=BUDGET)  # 16 rows: 4 MiB; 64 rows: 16
+        with pytest.raises(MemoryBudgetTooSmall, match=f"is {BUDGET} bytes, less than"):
+            stream.writer(P).put([f"k{i}" for i in range(64)], {"x": rows(64, 0)}, timeout=60)
+        assert stream.stats()[P]["blocked_seconds"]["memory_budget"] == 0
+        stream.writer(P).put(["a"], {"x": rows(1, 0)})  # what fits is taken
+        assert stream.stats()[P]["rows"] == 1
     finally:
         stream.close()
 

@@ -33,6 +33,7 @@ import numpy as np
 
 from tq_stream.backends.arena_writes import ArenaWrite
 from tq_stream.backends.slabs import DenseSlab, MultiRaggedArena, RaggedArena, Store
+from tq_stream.backends.spill import least_dense
 from tq_stream.columns import dtype_from_name, dtype_name
 from tq_stream.errors import ConfigError, StateError, WaitTimeout
 from tq_stream.handling import WouldBlock, may_block
@@ -42,7 +43,8 @@ GROWTH_WAIT = 30.0  # seconds a growth waits for open tickets
 
 
 class DirectWrites:
-    """Mixin of ShmUnit (needs ``_lock``, ``_parts``, ``_alloc_for``, ``_describe``)."""
+    """Mixin of ShmUnit (needs ``_lock``, ``_parts``, ``_alloc_for``, ``_describe``,
+    ``_check_put``)."""
 
     def _init_direct(self) -> None:
         self._wcond = threading.Condition(self._lock)  # type: ignore[attr-defined]
@@ -110,7 +112,9 @@ class DirectWrites:
         writes = {name: ArenaWrite.parse(name, raw, len(slots))
                   for name, raw in (arenas or {}).items()}
         with self._wcond:
-            self._check_open()  # type: ignore[attr-defined]
+            self._check_put(partition, {  # type: ignore[attr-defined]
+                f: least_dense(len(slots), tuple(shape), dtype_from_name(dtype))
+                for f, (dtype, shape) in fields.items()}, len(slots))
             self._wait_growth(partition, slots, fields,
                               {name: w.total for name, w in writes.items()})
             part = self._parts.get(partition)  # type: ignore[attr-defined]

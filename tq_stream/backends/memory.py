@@ -23,7 +23,14 @@ from tq_stream.backends.slabs import (
     stale_rows,
     store_for,
 )
-from tq_stream.backends.spill import Spill, bounded, check_budget, check_cold, merged
+from tq_stream.backends.spill import (
+    Spill,
+    bounded,
+    check_budget,
+    check_cold,
+    least_bytes,
+    merged,
+)
 from tq_stream.columns import Column, take
 from tq_stream.errors import ClosedError, ConfigError, KeyConflictError
 
@@ -96,6 +103,14 @@ class MemoryUnit(StorageUnit):
         """Where a store's memory comes from (``ShmUnit``: shared-memory segments)."""
         return self._alloc
 
+    def _check_put(self, partition: str, need: Mapping[str, int], rows: int) -> None:
+        """Refuse a put (lock held) to a closed unit, or one of ``rows`` rows whose fields
+        not cold need ``need`` bytes in memory by themselves, past the budget
+        (``Spill.check_fits``)."""
+        self._check_open()
+        self._spill.check_fits(partition, sum(
+            n for f, n in need.items() if not self._spill.is_cold(partition, f)), rows)
+
     def _check_room(self, partition: str, field: str, need: int) -> None:
         """Refuse an allocation of ``need`` bytes for ``field`` (lock held) that is cold
         or would take ``partition`` past its memory budget."""
@@ -103,8 +118,9 @@ class MemoryUnit(StorageUnit):
             raise ConfigError(f"field {field!r} of partition {partition!r} is cold: it is "
                               f"kept on disk and written through put, never in memory")
         part = self._parts.get(partition)
-        in_memory = sum(s.nbytes() for s in part.fields.values()) if part is not None else 0
-        self._spill.check_room(partition, in_memory, need)
+        stores = list(part.fields.values()) if part is not None else []
+        self._spill.check_room(partition, sum(s.nbytes() for s in stores), need, lambda: sum(
+            int(row_bytes(s, written_slots(s)).sum()) for s in stores))
 
     def set_memory(self, partition: str, memory_budget: int | None = None,
                    cold: Sequence[str] = ()) -> None:
@@ -184,7 +200,8 @@ class MemoryUnit(StorageUnit):
         if len(slots) == 0:
             return
         with self._lock:
-            self._check_open()
+            self._check_put(partition, {} if to_disk else {
+                n: least_bytes(c) for n, c in columns.items()}, len(slots))
             part = self._parts.get(partition)
             if part is None:
                 part = self._new_partition(partition)

@@ -11,7 +11,9 @@ and is read back on demand by ``get``. The rules a unit keeps (``Spill``):
   bytes of the partition's stores, counting the new allocation whole: what a growth by
   copy holds at its peak) is refused with ``MemoryBudgetExceeded``: the writer aborts its
   rows and puts again within its timeout, so a producer ahead of its consumers waits for
-  their acks to free rows; nothing is written past the budget, ever.
+  their acks to free rows; nothing is written past the budget, ever. A put whose own rows
+  need more than the budget (``least_bytes``) is refused first with
+  ``MemoryBudgetTooSmall``, not put again: freeing rows cannot make room for it.
 
 Files live in one private folder per unit (``tq_spill_<pid>_*``, mode 0700) under the
 owner's ``spill_dir``; their names are counters (no client string reaches a path), one
@@ -32,10 +34,18 @@ import torch
 
 from tq_stream import recordfile
 from tq_stream.backends.slabs import Alloc, GrowsInPlace
-from tq_stream.columns import Column, concat, take
-from tq_stream.errors import ConfigError, KeyConflictError, MemoryBudgetExceeded
+from tq_stream.columns import Column, Ragged, concat, take
+from tq_stream.errors import (
+    ConfigError,
+    KeyConflictError,
+    MemoryBudgetExceeded,
+    MemoryBudgetTooSmall,
+)
+from tq_stream.multiragged import MultiRagged
 
 MAX_PARTITIONS = 4096  # partitions a unit keeps settings for: a client cannot grow more
+MIN_BUDGET = 4096  # bytes: a smaller memory_budget is refused when set
+MIN_ROWS = 16  # rows a store of a field holds at least (``slabs``)
 
 
 def check_spill_dir(value: object) -> str | None:
@@ -54,10 +64,26 @@ def check_budget(value: object) -> int | None:
     """``memory_budget`` as bytes (None: unbounded), or ConfigError naming it."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"memory_budget must be a positive number of bytes or None, got "
-                          f"{value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < MIN_BUDGET:
+        raise ConfigError(f"memory_budget must be a number of bytes of at least {MIN_BUDGET} "
+                          f"(one page; a store holds at least {MIN_ROWS} rows of each "
+                          f"in-memory field) or None, got {value!r}")
     return value
+
+
+def least_bytes(column: Column) -> int:
+    """Bytes a store needs at least to hold ``column``'s rows: a dense field at least
+    ``MIN_ROWS`` rows, a ragged one its values (object values are not counted)."""
+    if isinstance(column, (Ragged, MultiRagged)):
+        return int(column.values.numel()) * column.values.element_size()
+    if isinstance(column, torch.Tensor) and not column.is_nested and column.dim() > 0:
+        return least_dense(int(column.shape[0]), tuple(column.shape[1:]), column.dtype)
+    return 0
+
+
+def least_dense(rows: int, shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """Bytes a dense slab needs at least to hold ``rows`` rows of ``shape``."""
+    return _bytes((max(rows, MIN_ROWS), *shape), dtype) if rows else 0
 
 
 def check_cold(value: object) -> frozenset[str]:
@@ -243,16 +269,32 @@ class Spill:
             self._folder = tempfile.mkdtemp(prefix=f"tq_spill_{os.getpid()}_", dir=root)
         return self._folder
 
-    def check_room(self, partition: str, held: int, need: int) -> None:
-        """Raise MemoryBudgetExceeded unless ``need`` more bytes fit beside ``held``."""
+    def check_fits(self, partition: str, need: int, rows: int) -> None:
+        """Raise MemoryBudgetTooSmall if a put of ``rows`` rows needs more than the budget
+        by itself (``need``: its ``least_bytes``): freeing rows cannot help."""
+        budget = self.budgets.get(partition)
+        if budget is not None and need > budget:
+            raise MemoryBudgetTooSmall(
+                f"memory_budget of partition {partition!r} is {budget} bytes, less than "
+                f"the {need} bytes this put's {rows} rows need in memory by themselves (a "
+                f"store holds at least {MIN_ROWS} rows of each in-memory field): it can "
+                f"never fit however many rows are freed (raise memory_budget to at least "
+                f"{need}, mark large fields cold, or put fewer rows at a time)")
+
+    def check_room(self, partition: str, held: int, need: int,
+                   live: Callable[[], int]) -> None:
+        """Raise MemoryBudgetExceeded unless ``need`` more bytes fit beside ``held``
+        (``live()``: the bytes of those that live rows hold, for the message)."""
         budget = self.budgets.get(partition)
         if budget is not None and held + need > budget:
+            rows = live()
             raise MemoryBudgetExceeded(
                 f"memory_budget of partition {partition!r} is {budget} bytes; its stores "
-                f"hold {held} and must grow by {need} for this put, and nothing more can "
-                f"spill (the put is made again within its timeout, as acks free rows; or "
-                f"mark large fields cold, declare consumers, bound rows with capacity=, or "
-                f"raise memory_budget)")
+                f"take {held} ({rows} held by live rows, {held - rows} room reserved in "
+                f"stores of at least {MIN_ROWS} rows that grow by doubling) and must grow "
+                f"by {need} for this put, and nothing more can spill (the put is made "
+                f"again within its timeout, as acks free rows; or mark large fields cold, "
+                f"declare consumers, bound rows with capacity=, or raise memory_budget)")
 
     def spilled(self, partition: str) -> int:
         return sum(c.nbytes() for c in self.columns.get(partition, {}).values())

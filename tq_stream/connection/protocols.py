@@ -36,7 +36,8 @@ class ControllerAPI(Protocol):
     def reserve(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
                 unit: int = -1, timeout: float = 60.0, expect: Any = None,
                 spare: int = 0, session: str = "", lease: float = ...,
-                holder: Mapping[str, Any] | None = None) -> dict[str, Any]: ...
+                holder: Mapping[str, Any] | None = None,
+                blocked: float = 0.0) -> dict[str, Any]: ...
 
     def commit(self, partition: str, index: np.ndarray, generation: np.ndarray,
                schemas: Mapping[str, Any], tags: list[dict[str, Any]] | None = None,

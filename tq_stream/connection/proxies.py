@@ -114,14 +114,12 @@ class RemoteController:
     def reserve(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
                 unit: int = -1, timeout: float = 60.0, expect: Any = None, spare: int = 0,
                 session: str = "", lease: float | None = None,
-                holder: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                holder: Mapping[str, Any] | None = None, blocked: float = 0.0) -> dict[str, Any]:
         extra: dict[str, Any] = {} if expect is None else {"expect": _array(expect)}
         if holder is not None:
             extra["holder"] = holder
-        if spare:
-            extra["spare"] = spare
-        if session:
-            extra["session"] = session
+        extra.update((k, v) for k, v in (("spare", spare), ("session", session),
+                                         ("blocked", blocked)) if v)
         if lease is not None:
             extra["lease"] = lease
         return self._placed(self._long_poll("reserve", timeout, partition=partition,

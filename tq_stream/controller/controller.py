@@ -215,11 +215,11 @@ class Controller:
                 unit: int = -1, timeout: float = 60.0,
                 expect: Sequence[int] | None = None, spare: int = 0, session: str = "",
                 lease: float = DEFAULT_WRITE_LEASE,
-                holder: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                holder: Mapping[str, Any] | None = None, blocked: float = 0.0) -> dict[str, Any]:
         """``Writes.reserve``: validate a put and place its rows; new rows wait for
         capacity."""
         return self._writes.reserve(partition, keys, schemas, unit, timeout, expect, spare,
-                                    session, lease, holder)
+                                    session, lease, holder, blocked)
 
     def reserve_shared(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
                        digests: Sequence[Mapping[str, str]], nbytes: Sequence[int],

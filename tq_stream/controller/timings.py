@@ -7,7 +7,8 @@ Fixed-bucket histograms (numpy counters, one per partition and task) of
 - ``write_to_handout``: seconds from a row's last field write to its hand-out;
 
 counters of the seconds writers spent blocked (per partition and reason:
-``capacity`` in ``reserve``, ``admission`` in ``admit``), and a per-task rate
+``capacity`` in ``reserve``, ``admission`` in ``admit``, ``memory_budget`` as the writer
+reports its pauses on its next ``reserve``: a unit refused its bytes), and a per-task rate
 window. Everything is reported through ``Controller.stats()``; the controller calls
 these hooks with its lock held, so nothing here takes a lock of its own.
 """
@@ -64,7 +65,7 @@ class Timings:
         self.waits: dict[tuple[str, str], Histogram] = defaultdict(Histogram)
         self.handouts: dict[tuple[str, str], Histogram] = defaultdict(Histogram)
         self.blocked: dict[str, dict[str, float]] = defaultdict(
-            lambda: {"capacity": 0.0, "admission": 0.0})
+            lambda: {"capacity": 0.0, "admission": 0.0, "memory_budget": 0.0})
         self._samples: dict[tuple[str, str], deque[tuple[float, int, int]]] = \
             defaultdict(lambda: deque(maxlen=128))
 
@@ -101,6 +102,10 @@ class Timings:
             logger.warning("%s on partition %r has waited %.1f s (%s)", _WHO[reason],
                            partition, after - since, (what() if callable(what) else what)
                            or reason)
+
+    def paused(self, partition: str, reason: str, seconds: float) -> None:
+        """A writer reports ``seconds`` it paused itself (reason "memory_budget")."""
+        self.blocked[partition][reason] += seconds
 
     # -- reading
     def rates(self, partition: str, task: str, handed_out: int, acked: int,

@@ -66,7 +66,7 @@ class Writes:
                 unit: int = -1, timeout: float = 60.0,
                 expect: Sequence[int] | None = None, spare: int = 0, session: str = "",
                 lease: float = DEFAULT_WRITE_LEASE,
-                holder: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                holder: Mapping[str, Any] | None = None, blocked: float = 0.0) -> dict[str, Any]:
         """Validate a put and place its rows; new rows wait for capacity.
 
         A closed partition takes no new rows, but fields of its existing rows can
@@ -85,6 +85,9 @@ class Writes:
                 ``dp_rank``, ``replica``, ``session``): refused with LeaseTakenOver if
                 its lease went to another reader (``takeovers.py``; ``commit`` checks
                 again).
+            blocked: seconds the writer paused since its previous reserve of this put,
+                refused by a storage unit's ``memory_budget`` (counted in the partition's
+                ``blocked_seconds["memory_budget"]``).
         Returns:
             dict of ``index``, ``unit``, ``slot``, ``generation`` (arrays aligned
             with ``keys``), ``new`` (mask of rows created by this call) and
@@ -107,8 +110,12 @@ class Writes:
         deadline = time.monotonic() + timeout
         asked = (list(keys), expect)
         held = check_holder(holder)
+        if blocked:
+            blocked = min(check_timeout("blocked", blocked), timeout + 1.0)
         with self._book.cond:
             part = self._book.part(partition, create=expect is None, by_put=True)
+            if blocked:
+                self._timings.paused(part.name, "memory_budget", blocked)
             held_for = self._check_holder(partition, held)
             while True:
                 if may_block():

@@ -243,7 +243,7 @@ class ControllerService(Controller):
                 unit: int = -1, timeout: float = 60.0,
                 expect: Sequence[int] | None = None, spare: int = 0, session: str = "",
                 lease: float = DEFAULT_WRITE_LEASE,
-                holder: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                holder: Mapping[str, Any] | None = None, blocked: float = 0.0) -> dict[str, Any]:
         # On the IO thread, a reserve that could need a grant (a call to a unit) goes to
         # a worker; the lock keeps a worker's placements from racing the check.
         def place() -> dict[str, Any]:
@@ -253,7 +253,7 @@ class ControllerService(Controller):
                     raise WouldBlock
                 return super(ControllerService, self).reserve(
                     partition, keys, schemas, unit, timeout, expect, spare, session, lease,
-                    holder)
+                    holder, blocked)
 
         out = placed(place, lambda out: self._grant_placed(partition, out, out.get("spare")),
                      lambda out: self._undo(partition, out), self.n_units)

@@ -8,7 +8,8 @@ Metrics (labels in braces; no label ever carries a row key):
 - ``tq_stream_capacity_rows{partition}`` — bound of a bounded partition (gauge)
 - ``tq_stream_rows_created_total{partition}`` — rows written (created)
 - ``tq_stream_writer_blocked_seconds_total{partition, reason}`` — writers blocked at
-  ``capacity`` (reserve) or by ``admission`` (Writer.reserve)
+  ``capacity`` (reserve), by ``admission`` (Writer.reserve) or by a unit's
+  ``memory_budget`` (the writer's pauses between its puts again)
 - ``tq_stream_rows_ready{partition, task}`` — rows available to the task (gauge)
 - ``tq_stream_rows_leased{partition, task}`` — rows handed out, not acked (gauge)
 - ``tq_stream_rows_handed_out_total{partition, task}``
@@ -115,6 +116,7 @@ def _partition_metrics(stats: dict[str, PartitionStats]) -> Iterator[Metric]:
         waits = p["blocked_seconds"]
         blocked.add_metric([name, "capacity"], waits["capacity"])
         blocked.add_metric([name, "admission"], waits["admission"])
+        blocked.add_metric([name, "memory_budget"], waits["memory_budget"])
     yield from (rows, cap, created, blocked, *shared.values())
 
 
