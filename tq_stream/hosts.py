@@ -3,7 +3,7 @@
 Below both the connection layer and ``deploy/``: a client picks a same-host unit or a
 unix socket, a server reports its host, with the same ``host_id``. Callers look it up
 as ``hosts.host_id()`` at each call, so a test that makes each Ray node a host of its
-own replaces this module's ``host_id`` (``tests/faults/fault_kit.own_hosts``).
+own replaces this module's ``host_id`` (``tests/helpers/fault_kit.own_hosts``).
 """
 
 from __future__ import annotations

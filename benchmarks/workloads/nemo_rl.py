@@ -1,7 +1,7 @@
 """Workload ``nemo_rl``: NeMo-RL's data-plane loop on TransferQueue 0.1.11 and on
 ``tq_stream.compat`` (``transfer_queue`` installed) side by side.
 
-The calls are the ones ``tests/nemo_rl_calls.py`` replays from NeMo-RL's TransferQueue
+The calls are the ones ``tests/helpers/nemo_rl_calls.py`` replays from NeMo-RL's TransferQueue
 adapter (loaded from that file, so the benchmark and the tests make the same calls):
 the driver bootstraps from the package's ``config.yaml`` plus NeMo-RL's overlay
 (``polling_mode: True``, SimpleStorage capacity and units). One GRPO step:
@@ -40,11 +40,11 @@ PARTITION, TASK = "train", "prev_lp"
 FIELDS = ["input_ids", "input_lengths", "generation_logprobs", "token_mask", "sample_mask",
           "message_log"]
 READ = ["input_ids", "input_lengths", "token_mask", "sample_mask"]
-CALLS = Path(__file__).resolve().parents[2] / "tests" / "nemo_rl_calls.py"
+CALLS = Path(__file__).resolve().parents[2] / "tests" / "helpers" / "nemo_rl_calls.py"
 
 
 def calls() -> Any:
-    """``tests/nemo_rl_calls.py`` of this checkout, as a module."""
+    """``tests/helpers/nemo_rl_calls.py`` of this checkout, as a module."""
     spec = importlib.util.spec_from_file_location("nemo_rl_calls", CALLS)
     if spec is None or spec.loader is None:
         raise FileNotFoundError(f"NeMo-RL's replayed calls must be at {CALLS}")

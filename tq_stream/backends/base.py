@@ -3,7 +3,7 @@
 A storage unit knows nothing of keys, readiness, tasks or sampling: the
 controller assigns every row a slot in one unit, and the unit stores the row's
 field values there. Values arrive and leave as normalized columns
-(see ``tq_stream.columns``). Every backend passes ``tests/backend_contract.py``.
+(see ``tq_stream.columns``). Every backend passes ``tests/helpers/backend_contract.py``.
 
 Slots are reused after rows are freed. Callers that know which rows they mean
 pass ``generations`` (one ``occupancy`` token per slot): a put records them, a

@@ -6,7 +6,7 @@ the frame that dropped the iterator (``sys._getframe(1)`` in the GeneratorExit
 handler): a ``break`` or ``return`` pops the for-iterator with ``POP_TOP``
 (``POP_ITER`` from 3.14 on), while an exception leaves that frame at the
 instruction that raised (``CALL``, ``RAISE_VARARGS``, ``RERAISE`` ...).
-Checked on CPython 3.10-3.13 (``tests/test_loop_exit.py``). Everything else counts
+Checked on CPython 3.10-3.13 (``tests/datasets/test_loop_exit.py``). Everything else counts
 as "not a jump": ``it.close()``, ``del it``, the end of a wrapping iterator
 (``islice``, ``zip``: ``FOR_ITER``, or on 3.14 ``POP_ITER`` right after
 ``END_FOR``), a generator wrapping the loop (before 3.13), interpreter exit.

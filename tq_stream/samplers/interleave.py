@@ -12,7 +12,7 @@ window that closes now forced two choices into one step, e.g. weights
 [1, 1, 10, 15, 3.125, 3.125]); among the rest the most credit wins, ties broken by a
 seeded order. Over 6,000 random weight sets (1-8 choices, shares from 0.04% to 99.9%,
 20-2,000 steps each) and 3,000 hypothesis examples no window of 20 left the +-5% band
-(tests/test_partition_sampler.py checks the band property). About 15 us a step.
+(tests/samplers/test_partition_sampler.py checks the band property). About 15 us a step.
 
 The sequence is a pure function of (weights, seed), so every rank and DataLoader
 worker computes the same one.

@@ -1,0 +1,109 @@
+"""Media by reference in local mode: a handle pickled to a spawned process that
+resolves it (views of shared memory after the first read), and the media freed in the
+units after an explicit release, after the rows naming it are acked, and after the
+producer process is SIGKILLed and its session's lease lapses."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import socket
+import time
+
+import pytest
+import torch
+
+import tq_stream as tq
+from tests.controller.test_shared_fields import images
+from tests.helpers.media_workers import image_data, put_and_hang, resolve
+from tests.helpers.tq_fixtures import kill, local_stream, wait_gone
+from tq_stream.errors import StateError
+
+__all__ = ["local_stream"]
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+N = 4
+CTX = mp.get_context("spawn")
+
+
+def unit_rows(stream: tq.Stream, partition: str) -> int:
+    return sum(u["partitions"].get(partition, {}).get("rows", 0)
+               for u in stream.deployment_stats()["units"])
+
+
+def resolve_in_child(ref: tq.MediaRef) -> dict:
+    recv, send = CTX.Pipe(duplex=False)
+    child = CTX.Process(target=resolve, args=(ref, send))
+    child.start()
+    try:
+        assert recv.poll(60), "the child never resolved the handle"
+        got = recv.recv()
+        data, shape = got["image"]
+        got["image"] = torch.frombuffer(bytearray(data), dtype=torch.uint8).reshape(shape)
+        return got
+    finally:
+        child.join(30)
+        assert child.exitcode == 0
+
+
+def test_a_spawned_process_resolves_a_handle_and_release_frees_it(local_stream):
+    p = "media_release"
+    img = images(1, seed=3)[0]
+    ref = local_stream.media.put(p, "m0", image_data(img))
+    got = resolve_in_child(ref)
+    assert torch.equal(got["image"], img)
+    assert got["ptrs"][1] == got["ptrs"][2]  # the unit's shared memory, not a copy
+    assert unit_rows(local_stream, p) == 1
+    local_stream.release(ref)
+    assert unit_rows(local_stream, p) == 0
+    assert local_stream.stats()[p]["shared"]["entries"] == 0
+    with pytest.raises(StateError, match="released by"):
+        local_stream.resolve(ref)
+
+
+def test_media_named_by_rows_is_freed_once_they_are_acked(local_stream):
+    p = "media_ack"
+    local_stream.create_partition(p, consumers=["actor"])
+    img = images(1, seed=4)[0]
+    ref = local_stream.media.put(p, "g0", image_data(img))
+    assert torch.equal(resolve_in_child(ref)["image"], img)  # the inference server
+    keys = [f"g0_{j}" for j in range(N)]
+    local_stream.writer(p).put(keys, {"response": torch.arange(N)},
+                               tags=[{"uid": "g0"}] * N, shared=["g0"] * N)
+    c = local_stream.client()
+    c.register_task(p, "actor", ["image", "response"], batch_size=N)
+    meta = c.get_meta(p, "actor", timeout=30)
+    assert all(torch.equal(i, img) for i in c.get_data(meta, ragged="list")["image"])
+    c.ack(meta)
+    assert unit_rows(local_stream, p) == 0
+    with pytest.raises(StateError, match="the last row naming it was freed"):
+        local_stream.resolve(ref)
+
+
+def test_media_of_a_killed_producer_is_freed_when_its_lease_lapses(local_stream):
+    p = "media_killed"
+    img = images(1, seed=5)[0]
+    recv, send = CTX.Pipe(duplex=False)
+    child = CTX.Process(target=put_and_hang, args=(local_stream.address, p, img, 0.5, send))
+    child.start()
+    try:
+        assert recv.poll(60), "the producer never put its media"
+        ref = recv.recv()
+        time.sleep(1.5)  # three leases: the live producer's heartbeat renews its pin
+        assert torch.equal(local_stream.resolve(ref)["image"], img)
+        assert local_stream.stats()[p]["media"]["pins"] == {  # held by the producer
+            f"{socket.gethostname()}:{child.pid}": 1}
+    finally:
+        kill(child.pid)
+        child.join(10)
+    assert wait_gone([child.pid], 10) == []
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            local_stream.resolve(ref)
+        except StateError as exc:
+            assert "stopped renewing its lease of 0.5 s" in str(exc)
+            break
+        assert time.monotonic() < deadline, "media of a killed producer was never freed"
+        time.sleep(0.2)
+    assert unit_rows(local_stream, p) == 0
+    assert local_stream.stats()[p]["media"] == {"entries": 0, "bytes": 0, "pins": {}}
