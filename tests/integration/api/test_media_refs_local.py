@@ -6,6 +6,7 @@ after the producer process is SIGKILLed and its session's lease lapses."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import socket
 import time
 
@@ -108,3 +109,29 @@ def test_media_of_a_killed_producer_is_freed_when_its_lease_lapses(local_stream)
         time.sleep(0.2)
     assert unit_rows(local_stream, p) == 0
     assert local_stream.stats()[p]["media"] == {"entries": 0, "bytes": 0, "pins": {}}
+
+
+def test_handles_given_out_before_a_save_resolve_and_release_after_a_restore(
+        local_stream, tmp_path):
+    p = "media_saved"
+    path = str(tmp_path / "ckpt")
+    img = images(1, seed=6)[0]
+    ref = local_stream.media.put(p, "m0", image_data(img))
+    local_stream.save(path)
+    with tq.init(mode="local", storage_units=2, restore=path) as restored:
+        # the old handle names the old deployment's address: a pin on the restored
+        # stream gives one of the new deployment, for other processes
+        mine = restored.media.pin(ref)
+        assert mine.address == restored.address != ref.address
+        got = resolve_in_child(mine)
+        assert torch.equal(got["image"], img) and got["shm"] == [True] * 3
+        assert torch.equal(restored.resolve(ref)["image"], img)  # the old handle too
+        me = f"{socket.gethostname()}:{os.getpid()}"  # put it, and pinned it again
+        assert restored.stats()[p]["media"]["pins"] == {f"restored from {me}": 1, me: 1}
+        restored.release(ref)
+        assert unit_rows(restored, p) == 1  # still pinned by mine
+        restored.release(mine)
+        assert unit_rows(restored, p) == 0
+        with pytest.raises(StateError, match="released by"):
+            restored.resolve(ref)
+    local_stream.release(ref)
