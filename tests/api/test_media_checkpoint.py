@@ -45,6 +45,7 @@ def test_handles_resolve_and_release_after_a_restore(saved):
         assert media["entries"] == 2 and media["bytes"] > 0
         (holder, n), = media["pins"].items()
         assert holder.startswith("restored from ") and n == 3
+        assert media["bytes_by_holder"] == {holder: media["bytes"]}
         with pytest.raises(StateError, match="released by"):
             s.resolve(refs["m2"])  # released before the save: still refused
         s.release(refs["m0"])
@@ -55,8 +56,8 @@ def test_handles_resolve_and_release_after_a_restore(saved):
         assert entries(s) == 1  # m1's other pin holds it
         assert torch.equal(s.resolve(refs["m1_pin"])["image"], images(1, seed=1)[0])
         s.release(refs["m1_pin"])
-        assert entries(s) == 0 and s.stats()[P]["media"] == {"entries": 0, "bytes": 0,
-                                                             "pins": {}}
+        assert entries(s) == 0 and s.stats()[P]["media"] == {
+            "entries": 0, "bytes": 0, "pins": {}, "bytes_by_holder": {}}
 
 
 def test_a_restored_handle_is_handed_to_rows_and_freed_once_they_are_acked(saved):

@@ -251,15 +251,19 @@ class MediaPins:
                 "schemas": {f: part.schemas[f].to_dict() for f in fields}}
 
     def stats(self, part: PartitionMeta, now: float) -> dict[str, Any]:
-        """Entries pinned, the bytes put into them, and live pins per holder."""
+        """Entries pinned, the bytes put into them, live pins per holder and the bytes
+        of the entries each holder pins (``stats.MediaStats``)."""
         held: dict[str, int] = {}
-        rows: set[int] = set()
+        rows: dict[str, set[int]] = {}
         for p in self.pins.values():
             if p.partition == part.name and p.expiry > now and _alive(part, p):
                 held[p.holder] = held.get(p.holder, 0) + 1
-                rows.add(p.row)
-        return {"entries": len(rows), "bytes": sum(part.shared.nbytes.get(e, 0) for e in rows),
-                "pins": held}
+                rows.setdefault(p.holder, set()).add(p.row)
+        size = part.shared.nbytes
+        every = set().union(*rows.values())
+        return {"entries": len(every), "bytes": sum(size.get(e, 0) for e in every),
+                "pins": held,
+                "bytes_by_holder": {h: sum(size.get(e, 0) for e in es) for h, es in rows.items()}}
 
     # ---------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

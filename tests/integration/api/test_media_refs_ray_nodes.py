@@ -100,8 +100,9 @@ def test_an_actor_on_another_node_resolves_a_handle_in_one_transfer(two_hosts):
         assert who["node"] == worker
         media = stream.stats()[P]["media"]
         assert media["entries"] == 1 and media["bytes"] >= img.numel()
-        assert media["pins"] == {f"{socket.gethostname()}:{os.getpid()}": 1,
-                                 who["holder"]: 1}  # the agent loop's and the server's
+        me = f"{socket.gethostname()}:{os.getpid()}"
+        assert media["pins"] == {me: 1, who["holder"]: 1}  # the agent loop's, the server's
+        assert media["bytes_by_holder"] == {me: media["bytes"], who["holder"]: media["bytes"]}
         out = ray.get(server.generate.remote(ref), timeout=120)
         got = torch.frombuffer(bytearray(out["image"]), dtype=torch.uint8).reshape(
             out["shape"])
