@@ -5,13 +5,16 @@ cleared; a controller restarted in its deployment takes the pins as they were.""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 import tq_stream as tq
 from tests.api.test_media_refs import N, image_data, name_rows
 from tests.controller.test_shared_fields import images
-from tq_stream.errors import StateError
+from tq_stream import framefile
+from tq_stream.errors import CheckpointError, ConfigError, StateError
 
 P = "agent"
 
@@ -108,3 +111,31 @@ def test_a_restarted_controller_keeps_its_deployment_and_pins():
                                   deployment=ref.deployment, fields=["image"])
         assert place["index"].tolist() == [ref.index]
         assert fresh.stats()[P]["media"]["pins"] == pins
+
+
+def test_a_checkpoint_with_crafted_media_pins_is_refused_and_loads_nothing(saved):
+    path, _ = saved
+    meta_file = os.path.join(path, "controller.tq")
+    meta = framefile.load(meta_file)
+    meta["controller"]["media"]["pins"]["row"][0] = 1 << 40  # no such row
+    framefile.dump(meta, meta_file)
+    with pytest.raises(CheckpointError, match="media pins of a checkpoint must name rows"):
+        tq.init(restore=path)
+    del meta["controller"]["media"]["pins"]["holder"]
+    framefile.dump(meta, meta_file)
+    with pytest.raises(CheckpointError, match="must be MediaPins.state_dict's"):
+        tq.init(restore=path)
+
+
+def test_a_checkpoint_without_media_pins_restores_its_media_unpinned(saved):
+    """A checkpoint of an earlier version (no ``"media"``): its entries stay until
+    cleared, its handles are refused as another deployment's."""
+    path, refs = saved
+    meta_file = os.path.join(path, "controller.tq")
+    meta = framefile.load(meta_file)
+    del meta["controller"]["media"]
+    framefile.dump(meta, meta_file)
+    with tq.init(restore=path) as s:
+        assert entries(s) == 2 and s.stats()[P]["media"]["entries"] == 0
+        with pytest.raises(ConfigError, match="ref must be a handle of this deployment"):
+            s.resolve(refs["m0"])

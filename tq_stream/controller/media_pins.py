@@ -308,6 +308,8 @@ class MediaPins:
             self.ended.update((str(k), (str(w), bool(r))) for k, w, r in zip(
                 e["pin"], e["why"], np.asarray(e["released"], dtype=bool).tolist(),
                 strict=True))
+            while len(self.ended) > ENDED_KEPT:
+                self.ended.popitem(last=False)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ConfigError(f"media pins of a checkpoint must be MediaPins.state_dict's, "
                               f"got {type(exc).__name__}: {exc}") from None
