@@ -90,12 +90,13 @@ def controller_state(parts: dict[str, PartitionMeta],
                      tasks: dict[str, dict[str, TaskState]], pins: MediaPins) -> dict[str, Any]:
     """The metadata as plain data, sharing no array with the live controller (the
     state of one moment: acks after the lock is released never change it)."""
-    return _detached({
+    state: dict[str, Any] = _detached({
         "format": FORMAT,
         "partitions": {n: _part_state(p) for n, p in parts.items()},
         "tasks": {n: {t: _task_state(s) for t, s in ts.items()} for n, ts in tasks.items()},
         "media": pins.state_dict(),
     })
+    return state
 
 
 def _detached(value: Any) -> Any:
@@ -123,7 +124,7 @@ def for_new_deployment(state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-def load_controller(state: Any, n_units: int) -> tuple[dict, dict]:
+def load_controller(state: Any, n_units: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Partitions and (restored, not yet registered) tasks from ``state``."""
     if not isinstance(state, dict) or not set(STATE_KEYS) <= set(state) <= \
             set(STATE_KEYS + OPTIONAL_KEYS):
@@ -211,7 +212,7 @@ def _load_task(name: str, s: dict[str, Any], part: PartitionMeta) -> TaskState:
     return task
 
 
-def _turns(value: list | None) -> list[int | None] | None:
+def _turns(value: list[Any] | None) -> list[int | None] | None:
     return None if value is None else [None if t is None else int(t) for t in value]
 
 
