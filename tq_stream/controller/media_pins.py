@@ -18,7 +18,7 @@ handle used after its release, or released twice, is refused naming what release
 it. Plain bookkeeping guarded by the controller's lock; the controller frees rows.
 
 Checkpoints keep the pins, the ended ones and the deployment ids handles may carry
-(``state_dict``, ``load``). A controller restarted in its deployment takes them as
+(``state_dict``, ``load_state_dict``). A controller restarted in its deployment takes them as
 they were (its live processes go on renewing their sessions). A restore into a new
 deployment (``for_new_deployment``) has a new id and accepts handles of the old
 ones; the old sessions died with their processes, so each restored pin is held by
