@@ -38,9 +38,11 @@ def saved(tmp_path):
     return path, refs
 
 
-def test_handles_resolve_and_release_after_a_restore(saved):
+def test_handles_resolve_and_release_after_a_restore(saved, caplog):
     path, refs = saved
-    with tq.init(restore=path) as s:
+    with caplog.at_level("WARNING", logger="tq_stream.controller.media_pins"), \
+            tq.init(restore=path) as s:
+        assert "restored 3 media pins of an earlier deployment" in caplog.text
         assert entries(s) == 2
         for i, k in enumerate(["m0", "m1"]):
             assert torch.equal(s.resolve(refs[k])["image"], images(1, seed=i)[0])

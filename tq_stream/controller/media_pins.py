@@ -29,6 +29,7 @@ pin (a put under way at the save) ends at once, freeing what its put left.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,7 @@ from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.shared_entries import entry_key
 from tq_stream.errors import ConfigError, KeyConflictError, StateError
 
+logger = logging.getLogger(__name__)
 ENDED_KEPT = 65536  # ended pins remembered (what ended each)
 HANDED = "handed to the rows naming its entry"
 
@@ -323,6 +325,11 @@ class MediaPins:
                 part.shared.holds[p.row] += 1
             elif p.row >= 0:
                 self._end(None, pin, "dropped: its entry was freed", released=False)
+        held = sum(1 for p in self.pins.values() if p.row >= 0 and p.expiry == float("inf"))
+        if held:
+            logger.warning("restored %d media pins of an earlier deployment: held until "
+                           "released, handed to rows naming their media, or cleared "
+                           "(stats()[partition]['media'], holder 'restored from ...')", held)
 
 
 def for_new_deployment(state: dict[str, Any]) -> None:
