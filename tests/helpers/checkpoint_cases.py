@@ -83,7 +83,8 @@ def save_under_load(stream: tq.Stream, folder: str, restore: Callable[[str], tq.
     for path in paths:
         with restore(path) as restored:
             rows = restored.kv.list(partition=P)
-            keys = [r["key"] for r in rows if "x" in r["fields"]]
+            keys = [r["key"] for r in rows]
+            assert all("x" in r["fields"] for r in rows), f"{path}: a put in flight restored"
             if keys:
                 got = restored.kv.get_batch(keys, ["x"], partition=P)["x"]
                 assert torch.equal(got, row_values(keys)), f"{path}: wrong bytes restored"

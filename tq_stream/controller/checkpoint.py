@@ -12,6 +12,12 @@ sessions died with the old processes, so a resumed consumer asking for a step it
 had not acked gets the same rows again at once. Media pins are kept under
 ``"media"`` (``media_pins.MediaPins.state_dict``; absent in earlier checkpoints):
 a new deployment holds them itself (``media_pins.for_new_deployment``).
+
+A restore into a new deployment also drops (``for_new_deployment``, ``"drop"``) the
+rows the save found freed meanwhile (``gone``) and every put in flight at the save:
+rows and shared entries no field was committed to (no producer of the new deployment
+commits them), and the rows naming a dropped entry (``dropped``). So a restored row
+holds its own and its entry's bytes, and no uncommitted entry or claim comes back.
 """
 
 from __future__ import annotations
@@ -19,22 +25,26 @@ from __future__ import annotations
 import copy
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tq_stream.controller.media_pins import MediaPins
 from tq_stream.controller.media_pins import for_new_deployment as pins_for_new_deployment
 from tq_stream.controller.partition import PartitionMeta
+from tq_stream.controller.reservations import hold_restored
 from tq_stream.controller.task import Claim, StepRecord, TaskState
 from tq_stream.controller.task_config import TaskConfig
 from tq_stream.errors import ConfigError
 from tq_stream.samplers.base import Sampler
 from tq_stream.schemas import FieldSchema
 
+if TYPE_CHECKING:
+    from tq_stream.controller.book import Book
+
 FORMAT = 2
 STATE_KEYS = ("format", "partitions", "tasks")
-OPTIONAL_KEYS = ("media",)  # absent in checkpoints of earlier versions
+OPTIONAL_KEYS = ("media", "drop")  # media: absent in earlier checkpoints; drop: a restore's
 
 
 def _part_state(part: PartitionMeta) -> dict[str, Any]:
@@ -111,10 +121,14 @@ def _detached(value: Any) -> Any:
     return value
 
 
-def for_new_deployment(state: dict[str, Any]) -> dict[str, Any]:
+def for_new_deployment(state: dict[str, Any],
+                       gone: Mapping[str, list[str]] | None = None) -> dict[str, Any]:
     """``state`` (from ``controller_state``) for a new deployment, in place: every
     step's claims dropped and the media pins held by the deployment (their sessions
-    belong to the old deployment)."""
+    belong to the old deployment); the rows of ``gone`` (keys per partition, freed
+    during the save) and of the puts in flight are to drop (``"drop"``)."""
+    state["drop"] = {name: list((gone or {}).get(name, [])) + _in_flight(part)
+                     for name, part in state["partitions"].items()}
     for tasks in state["tasks"].values():
         for task in tasks.values():
             for step in task["steps"]:
@@ -122,6 +136,35 @@ def for_new_deployment(state: dict[str, Any]) -> dict[str, Any]:
     if isinstance(state.get("media"), dict):
         pins_for_new_deployment(state["media"])
     return state
+
+
+def _in_flight(part: Mapping[str, Any]) -> list[str]:
+    """Keys of the rows of a partition's state no field was committed to (of their
+    own, or of an entry they name): rows and shared entries of puts in flight."""
+    written = np.asarray(part["shared"]["named"] if "shared" in part else [], np.int64)
+    written = np.isin(np.asarray(part["rows"], dtype=np.int64), written)
+    for r in part["ready"].values():
+        written |= np.asarray(r, dtype=bool)
+    return [k for k, w in zip(part["keys"], written.tolist(), strict=True) if not w]
+
+
+def dropped(parts: Mapping[str, PartitionMeta], state: Mapping[str, Any]) -> dict[
+        str, np.ndarray]:
+    """Per partition, the rows of ``state["drop"]`` (``for_new_deployment``) with the rows
+    naming the entries among them (a row is restored only with its entry's bytes)."""
+    drop = state.get("drop") or {}
+    if not isinstance(drop, Mapping) or not all(
+            name in parts and isinstance(keys, list) and all(isinstance(k, str) for k in keys)
+            for name, keys in drop.items()):
+        raise ConfigError(f"drop of a controller state must give key lists of its "
+                          f"partitions {sorted(parts)}, got {drop!r:.120}")
+    out = {}
+    for name, keys in drop.items():
+        rows = parts[name].lookup(keys)  # a row in flight may be gone too: once each
+        rows = parts[name].shared.with_namers(np.unique(rows[rows >= 0]))
+        if len(rows):
+            out[name] = rows
+    return out
 
 
 def load_controller(state: Any, n_units: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -173,6 +216,19 @@ def load_controller(state: Any, n_units: int) -> tuple[dict[str, Any], dict[str,
         for task, s in ts.items():
             tasks[name][task] = _load_task(task, s, parts[name])
     return parts, tasks
+
+
+def load_into(book: Book, state: Mapping[str, Any], n_units: int) -> list[
+        tuple[str, list[tuple[int, np.ndarray]]]]:
+    """``state`` into the empty ``book`` (lock held): its partitions, tasks and pins,
+    without the rows to drop; rows reserved before the save are held
+    (``hold_restored``). Returns the slots to free (``Book.free_slots``, lock not held)."""
+    parts, tasks = load_controller(state, n_units)
+    drop = dropped(parts, state)  # checked before anything is loaded
+    book.replace(parts, tasks, load_pins(state, parts))
+    freed = [(name, book.undo_rows(parts[name], rows)) for name, rows in drop.items()]
+    hold_restored(book.reservations, parts, book.clock())
+    return freed
 
 
 def load_pins(state: Mapping[str, Any], parts: dict[str, PartitionMeta]) -> MediaPins:

@@ -31,7 +31,7 @@ from tq_stream.controller.delivery import Delivery
 from tq_stream.controller.frees import FreeFn, Frees, no_free
 from tq_stream.controller.journal_replay import RowsOf, replay
 from tq_stream.controller.media_calls import MediaCalls
-from tq_stream.controller.reservations import DEFAULT_WRITE_LEASE, Reservations, hold_restored
+from tq_stream.controller.reservations import DEFAULT_WRITE_LEASE, Reservations
 from tq_stream.controller.shared_puts import reserve_shared
 from tq_stream.controller.spares import Spares
 from tq_stream.controller.spill_hints import SpillFn, SpillHints, no_spill
@@ -373,15 +373,15 @@ class Controller:
             return controller_state(self._parts, self._tasks, self._book.pins)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        from tq_stream.controller.checkpoint import load_controller, load_pins
+        from tq_stream.controller.checkpoint import load_into
 
         with self._cond:
             if self._parts:
                 raise StateError("load_state_dict must be called on an empty controller")
-            parts, tasks = load_controller(state, self.n_units)
-            self._book.replace(parts, tasks, load_pins(state, parts))
-            hold_restored(self._reservations, self._parts, self._book.clock())
+            freed = load_into(self._book, state, self.n_units)
             self._cond.notify_all()
+        for name, slots in freed:  # rows dropped by a restore (checkpoint.for_new_deployment)
+            self._book.free_slots(name, slots)
 
     def set_clock(self, clock: Clock) -> None:
         """Read wall-clock seconds from ``clock`` from now on (a test's fake clock)."""

@@ -11,9 +11,11 @@ Every file is a ``framefile`` dump (per-frame CRC-32, atomic, mode 0600; no pick
 Consistency: the controller's state is taken first; each unit then copies the
 rows it names *by occupancy token* under its lock and skips a slot whose token
 changed (its row was freed after the state was taken and the slot perhaps reused).
-Skipped rows are listed as ``gone`` and cleared on restore, so the restored
-deployment is the controller's state minus rows freed during the save, and every
-restored row holds the bytes written for its key. Placement and frees never pause.
+Skipped rows are listed as ``gone`` and dropped on restore with the puts in flight
+at the save and the rows naming a dropped shared entry (``checkpoint.for_new_deployment``),
+so the restored deployment is the controller's committed state minus rows freed during
+the save, and every restored row holds the bytes written for its key and its entry's.
+Placement and frees never pause.
 
 Where files go: each unit writes into ``path`` on its own host (units of a
 multi-node Ray cluster write on their node). A restore reads each unit's file on
@@ -133,12 +135,12 @@ def restore(path: str, controller: Any, units: Sequence[Any]) -> None:
             os.path.join(path, meta["units"][u]), meta["save"], u))
         for u, rows in enumerate(loaded):
             _check_unit_rows(state, u, rows, os.path.join(path, meta["units"][u]))
-        controller.load_state_dict(for_new_deployment(state))  # a new deployment's sessions
+        # a new deployment's sessions; without the rows freed during the save, the puts
+        # in flight at it and the rows naming an entry dropped (checkpoint.py)
+        controller.load_state_dict(for_new_deployment(state, meta["gone"]))
     except BaseException:
         _drop_all(units, state["partitions"])
         raise
-    for name, keys in meta["gone"].items():
-        controller.clear(name, keys)
 
 
 def _load_meta(meta_path: str, n_units: int) -> dict[str, Any]:

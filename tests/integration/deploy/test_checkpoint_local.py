@@ -9,6 +9,7 @@ import torch
 
 import tq_stream as tq
 from tests.helpers.checkpoint_cases import save_under_load
+from tests.helpers.shared_checkpoint_cases import save_while_groups_stream
 from tests.helpers.tq_fixtures import CONFIG, start_local
 from tq_stream.errors import CheckpointError
 
@@ -38,5 +39,14 @@ def test_units_write_their_own_files_and_restore_reads_them(tmp_path):
 def test_save_under_load_restores_the_bytes_written_for_each_key(tmp_path):
     with start_local(storage_units=2) as stream:
         checked = save_under_load(stream, str(tmp_path), lambda p: tq.init(
+            mode="local", storage_units=2, config=CONFIG, restore=p), saves=5)
+    assert checked > 0
+
+
+def test_saves_while_groups_stream_restore_consistent_states(tmp_path):
+    # shared entries and the rows naming them, put while the owner saves: no entry
+    # key as a row, no row without its entry's image, no uncommitted entry restored
+    with start_local(storage_units=2) as stream:
+        checked = save_while_groups_stream(stream, str(tmp_path), lambda p: tq.init(
             mode="local", storage_units=2, config=CONFIG, restore=p), saves=5)
     assert checked > 0
