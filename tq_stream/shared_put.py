@@ -3,9 +3,10 @@
 ``put_shared(keys, data)`` stores each entry's fields under a key of its own (a
 GRPO group's uid): ``reserve_shared`` places the entries whose bytes are not
 stored yet, the bytes go to the units as for any put, ``commit`` makes them
-visible. Each field carries a digest of its bytes, so a put made again with the
-same bytes writes nothing, and one with other bytes is refused before any is
-stored (``controller/shared_entries.py``).
+visible. Each field carries a digest of each row's dtype, shape and bytes (not of the
+Python form they came in), so a put made again with the same values writes nothing,
+and one with other values is refused before any is stored
+(``controller/shared_entries.py``).
 """
 
 from __future__ import annotations
@@ -53,21 +54,23 @@ def check_shared(shared: object, n: int) -> list[str | None] | None:
 
 
 def _tensor_bytes(t: torch.Tensor) -> bytes:
-    return indexable(t.contiguous()).view(torch.uint8).numpy().tobytes() if t.numel() \
-        else b""
+    return indexable(t.contiguous().reshape(-1)).view(torch.uint8).numpy().tobytes() \
+        if t.numel() else b""
 
 
 def _parts(col: Column) -> list[bytes]:
-    """A one-row column's bytes and shape: what its digest covers."""
+    """What a one-row column's digest covers: the row's dtype, shape and bytes, the same
+    whatever form it came in (a dense ``[1, ...]`` tensor, a one-row ragged or
+    multi-ragged column, a list of one tensor), as the field stores and reads it."""
     if isinstance(col, torch.Tensor):
-        return [str((col.dtype, tuple(col.shape))).encode(), _tensor_bytes(col)]
-    if isinstance(col, Ragged):
-        return [str(col.values.dtype).encode(), _tensor_bytes(col.offsets),
-                _tensor_bytes(col.values)]
-    if isinstance(col, MultiRagged):
-        return [str((col.values.dtype, col.dims)).encode(), _tensor_bytes(col.shapes),
-                _tensor_bytes(col.values)]
-    return [repr(list(col)).encode()]
+        row = col[0]
+    elif isinstance(col, Ragged):
+        row = col.row(0)
+    elif isinstance(col, MultiRagged):
+        row = col.row(0)
+    else:
+        return [repr(list(col)).encode()]
+    return [str((row.dtype, tuple(row.shape))).encode(), _tensor_bytes(row)]
 
 
 def digest(col: Column) -> str:

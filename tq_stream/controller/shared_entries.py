@@ -128,8 +128,8 @@ class SharedTable:
                 how = "holds" if f in stored else "is being put with"
                 raise ConfigError(
                     f"shared entry {key!r} of partition {part.name!r} is written once: its "
-                    f"field {f!r} {how} other bytes (digest {old[:16]}), got {d[:16]}; "
-                    f"put it under a new key")
+                    f"field {f!r} {how} other bytes (digest {old[:16]} of the row's dtype, "
+                    f"shape and bytes), got {d[:16]}; put it under a new key")
         return any(f not in stored for f in digests)
 
     def claim(self, part: PartRows, row: int, generation: int, key: str,
