@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tq_stream.errors import WaitTimeout, format_seconds
+from tq_stream.errors import ConfigError, WaitTimeout, format_seconds
 
 if TYPE_CHECKING:
     from tq_stream.controller.partition import PartitionMeta
@@ -32,6 +32,25 @@ def held_hint(part: PartitionMeta) -> str:
             f"no declared consumers, so acks free none of its rows (they stay until "
             f"cleared): declare its readers with create_partition({part.name!r}, "
             f"consumers=[...]), or free rows with client.clear / kv.clear")
+
+
+def never_fits(part: PartitionMeta, n_new: int) -> ConfigError | None:
+    """The error of a put of ``n_new`` rows that can never fit ``part``'s capacity (None
+    if it may): more rows than the capacity, or than it leaves beside the shared entries
+    no row names and no pin holds (they stay until rows naming them are freed, or a
+    clear: the entries a put's rows name take their slots while it waits)."""
+    cap = part.capacity
+    if cap is None:
+        return None
+    t = part.shared
+    held = int((t.entry & (t.refs == 0) & (t.holds == 0)).sum()) if t.count else 0
+    if n_new + held <= cap:
+        return None
+    beside = (f" leaves beside the {held} slot{'s' * (held != 1)} its shared entries that no row "
+              f"names yet take (each stays until the rows naming it are freed, or a clear; "
+              f"the capacity counts rows and entries)") if n_new <= cap else ""
+    return ConfigError(f"a put must not add more rows than the capacity {cap} of partition "
+                       f"{part.name!r}{beside}, got {n_new} new rows")
 
 
 def full_error(part: PartitionMeta, timeout: float) -> WaitTimeout:

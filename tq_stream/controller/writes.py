@@ -24,7 +24,7 @@ import numpy as np
 from tq_stream.checks import check_tags, check_unreserved
 from tq_stream.controller import access
 from tq_stream.controller.book import Book
-from tq_stream.controller.capacity import full_error, full_reason
+from tq_stream.controller.capacity import full_error, full_reason, never_fits
 from tq_stream.controller.consuming import check_session
 from tq_stream.controller.partition import PartitionMeta, parse_schemas
 from tq_stream.controller.reservations import DEFAULT_WRITE_LEASE
@@ -139,11 +139,9 @@ class Writes:
                     raise ClosedError(f"partition {partition!r} is closed to new rows, got new "
                                       f"keys {shown_keys(fresh[:5])}")
                 cap = part.capacity
-                if cap is not None and n_new > cap:
-                    raise ConfigError(
-                        f"a put must not add more rows than the capacity {cap} of partition "
-                        f"{partition!r}, got {n_new} new rows"
-                    )
+                never = never_fits(part, n_new) if n_new else None
+                if never is not None:
+                    raise never
                 if cap is None or part.live + n_new <= cap:
                     break
                 if not may_block():
