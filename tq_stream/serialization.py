@@ -26,7 +26,8 @@ frame costs more than copying its bytes (an RPC passes ``inline``; files do not)
 Code 7 is for 1-D int64 and int32 arrays, the row addresses most messages carry: it
 makes them about twice as cheap to encode and to decode as code 6.
 
-Supported values: dict (str keys), list, tuple, str, int, float, bool, None,
+Supported values: ``msgspec.Struct`` (written as the map of its fields: a typed
+message, ``tq_stream.messages``), dict (str keys), list, tuple, str, int, float, bool, None,
 bytes, and as leaves ``torch.Tensor`` (strided, any common dtype incl.
 bfloat16/float8), ``numpy.ndarray`` (bool/int/uint/float/complex dtypes) and
 ``tq_stream.columns.Ragged`` and ``MultiRagged``. bytearray/memoryview leaves come back as bytes,
@@ -139,6 +140,8 @@ def _prepare(obj: Any, buffers: _Buffers, depth: int) -> Any:
         return obj
     if depth >= _MAX_DEPTH:
         raise SerializationError(f"value is nested deeper than {_MAX_DEPTH} levels")
+    if isinstance(obj, msgspec.Struct):  # a typed message: the map of its fields
+        obj = msgspec.structs.asdict(obj)
     if isinstance(obj, dict):
         if not set(map(type, obj)) <= {str}:
             bad = next(k for k in obj if type(k) is not str)

@@ -67,7 +67,7 @@ def processes(conn: Connection) -> list[ProcessInfo]:
 
 
 def _unit_stats(i: int, unit: StorageUnit, timeout: float) -> UnitStats:
-    from tq_stream.connection.proxies import RemoteUnit
+    from tq_stream.connection.remote_unit import RemoteUnit
     from tq_stream.connection.same_host import SameHostUnit
 
     try:

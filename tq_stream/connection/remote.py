@@ -19,6 +19,8 @@ from tq_stream.connection.lost_units import LostUnits
 from tq_stream.connection.owner_watch import OwnerWatch, check_folder
 from tq_stream.errors import ConfigError
 from tq_stream.forksafe import ForkSafeLock
+from tq_stream.messages.admin import PING
+from tq_stream.messages.reads import Nothing
 
 if TYPE_CHECKING:
     from tq_stream.backends.base import StorageUnit
@@ -94,7 +96,7 @@ class RemoteBackend:
         rpc = self._rpc(self.address)
         if self.address.startswith("unix://") or self._curve is not None:
             return rpc
-        info = rpc.call("ping", {})
+        info = PING.decode(rpc.call(PING.name, PING.args(Nothing())))
         self.owner_watch.learn(info.get("owner"))
         local = hosts.nearest({"address": self.address, **info})
         if local == self.address:
@@ -112,7 +114,7 @@ class RemoteBackend:
         return self._units
 
     def _unit_client(self, i: int, info: dict[str, Any]) -> StorageUnit:
-        from tq_stream.connection.proxies import RemoteUnit
+        from tq_stream.connection.remote_unit import RemoteUnit
         from tq_stream.connection.same_host import SameHostUnit
 
         address = info["address"] if self._curve is not None else hosts.nearest(info)

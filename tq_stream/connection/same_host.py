@@ -21,7 +21,8 @@ from tq_stream.errors import ConfigError, StateError, WaitTimeout
 from tq_stream.multiragged import MultiRagged
 
 if TYPE_CHECKING:
-    from tq_stream.connection.proxies import RemoteUnit
+    from tq_stream.connection.remote_unit import RemoteUnit
+    from tq_stream.messages.unit import UnitPing
 
 _READER = ShmReader()
 MAX_LAYOUTS = 256  # cached layouts per unit (a cache this full is cleared)
@@ -445,7 +446,7 @@ class SameHostUnit(StorageUnit):
     def nbytes(self) -> int:
         return self._remote.nbytes()
 
-    def ping(self) -> dict[str, Any]:
+    def ping(self) -> UnitPing:
         return self._remote.ping()
 
     def save_rows(self, request: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from tq_stream.controller import access, counts, registration, rpc_surface
+from tq_stream.controller import access, counts, registration
 from tq_stream.controller.admission import Admission
 from tq_stream.controller.book import Book, Journal
 from tq_stream.controller.consuming import Consuming
@@ -48,6 +48,7 @@ from tq_stream.errors import (
     check_positive,
 )
 from tq_stream.handling import Reply
+from tq_stream.messages.puts import Committed, Placement
 from tq_stream.samplers.base import Sampler, check_sampler
 from tq_stream.samplers.sequential import SequentialSampler
 
@@ -66,10 +67,6 @@ class Controller:
         clock: wall-clock seconds of leases, reservations and write times (a test's
             fake clock moves them on; waits are bounded by ``time.monotonic``).
     """
-
-    # what a server may call, and how (``rpc_surface.py``)
-    RPC_METHODS, RPC_INLINE = rpc_surface.METHODS, rpc_surface.INLINE
-    RPC_WAITS, RPC_REPLIES = rpc_surface.WAITS, rpc_surface.REPLIES
 
     def __init__(self, n_units: int = 1, free: FreeFn = no_free,
                  timings: Timings | None = None, clock: Clock = time.time,
@@ -215,7 +212,7 @@ class Controller:
                 unit: int = -1, timeout: float = 60.0,
                 expect: Sequence[int] | None = None, spare: int = 0, session: str = "",
                 lease: float = DEFAULT_WRITE_LEASE,
-                holder: Mapping[str, Any] | None = None, blocked: float = 0.0) -> dict[str, Any]:
+                holder: Mapping[str, Any] | None = None, blocked: float = 0.0) -> Placement:
         """``Writes.reserve``: validate a put and place its rows; new rows wait for
         capacity."""
         return self._writes.reserve(partition, keys, schemas, unit, timeout, expect, spare,
@@ -224,7 +221,7 @@ class Controller:
     def reserve_shared(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
                        digests: Sequence[Mapping[str, str]], nbytes: Sequence[int],
                        unit: int = -1, timeout: float = 60.0, session: str = "",
-                       lease: float = DEFAULT_WRITE_LEASE) -> dict[str, Any]:
+                       lease: float = DEFAULT_WRITE_LEASE) -> Placement:
         """``shared_puts.reserve_shared`` (the other arguments as in ``reserve``)."""
         return reserve_shared(self._cond, lambda p: self._book.part(p, create=True, by_put=True),
                               self.reserve, self.abort, partition, keys, schemas, digests,
@@ -246,7 +243,7 @@ class Controller:
     def commit_new(self, partition: str, keys: Sequence[str], index: np.ndarray,
                    generation: np.ndarray, schemas: Mapping[str, Any],
                    tags: list[dict[str, Any]] | None = None, unit: int = -1,
-                   spare: int = 0) -> dict[str, Any]:
+                   spare: int = 0) -> Committed:
         """``Spares.commit_new``: create rows for new ``keys`` on spare rows whose bytes
         are stored, and commit them."""
         return self._spares.commit_new(partition, keys, index, generation, schemas, tags,

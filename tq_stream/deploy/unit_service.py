@@ -1,9 +1,9 @@
 """UnitService: a storage unit served over sockets.
 
-An explicit ``RPC_METHODS`` allowlist; arguments and results are plain data, numpy
-arrays and normalized columns (``tq_stream.columns``), carried by
-``tq_stream.serialization`` without pickle. ``RPC_ADMIN`` names the methods only the
-deployment's owner may call (``tq_stream.transport.dispatch``). A served unit stores
+Its RPCs, their requests, replies and flags (inline, admin) are ``messages/unit.py``;
+arguments and results are plain data, numpy arrays and normalized columns
+(``tq_stream.columns``), carried by ``tq_stream.serialization`` without pickle; admin
+RPCs need the deployment owner's token (``tq_stream.transport.dispatch``). A served unit stores
 rows only in slots the controller granted it (``tq_stream.deploy.grants``).
 """
 
@@ -25,6 +25,9 @@ from tq_stream.columns import Ragged
 from tq_stream.deploy.grants import SlotLimits
 from tq_stream.errors import ConfigError, check_name
 from tq_stream.handling import WouldBlock, may_block
+from tq_stream.messages import unit as unit_messages
+from tq_stream.messages.rpc import RpcTable
+from tq_stream.messages.unit import UnitPing
 from tq_stream.multiragged import MultiRagged
 from tq_stream.transport.dispatch import rpc_stats
 
@@ -60,21 +63,9 @@ class UnitService:
     are checked to be 1-D int arrays (slots in ``[0, MAX_SLOT)``) before they reach it,
     and a write may name only slots the controller granted (``grant``, admin)."""
 
-    RPC_METHODS = frozenset({"put", "get", "free", "drop", "nbytes", "ping", "layout", "spans",
-                             "prepare_write", "finish_write", "save_rows", "load_rows", "stats",
-                             "grant", "held", "set_memory", "may_spill"})
-    # Owner-only: what changes placement or every row, and what touches files or lists
-    # every row (a client could otherwise read or write files of its choosing), or a
-    # partition's memory budget (the owner's bound) and what goes to disk.
-    RPC_ADMIN = frozenset({"drop", "grant", "save_rows", "load_rows", "held", "set_memory",
-                           "may_spill"})
-    # The unit's lock guards only copies, so every method may run on the server's IO
-    # thread; large transfers go to worker threads (``INLINE_BYTES``/``INLINE_ROWS``), so
-    # a bulk copy never delays small requests and several copies run in parallel.
-    # prepare_write may wait for open writes; save_rows / load_rows write / read files.
-    # set_memory and may_spill may move rows to disk.
-    RPC_INLINE = RPC_METHODS - {"prepare_write", "save_rows", "load_rows", "set_memory",
-                                "may_spill"}
+    # what a server may call, and how: one ``Rpc`` per method (``messages/unit.py``)
+    RPC_TABLE = RpcTable(unit_messages.RPCS)
+    RPC_METHODS, RPC_INLINE, RPC_ADMIN = RPC_TABLE.methods, RPC_TABLE.inline, RPC_TABLE.admin
     INLINE_BYTES = 1 << 20  # a put carrying more bytes than this runs on a worker
     INLINE_ROWS = 64  # a get of more rows than this runs on a worker
 
@@ -131,9 +122,9 @@ class UnitService:
             return {}
         return self.shared.spans(partition, slots, list(fields), _tokens(generations, slots))
 
-    def ping(self) -> dict[str, Any]:
+    def ping(self) -> UnitPing:
         # the host is looked up per ping (a Ray test fakes nodes there)
-        return {"pid": os.getpid(), "host": hosts.host_id(), "nbytes": self.unit.nbytes()}
+        return UnitPing(pid=os.getpid(), host=hosts.host_id(), nbytes=self.unit.nbytes())
 
     def save_rows(self, request: dict[str, Any]) -> dict[str, Any]:
         """Write this unit's checkpoint file (see ``tq_stream.backends.unit_files``)."""

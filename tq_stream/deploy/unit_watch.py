@@ -21,7 +21,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tq_stream.connection.unit_client import UnitClient
 from tq_stream.errors import check_timeout
+from tq_stream.messages import unit as um
 
 DEFAULT_UNIT_TIMEOUT = 10.0  # seconds without an answer before a unit is lost
 logger = logging.getLogger(__name__)
@@ -37,7 +39,7 @@ class UnitWatch:
         timeout: seconds without an answer before a unit is declared lost.
     """
 
-    def __init__(self, service: Any, clients: Callable[[], list[Any]],
+    def __init__(self, service: Any, clients: Callable[[], list[UnitClient]],
                  timeout: float = DEFAULT_UNIT_TIMEOUT) -> None:
         self.timeout = check_timeout("unit_timeout", timeout)
         self._service = service
@@ -61,12 +63,12 @@ class UnitWatch:
                     return
                 self._check(i, client, interval)
 
-    def _check(self, unit: int, client: Any, interval: float) -> None:
+    def _check(self, unit: int, client: UnitClient, interval: float) -> None:
         now = time.monotonic()
         last = self._last_ok.setdefault(unit, now)
         serving = self._serving.get(unit, 0)
         try:
-            info = client.call("ping", timeout=max(0.05, min(interval, 2.0)))
+            info = client.call(um.PING, um.Nothing(), timeout=max(0.05, min(interval, 2.0)))
         except Exception as exc:  # noqa: BLE001 — any failure is a missed heartbeat
             if self._serving.get(unit, 0) != serving:
                 return  # the old process missed it; a new one serves since
@@ -85,7 +87,7 @@ class UnitWatch:
         self._silent.discard(unit)
         self._lost.discard(unit)
         try:
-            self._service.unit_answered(unit, int(info.get("pid", -1)))
+            self._service.unit_answered(unit, info.pid)
         except Exception:
             logger.debug("recording unit %d's answer failed", unit, exc_info=True)
 

@@ -139,14 +139,14 @@ def test_an_arena_does_not_compact_under_an_open_write(unit):
 def spy_calls(units):
     calls: list[tuple[str, list[str]]] = []
     for u in units:
-        original = u._remote._rpc.call
+        original = u._remote.client.transport.call
 
         def spy(method, args=None, timeout=None, _orig=original):
             cols = sorted((args or {}).get("columns") or (args or {}).get("arenas") or [])
             calls.append((method, cols))
             return _orig(method, args, timeout=timeout)
 
-        u._remote._rpc.call = spy
+        u._remote.client.transport.call = spy
     return calls
 
 
@@ -172,7 +172,7 @@ def test_large_ragged_puts_write_straight_into_shared_memory(local_stream):
         assert same(got.get("tokens").tolist(), tokens)
     finally:
         for u in units:
-            del u._remote._rpc.call
+            del u._remote.client.transport.call
 
 
 def test_a_put_whose_copy_fails_leaves_nothing(local_stream, monkeypatch):

@@ -33,7 +33,7 @@ from tests.helpers.tq_fixtures import (
     wait_until,
 )
 from tests.helpers.tq_workers import produce, values
-from tq_stream.connection.proxies import RemoteUnit
+from tq_stream.connection.remote_unit import RemoteUnit
 from tq_stream.connection.same_host import SameHostUnit
 from tq_stream.datasets.workers import SpawnStartWarning
 from tq_stream.errors import StateError
@@ -432,14 +432,14 @@ def test_large_dense_puts_write_straight_into_shared_memory(local_stream):
     assert all(isinstance(u, SameHostUnit) for u in units)
     calls: list[str] = []
     for u in units:
-        rpc = u._remote._rpc
+        rpc = u._remote.client.transport
         original = rpc.call
 
         def spy(method, args=None, timeout=None, _orig=original):
             calls.append(method)
             return _orig(method, args, timeout=timeout)
 
-        u._remote._rpc.call = spy
+        u._remote.client.transport.call = spy
     try:
         w = local_stream.writer("direct")
         for n in (64, 640):  # the second put grows the slabs under the first rows
@@ -470,7 +470,7 @@ def test_large_dense_puts_write_straight_into_shared_memory(local_stream):
         assert sent and all(cols == ["text"] for cols in sent)
     finally:
         for u in units:
-            del u._remote._rpc.call
+            del u._remote.client.transport.call
             u._remote.__dict__.pop("finish_write", None)
 
 

@@ -82,7 +82,7 @@ def test_producer_and_consumer_on_different_nodes(ray_cluster):
         # This process shares the host with every actor: it calls them over unix sockets.
         assert stream.address.startswith("tcp://")
         assert stream.connection.controller()._rpc.address.startswith("unix://")
-        assert all(u._remote._rpc.address.startswith("unix://")
+        assert all(u._remote.client.transport.address.startswith("unix://")
                    for u in stream.connection.units())
 
         stream.create_partition("train", consumers=["learner"])
