@@ -57,9 +57,8 @@ def processes(conn: Connection) -> list[ProcessInfo]:
             ProcessInfo("unit", i, pid, here, None, None) for i in range(n)]
     ctrl = _served(conn)
     ping = ctrl.ping()
-    local = ping.get("local")
-    out = [ProcessInfo("controller", 0, int(ping["pid"]), str(ping["host"]), conn.address,
-                       _folder(local) or _folder(conn.address))]
+    out = [ProcessInfo("controller", 0, ping.pid, ping.host, conn.address,
+                       _folder(ping.local) or _folder(conn.address))]
     for i, u in enumerate(ctrl.units()):
         out.append(ProcessInfo("unit", i, int(u["pid"]), str(u["host"]), u["address"],
                                _folder(u.get("local")) or _folder(u["address"])))

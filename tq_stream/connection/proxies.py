@@ -293,7 +293,7 @@ class RemoteController:
     def drop_unit(self, unit: int, info: dict[str, Any] | None = None) -> dict[str, int]:
         return self._admin(admin.DROP_UNIT, admin.DropUnit(unit=unit, info=info))
 
-    def ping(self, timeout: float | None = None) -> dict[str, Any]:
+    def ping(self, timeout: float | None = None) -> admin.Ping:
         return self._call(admin.PING, reads.Nothing(), timeout)
 
     def server_stats(self, timeout: float | None = None) -> dict[str, Any]:

@@ -97,8 +97,8 @@ class RemoteBackend:
         if self.address.startswith("unix://") or self._curve is not None:
             return rpc
         info = PING.decode(rpc.call(PING.name, PING.args(Nothing())))
-        self.owner_watch.learn(info.get("owner"))
-        local = hosts.nearest({"address": self.address, **info})
+        self.owner_watch.learn(info.owner)
+        local = hosts.nearest({"address": self.address, "host": info.host, "local": info.local})
         if local == self.address:
             return rpc
         rpc.close()
@@ -208,5 +208,5 @@ def open_backend(address: str, config: StreamConfig,
         from tq_stream.transport.zmq_handshake import check_handshake
 
         check_handshake(address, curve_server_key, min(config.timeout, HANDSHAKE_WINDOW))
-    backend.owner_watch.learn(backend.controller().ping().get("owner"))
+    backend.owner_watch.learn(backend.controller().ping().owner)
     return backend

@@ -357,7 +357,7 @@ class LocalDeployment:
             _await_ready([new], timeout)
             ctrl = self._backend.controller()
             ctrl.attach_units([c.info for c in self._children[:-1]])
-            info = {"recovery": ctrl.ping().get("recovery", {}),
+            info = {"recovery": ctrl.ping().recovery,
                     "seconds": time.monotonic() - started}
             self.restarts.append(info)
             logger.warning("the controller died and was restarted: %s", info)

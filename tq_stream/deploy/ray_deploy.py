@@ -390,7 +390,7 @@ class RayDeployment:
             serving = time.monotonic() - begun  # a new Ray worker, imports, the load
             ctrl = self._backend.controller()
             ctrl.attach_units(self.unit_infos)
-            info = {"recovery": ctrl.ping().get("recovery", {}), "start_seconds": serving,
+            info = {"recovery": ctrl.ping().recovery, "start_seconds": serving,
                     "seconds": time.monotonic() - begun}
             self.restarts.append(info)
             logger.warning("the controller actor died and was re-created: %s", info)

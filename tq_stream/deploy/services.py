@@ -34,6 +34,7 @@ from tq_stream.errors import AuthError, ConfigError, StateError
 from tq_stream.handling import ANSWERED, Reply, WouldBlock, may_block
 from tq_stream.messages import admin, media, puts, reads
 from tq_stream.messages import unit as um
+from tq_stream.messages.admin import Ping
 from tq_stream.messages.puts import Committed, Placement, Rows
 from tq_stream.messages.rpc import Req, Rpc, RpcTable
 from tq_stream.samplers.base import Sampler
@@ -368,11 +369,11 @@ class ControllerService(Controller):
                              f"controller start")
         return list(self._unit_addresses)
 
-    def ping(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "host": hosts.host_id(), "units": len(self._unit_addresses),
-                "local": self.local_address, "recovery": self.recovery,
-                "dead_units": sorted(self._units.dead), "units_epoch": self._units_epoch,
-                "owner": self._owner}
+    def ping(self) -> Ping:
+        return Ping(pid=os.getpid(), host=hosts.host_id(), units=len(self._unit_addresses),
+                    local=self.local_address, recovery=self.recovery,
+                    dead_units=sorted(self._units.dead), units_epoch=self._units_epoch,
+                    owner=self._owner)
 
     def unit_back(self, unit: int) -> None:
         """A new, empty unit serves as ``unit``: it holds no grants yet."""

@@ -31,8 +31,23 @@ class LoadState(msgspec.Struct, kw_only=True):
     state: dict[str, Any]
 
 
+class Ping(msgspec.Struct, kw_only=True):
+    """The controller's heartbeat: its process and host, the units attached, its unix
+    address on this host (None: none), what its last restart found, the units lost and
+    not back, the units' epoch and the deployment owner's record (None: unknown)."""
+
+    pid: int
+    host: str
+    units: int
+    local: str | None = None
+    recovery: dict[str, Any] = msgspec.field(default_factory=dict)
+    dead_units: list[int] = msgspec.field(default_factory=list)
+    units_epoch: int | None = None
+    owner: dict[str, Any] | None = None
+
+
 UNITS: Rpc[Nothing, list[Plain]] = Rpc("units", Nothing, list[Plain])
-PING: Rpc[Nothing, Plain] = Rpc("ping", Nothing, Plain, inline=True)
+PING: Rpc[Nothing, Ping] = Rpc("ping", Nothing, Ping, inline=True)
 SERVER_STATS: Rpc[Nothing, Plain] = Rpc("server_stats", Nothing, Plain, inline=True)
 ATTACH_UNITS = Rpc("attach_units", AttachUnits, None, admin=True)
 DROP_UNIT: Rpc[DropUnit, dict[str, int]] = Rpc("drop_unit", DropUnit, dict[str, int],
