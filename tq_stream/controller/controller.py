@@ -93,6 +93,27 @@ class Controller:
         self.media_hold, self.media_release = self._media.hold, self._media.release
         self.media_lookup = self._media.lookup
 
+    # ------------------------------------------------------------ parts, for tests and tools
+    @property
+    def lock(self) -> threading.Condition:
+        """The one lock (and condition) every controller part holds while it runs."""
+        return self._cond
+
+    @property
+    def book(self) -> Book:
+        """The partitions and tasks (``Book``); read or change them under ``lock``."""
+        return self._book
+
+    @property
+    def waiters(self) -> Waiters:
+        """The get_meta calls parked for rows (``len`` counts them)."""
+        return self._waiters
+
+    @property
+    def unit_map(self) -> Units:
+        """Where rows live on the storage units, and what a lost unit takes (``Units``)."""
+        return self._units
+
     # ------------------------------------------------------------ admission
     def admit(self, partition: str, n: int, timeout: float = 60.0) -> int:
         """``Admission.admit``: wait until ``n`` more rows may be started."""
@@ -346,15 +367,16 @@ class Controller:
         from tq_stream.controller.checkpoint import controller_state
 
         with self._cond:
-            return controller_state(self._parts, self._tasks)
+            return controller_state(self._parts, self._tasks, self._book.pins)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        from tq_stream.controller.checkpoint import load_controller
+        from tq_stream.controller.checkpoint import load_controller, load_pins
 
         with self._cond:
             if self._parts:
                 raise StateError("load_state_dict must be called on an empty controller")
-            self._book.replace(*load_controller(state, self.n_units))
+            parts, tasks = load_controller(state, self.n_units)
+            self._book.replace(parts, tasks, load_pins(state, parts))
             hold_restored(self._reservations, self._parts, self._book.clock())
             self._cond.notify_all()
 

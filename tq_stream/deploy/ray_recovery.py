@@ -48,7 +48,7 @@ NAME_TIMEOUT = 30.0  # seconds a dead actor's name may take to be released
 def alive_nodes() -> list[str]:
     import ray
 
-    return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+    return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
 
 
 def probe(actors: Sequence[Any], timeout: float = PROBE_TIMEOUT) -> tuple[set[int], set[int]]:
@@ -86,7 +86,7 @@ def unit_node(old: str, unit_nodes: Sequence[str], elsewhere: bool = False) -> s
     return min(alive, key=lambda n: held[n])
 
 
-def create(actor_class: Any, name: str, namespace: str, node: str, args: tuple,
+def create(actor_class: Any, name: str, namespace: str, node: str, args: tuple[Any, ...],
            kwargs: dict[str, Any]) -> Any:
     """Start an actor named ``name`` on ``node`` (a hard affinity: Ray's soft one places
     actors elsewhere even when the node is free); waits (``NAME_TIMEOUT``) for a dead

@@ -1,23 +1,20 @@
 """Media by reference in Ray mode: the driver (the agent loop) puts an image and hands
 its MediaRef to an inference-server actor, which joins the deployment by name and
-resolves it (views of the unit's shared memory on this node after the first read) and
+resolves it (views of the unit's shared memory on this node, the first read too) and
 pins it; the rows naming it are acked, the actor releases its pin, and the media is
 freed (one job on a one-node local Ray, in its own process)."""
 
 from __future__ import annotations
 
 import json
-import os
-import pathlib
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
+from tests.helpers.ray_job import run_ray_job
+
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.timeout(240)]
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 RAY_JOB = textwrap.dedent("""
     import json, sys
@@ -40,7 +37,7 @@ RAY_JOB = textwrap.dedent("""
             self.pins[ref.key] = self.stream.media.pin(ref)  # held while it works
             reads = [self.stream.resolve(ref)["image"] for _ in range(3)]
             return {{"sum": int(reads[-1].sum()), "shape": list(reads[-1].shape),
-                    "view": reads[1].data_ptr() == reads[2].data_ptr()}}
+                    "view": len({{r.data_ptr() for r in reads}}) == 1}}
 
         def done(self, key):
             self.stream.release(self.pins.pop(key))
@@ -82,14 +79,8 @@ RAY_JOB = textwrap.dedent("""
 
 
 def test_an_actor_resolves_media_by_reference_and_it_is_freed(tmp_path):
-    path = os.pathsep.join([str(ROOT)] + sys.path[1:])
-    script = tmp_path / "job.py"
-    script.write_text(RAY_JOB.format(root=str(ROOT), path=path))
-    env = {**os.environ, "PYTHONPATH": path}
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=230, env=env, cwd=str(tmp_path))
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    lines = run_ray_job(RAY_JOB, tmp_path)
+    got = json.loads(lines[-1])
     assert "was freed: its last pin was released by" in got.pop("refused")
     assert got == {"exact_server": True, "view": True, "pins": 2, "exact": True,
                    "held": 1, "after": 0}
