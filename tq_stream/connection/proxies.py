@@ -20,7 +20,7 @@ from tq_stream.config import DEFAULT_LEASE_TIMEOUT
 from tq_stream.errors import AuthError, ConnectionLost, Unreachable, check_timeout
 from tq_stream.messages import admin, media, puts, reads
 from tq_stream.messages.puts import DEFAULT_WRITE_LEASE, Committed, Placement
-from tq_stream.messages.rpc import Rep, Req, Rpc, Untyped
+from tq_stream.messages.rpc import Rep, Req, Rpc
 from tq_stream.samplers.base import Sampler
 from tq_stream.samplers.spec import to_spec
 from tq_stream.transport.dispatch import OWNER_ARG
@@ -164,24 +164,19 @@ class RemoteController:
     def media_hold(self, partition: str, keys: Sequence[str], session: str, holder: str,
                    lease: float, producer: bool, pending: float = 0.0,
                    pins: Sequence[str] | None = None) -> dict[str, Any]:
-        extra: dict[str, Any] = {} if pins is None else {"pins": list(pins)}
-        return self._untyped(media.MEDIA_HOLD, partition=partition, keys=list(keys),
-                             session=session, holder=holder, lease=lease, producer=producer,
-                             pending=pending, **extra)
+        return self._call(media.MEDIA_HOLD, media.MediaHold(
+            partition=partition, keys=list(keys), session=session, holder=holder, lease=lease,
+            producer=producer, pending=pending, pins=None if pins is None else list(pins)))
 
     def media_release(self, partition: str, pin: str, session: str, holder: str) -> None:
-        self._untyped(media.MEDIA_RELEASE, partition=partition, pin=pin, session=session,
-                      holder=holder)
+        self._call(media.MEDIA_RELEASE, media.MediaRelease(partition=partition, pin=pin,
+                                                           session=session, holder=holder))
 
     def media_lookup(self, partition: str, key: str, index: int, generation: int, pin: str,
                      deployment: str, fields: Sequence[str]) -> dict[str, Any]:
-        return self._untyped(media.MEDIA_LOOKUP, partition=partition, key=key, index=index,
-                             generation=generation, pin=pin, deployment=deployment,
-                             fields=list(fields))
-
-    def _untyped(self, rpc: Rpc[Untyped, Rep], **args: object) -> Rep:
-        """A call of an RPC whose request is not typed yet (``messages/media.py``)."""
-        return rpc.decode(self._again_if_lost(rpc.name, args, self._timeout))
+        return self._call(media.MEDIA_LOOKUP, media.MediaLookup(
+            partition=partition, key=key, index=index, generation=generation, pin=pin,
+            deployment=deployment, fields=list(fields)))
 
     # --- tasks
     def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,

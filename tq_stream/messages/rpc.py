@@ -29,11 +29,6 @@ Req = TypeVar("Req", bound=msgspec.Struct)
 Rep = TypeVar("Rep")
 
 
-class Untyped(msgspec.Struct):
-    """The request of an RPC not typed yet: its arguments are the method's keywords
-    (``RpcTable.check`` skips it)."""
-
-
 class Rpc(Generic[Req, Rep]):
     """The declaration of one RPC (see the module docstring). ``reply``: the reply's
     type; a struct (or ``Struct | None``) is decoded into, any other type is trusted
@@ -102,8 +97,6 @@ class RpcTable:
             ConfigError: naming the method and what differs.
         """
         for name, rpc in self.rpcs.items():
-            if rpc.request is Untyped:
-                continue
             params = {p.name: p.default for p in
                       inspect.signature(getattr(handler, name)).parameters.values()
                       if p.name not in skip}
@@ -122,4 +115,4 @@ def _default(field: msgspec.structs.FieldInfo) -> object:
     return inspect.Parameter.empty
 
 
-__all__ = ["Rpc", "RpcTable", "Untyped"]
+__all__ = ["Rpc", "RpcTable"]
