@@ -220,10 +220,10 @@ def list_partition(rt: Runtime, partition: str) -> dict[str, dict[str, Any]]:
     per-key dicts verl expects are built here, a column at a time.
     """
     d = rt.get().connection.controller().list_tags(partition=partition)
-    keys = d["keys"]
+    keys = d.keys
     out: dict[str, dict[str, Any]] = {k: {} for k in keys}
     rows = list(out.values())
-    for name, (pos, vals) in d["tags"].items():
+    for name, (pos, vals) in d.tags.items():
         if len(vals) == len(rows):  # every row has the tag: no positions to follow
             for row, v in zip(rows, vals, strict=True):
                 row[name] = v

@@ -18,6 +18,7 @@ import numpy as np
 
 from tq_stream.backends.base import StorageUnit
 from tq_stream.messages.puts import Committed, Placement
+from tq_stream.messages.reads import TagColumns
 from tq_stream.stats import PartitionStats
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ class ControllerAPI(Protocol):
     def list_rows(self, partition: str,
                   keys: Sequence[str] | None = None) -> list[dict[str, Any]]: ...
 
-    def list_tags(self, partition: str) -> dict[str, Any]: ...
+    def list_tags(self, partition: str) -> TagColumns: ...
 
     def keys_of(self, partition: str, index: Sequence[int]) -> list[str]: ...
 

@@ -261,7 +261,7 @@ class RemoteController:
         return self._call(reads.LIST_ROWS, reads.ListRows(
             partition=partition, keys=None if keys is None else list(keys)))
 
-    def list_tags(self, partition: str) -> dict[str, Any]:
+    def list_tags(self, partition: str) -> reads.TagColumns:
         return self._call(reads.LIST_TAGS, reads.OfPartition(partition=partition))
 
     def keys_of(self, partition: str, index: Sequence[int]) -> list[str]:

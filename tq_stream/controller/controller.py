@@ -49,6 +49,7 @@ from tq_stream.errors import (
 )
 from tq_stream.handling import Reply
 from tq_stream.messages.puts import Committed, Placement
+from tq_stream.messages.reads import TagColumns
 from tq_stream.samplers.base import Sampler, check_sampler
 from tq_stream.samplers.sequential import SequentialSampler
 
@@ -153,7 +154,7 @@ class Controller:
         with self._cond:
             return access.list_rows(self._book.part(partition), keys)
 
-    def list_tags(self, partition: str) -> dict[str, Any]:
+    def list_tags(self, partition: str) -> TagColumns:
         """Keys and tags of every row as columns (``access.list_tags``)."""
         with self._cond:
             return access.list_tags(self._book.part(partition))

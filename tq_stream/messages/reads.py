@@ -137,6 +137,14 @@ class KeysOf(msgspec.Struct, kw_only=True):
     index: np.ndarray
 
 
+class TagColumns(msgspec.Struct, kw_only=True):
+    """Keys and tags of every row, oldest first, as columns: row ``keys[positions[j]]``
+    has tag ``name`` = ``values[j]`` for ``tags[name] == [positions, values]``."""
+
+    keys: list[str]
+    tags: dict[str, list[Any]]
+
+
 class SetTags(msgspec.Struct, kw_only=True):
     partition: str
     keys: Sequence[str]
@@ -169,7 +177,7 @@ CLEAR: Rpc[Clear, int] = Rpc("clear", Clear, int)
 LOOKUP: Rpc[Lookup, Plain] = Rpc("lookup", Lookup, Plain, inline=True)
 LOCATE: Rpc[Keys, Plain] = Rpc("locate", Keys, Plain, inline=True)
 LIST_ROWS: Rpc[ListRows, list[Plain]] = Rpc("list_rows", ListRows, list[Plain])
-LIST_TAGS: Rpc[OfPartition, Plain] = Rpc("list_tags", OfPartition, Plain)
+LIST_TAGS: Rpc[OfPartition, TagColumns] = Rpc("list_tags", OfPartition, TagColumns)
 KEYS_OF: Rpc[KeysOf, list[str]] = Rpc("keys_of", KeysOf, list[str], inline=True)
 SET_TAGS = Rpc("set_tags", SetTags, None, inline=True)
 STATS: Rpc[Nothing, Plain] = Rpc("stats", Nothing, Plain, inline=True)
