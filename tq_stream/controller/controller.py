@@ -1,11 +1,9 @@
 """Controller: keys, readiness, leases and steps of every partition — metadata only.
 
-Every public method takes and returns plain values (str, int, float, bool,
-lists, dicts, numpy arrays) or the reply structs of ``tq_stream.messages``, so the
-same object serves in-process callers and remote ones behind a transport (which
-RPCs a server serves, and how, is its service's table: ``deploy/services.py``). One lock guards all metadata; one condition
-variable wakes waiters (consumers waiting for ready rows, writers waiting for
-capacity) whenever rows are committed, acked, released or cleared.
+Public methods take and return plain values and numpy arrays, or the reply structs
+of ``tq_stream.messages`` (a server serves them by its service's table,
+``deploy/services.py``). One lock guards all metadata; one condition variable wakes
+waiters whenever rows are committed, acked, released or cleared.
 
 It hands each concern to a part, all working on one ``Book`` (partitions, tasks,
 the condition): ``Writes`` (reserve, commit, abort), ``Spares`` (puts on spare
