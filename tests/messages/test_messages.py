@@ -54,13 +54,14 @@ def test_a_reply_struct_is_a_map_on_the_wire_and_decodes_to_its_type():
                        new=np.ones(2, bool), schemas={}, spare=Rows(rows, rows, rows, rows))
     wire = decode(encode(placed, inline=1024))
     assert isinstance(wire, dict) and wire["index"].tolist() == [0, 1]
+    assert "lost" not in wire and "holder_left" not in wire  # None by default: left out
     got = puts.RESERVE.decode(wire)
     assert isinstance(got, Placement) and isinstance(got.spare, Rows)
     assert got.slot.tolist() == [0, 1] and got.lost is None
 
 
 def test_a_reply_of_another_shape_is_refused_naming_the_rpc():
-    with pytest.raises(SerializationError, match="reply of 'ping'"):
+    with pytest.raises(SerializationError, match="reply of .ping. must be a UnitPing"):
         unit.PING.decode({"pid": "not a pid"})
 
 

@@ -34,42 +34,48 @@ class Rpc(Generic[Req, Rep]):
     type; a struct (or ``Struct | None``) is decoded into, any other type is trusted
     as it arrives (plain values: an int, a list of str, a dict of stats)."""
 
-    __slots__ = ("admin", "answers", "inline", "name", "reply", "request", "waits",
-                 "_typed")
+    __slots__ = ("_optional", "_struct", "admin", "answers", "inline", "name", "reply",
+                 "request", "waits")
 
     def __init__(self, name: str, request: type[Req], reply: object, *,
                  inline: bool = False, waits: str | None = None, admin: bool = False,
                  answers: bool = False) -> None:
         self.name, self.request, self.reply = name, request, reply
         self.inline, self.waits, self.admin, self.answers = inline, waits, admin, answers
-        self._typed = _has_struct(reply)
+        # the struct a reply is decoded into (None: a plain reply), and whether None is one
+        self._struct, self._optional = _struct_of(reply)
 
     def args(self, request: Req) -> dict[str, object]:
         """The keyword arguments ``request`` carries (the map sent on the wire)."""
         return msgspec.structs.asdict(request)
 
     def decode(self, reply: object) -> Rep:
-        """``reply`` as received, as the declared reply type.
+        """``reply`` as received, as the declared reply type (a map becomes its struct;
+        a struct, as an in-process transport hands it, stays as it is).
 
         Raises:
             SerializationError: the reply is not of that shape (another version's server).
         """
-        if not self._typed or isinstance(reply, msgspec.Struct):
-            return reply  # type: ignore[return-value]  # a plain reply, trusted as declared
+        struct = self._struct
+        if struct is None or type(reply) is struct or (reply is None and self._optional):
+            return reply  # type: ignore[return-value]  # as declared
         try:
-            return msgspec.convert(reply, self.reply, strict=False)  # type: ignore[no-any-return]
+            if type(reply) is not dict:
+                raise msgspec.ValidationError(f"expected a map, got {type(reply).__name__}")
+            return msgspec.convert(reply, struct)  # type: ignore[no-any-return]
         except msgspec.ValidationError as exc:
-            raise SerializationError(f"reply of {self.name!r} is not a {self.reply!r}: "
-                                     f"{exc}") from None
+            raise SerializationError(f"reply of {self.name!r} must be a "
+                                     f"{struct.__name__}: {exc}") from None
 
     def __repr__(self) -> str:
         return f"Rpc({self.name!r})"
 
 
-def _has_struct(reply: object) -> bool:
-    args = getattr(reply, "__args__", None)  # a union: Struct | None
-    kinds = args if args is not None else (reply,)
-    return any(isinstance(k, type) and issubclass(k, msgspec.Struct) for k in kinds)
+def _struct_of(reply: object) -> tuple[type[msgspec.Struct] | None, bool]:
+    """The struct in a reply type (``S`` or ``S | None``) and whether None may come."""
+    kinds = getattr(reply, "__args__", None) or (reply,)  # a union's members
+    structs = [k for k in kinds if isinstance(k, type) and issubclass(k, msgspec.Struct)]
+    return (structs[0] if structs else None), type(None) in kinds
 
 
 class RpcTable:
