@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tq_stream.backends.slabs import Alloc, MultiRaggedArena, RaggedArena, Store
+from tq_stream.backends.alloc import Alloc
+from tq_stream.backends.slabs import MultiRaggedArena, RaggedArena, Store
 from tq_stream.columns import Column, Ragged, dtype_from_name, dtype_name
 from tq_stream.errors import ConfigError
 from tq_stream.multiragged import MultiRagged

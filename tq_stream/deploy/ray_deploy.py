@@ -55,12 +55,12 @@ _FOLDER = "tq_ray_"  # prefix of an actor's socket folder: tq_ray_<pid>_<random>
 def sweep_folders() -> int:
     """Remove the socket folders of tq_stream actors on this node whose process is gone
     (an actor killed with its driver cannot remove its own); returns how many."""
-    from tq_stream.backends.shm import _pid_alive
+    from tq_stream.backends.shm_sweep import pid_alive
 
     removed = 0
     for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{_FOLDER}*")):
         pid = os.path.basename(path)[len(_FOLDER):].split("_", 1)[0]
-        if not pid.isdigit() or _pid_alive(int(pid)):
+        if not pid.isdigit() or pid_alive(int(pid)):
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed += 1
