@@ -260,7 +260,7 @@ class Runtime:
         import ray
 
         import tq_stream
-        from tq_stream.deploy.ray_deploy import controller_info
+        from tq_stream.deploy.ray_actor import controller_info
 
         deadline = time.monotonic() + wait
         while True:

@@ -192,7 +192,7 @@ class _SocketsOwner:
 
 def _by_name(name: str, namespace: str, key: bytes | None) -> tuple[str, bytes | None]:
     """The address and CURVE public key of the Ray deployment ``name``."""
-    from tq_stream.deploy.ray_deploy import controller_info
+    from tq_stream.deploy.ray_actor import controller_info
 
     info = controller_info(name, namespace)
     known = (info.get("curve_server_key") or "").encode() or None
