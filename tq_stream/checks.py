@@ -65,7 +65,11 @@ def check_fields(fields: object) -> list[str] | None:
     return list(fields)
 
 
-def check_tags(tags: Any, n: int) -> list[dict[str, TagValue]] | None:
+# What a put takes as tags: one dict per row (one dict for one row), or None.
+TagsIn = Mapping[str, object] | Sequence[Mapping[str, object]] | None
+
+
+def check_tags(tags: TagsIn, n: int) -> list[dict[str, TagValue]] | None:
     """Validate ``tags`` for a put of ``n`` rows: None or n dicts of JSON-like scalars."""
     if tags is None:
         return None

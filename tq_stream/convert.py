@@ -203,7 +203,12 @@ def _flatten(items: Mapping[Any, Any], out: dict[str, Any], prefix: str = "",
     return out
 
 
-def to_columns(data: Any, n: int) -> dict[str, Column]:
+# What a put takes: a TensorDict ``[n]`` or a dict of fields (``to_columns``, which
+# checks any value), or for one key its row's values without a batch dim (``single_row``).
+RowData = TensorDictBase | Mapping[str, object]
+
+
+def to_columns(data: object, n: int) -> dict[str, Column]:
     """Normalize a TensorDict / dict of n rows into columns (field names checked;
     nested TensorDicts and dicts become ``"a.b"`` fields, see ``fieldpath``)."""
     if type(data) is dict:  # the common case first: no ABC checks
@@ -242,7 +247,7 @@ def _plain_tensors(items: dict[Any, Any], n: int) -> dict[str, Column] | None:
     return items
 
 
-def single_row(data: Any) -> dict[str, Column]:
+def single_row(data: object) -> dict[str, Column]:
     """One row's values (no batch dim) as columns of one row (a nested TensorDict is
     nested fields; a dict is one plain value)."""
     if isinstance(data, TensorDictBase):

@@ -74,7 +74,7 @@ def _close_open_loops() -> None:
         loader.close_at_exit()
 
 
-def _identity(batch: Any) -> Any:
+def _identity(batch: TensorDict) -> TensorDict:
     return batch
 
 

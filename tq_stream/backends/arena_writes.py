@@ -73,10 +73,12 @@ class ArenaWrite:
         """The values of ``column`` (the one this write was made ``of``) to copy."""
         if isinstance(column, Ragged):
             lo = int(column.offsets[0])
-            return column.values[lo : lo + self.total]
-        return column.values
+            values: torch.Tensor = column.values[lo : lo + self.total]
+        else:
+            values = column.values
+        return values
 
-    def wire(self) -> list:
+    def wire(self) -> list[object]:
         return [self.kind, dtype_name(self.dtype), list(self.shape), self.sizes]
 
     @staticmethod

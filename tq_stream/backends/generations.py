@@ -64,7 +64,7 @@ class Generations:
         inside = (slots >= 0) & (slots < self.data.shape[0])
         ok = inside.copy()
         ok[inside] = self.data.numpy()[slots[inside]] == tokens[inside]
-        return ok
+        return np.asarray(ok, dtype=bool)
 
     def check(self, partition: str, slots: np.ndarray, tokens: np.ndarray) -> None:
         """Raise StateError unless every slot holds the row of its token."""

@@ -19,18 +19,18 @@ def _own(value: object) -> object:
     kind = type(value)
     if kind in SCALARS:
         return value
-    if kind is dict:
+    if kind is dict and isinstance(value, dict):  # exactly a dict (isinstance: for mypy)
         if set(map(type, value.values())) <= SCALARS:  # flat: one C-level copy
             return dict(value)
         return {k: _own(v) for k, v in value.items()}
-    if kind is list:
+    if kind is list and isinstance(value, list):
         return list(value) if set(map(type, value)) <= SCALARS else [_own(v) for v in value]
-    if kind is tuple:
+    if kind is tuple and isinstance(value, tuple):
         return value if set(map(type, value)) <= SCALARS else tuple(_own(v) for v in value)
     return copy.deepcopy(value) if isinstance(value, list | dict | tuple) else value
 
 
-def _own_all(values: list) -> list:
+def _own_all(values: list[object]) -> list[object]:
     """``[_own(v) for v in values]``, skipping the calls when every value is a scalar."""
     return list(values) if set(map(type, values)) <= SCALARS else [_own(v) for v in values]
 
@@ -46,7 +46,7 @@ class ObjectSlots:
         self.data = np.empty(MIN_ROWS, dtype=object)
         self.written = np.zeros(MIN_ROWS, dtype=bool)
 
-    def put(self, slots: np.ndarray, values: list) -> None:
+    def put(self, slots: np.ndarray, values: list[object]) -> None:
         cap = self.data.shape[0]
         top = int(slots.max())
         if top >= cap:
@@ -58,7 +58,7 @@ class ObjectSlots:
         self.data[slots] = np.fromiter(_own_all(values), dtype=object, count=len(values))
         self.written = mark_written(self.written, slots, True)
 
-    def get(self, slots: np.ndarray) -> list:
+    def get(self, slots: np.ndarray) -> list[object]:
         check_written(self.written, slots)
         return _own_all(self.data[slots].tolist())
 

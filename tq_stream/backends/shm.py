@@ -29,10 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from tq_stream.backends.alloc import fence
+from tq_stream.backends.alloc import Alloc, fence
 from tq_stream.backends.arena_writes import appended
 from tq_stream.backends.direct import DirectWrites, UnitStores
 from tq_stream.backends.memory import MemoryUnit
+from tq_stream.backends.partition_store import PartitionStore
 from tq_stream.backends.row_bytes import held
 from tq_stream.backends.segments import SHM_DIR, Segment
 from tq_stream.backends.shm_sweep import EPOCH, PREFIX, shm_available, sweep_stale
@@ -71,7 +72,7 @@ class ShmUnit(MemoryUnit):
         sweep_stale()
         self.keep_bytes = keep_bytes
         self._segments: dict[int, Segment] = {}  # data_ptr of a slab -> its segment
-        self._idle: dict[tuple[str, str], Segment] = {}  # kept segments, oldest first
+        self._idle: dict[tuple[str, ...], Segment] = {}  # kept segments, oldest first
         self._idle_bytes = 0
         # Emptied partitions whose stores stay for their next rows, oldest first, and
         # their bytes (guarded by ``_lock``; see the class docstring).
@@ -92,7 +93,7 @@ class ShmUnit(MemoryUnit):
             new_partition=self._new_partition, alloc_for=self._alloc_for,
             describe=self._describe))
 
-    def _raw_alloc(self, partition: str, field: str, part: str = "") -> Any:
+    def _raw_alloc(self, partition: str, field: str, part: str = "") -> Alloc:
         key = (partition, field, part) if part else (partition, field)
         return _SegmentAlloc(functools.partial(self._alloc_dense, key=key), self._grow_segment)
 
@@ -116,18 +117,18 @@ class ShmUnit(MemoryUnit):
         self._epoch[STORES] += 1
         fence()
 
-    def _stored(self, key: tuple[str, str]) -> bool:
+    def _stored(self, key: tuple[str, ...]) -> bool:
         """True if the store of ``key`` exists (called with ``_lock`` held)."""
         part = self._parts.get(key[0])
         return part is not None and (key[1] == "" or key[1] in part.fields)
 
     def _alloc_dense(self, shape: tuple[int, ...], dtype: torch.dtype,
-                     key: tuple[str, str] | None = None) -> torch.Tensor:
+                     key: tuple[str, ...] | None = None) -> torch.Tensor:
         # Called with ``_lock`` held (from ``put``): ``_stored`` tells creation of a
         # store (which may reuse its kept segment) from growth (which never may).
         with self._seg_lock:
             seg = self._idle.pop(key, None) if key is not None else None
-            if seg is not None:
+            if seg is not None and key is not None:
                 self._idle_bytes -= seg.nbytes
                 if (not self._stored(key) and seg.dtype == dtype
                         and seg.shape[1:] == tuple(shape[1:]) and seg.shape[0] >= shape[0]):
@@ -166,14 +167,14 @@ class ShmUnit(MemoryUnit):
         with self._lock, self._seg_lock:
             live = self._live_ptrs()
             dead = [self._segments.pop(p) for p in list(self._segments) if p not in live]
-            last: dict[tuple[str, str], Segment] = {}
+            last: dict[tuple[str, ...], Segment] = {}
             for seg in dead:
                 key = seg.key
                 if keep and key is not None and not self._stored(key) \
                         and seg.nbytes <= self.keep_bytes \
                         and (key not in last or seg.seq > last[key].seq):
                     last[key] = seg
-            gone = [seg for seg in dead if last.get(seg.key) is not seg]
+            gone = [seg for seg in dead if seg.key is None or last.get(seg.key) is not seg]
             for key, seg in last.items():
                 old = self._idle.pop(key, None)
                 if old is not None:
@@ -190,7 +191,7 @@ class ShmUnit(MemoryUnit):
             if gone:
                 self._epoch[0] += 1
 
-    def put(self, partition: str, slots: np.ndarray, columns: Any,
+    def put(self, partition: str, slots: np.ndarray, columns: Mapping[str, Column],
             generations: np.ndarray | None = None) -> None:
         allocs = self._allocs
         try:
@@ -236,12 +237,12 @@ class ShmUnit(MemoryUnit):
     def _stores_went(self) -> None:
         self._collect(keep=False)  # their segments go (a reader re-reads the layout)
 
-    def _drop_store(self, partition: str, part: Any) -> bool:
+    def _drop_store(self, partition: str, part: PartitionStore) -> bool:
         dropped = super()._drop_store(partition, part)
         self._garbage = self._garbage or dropped
         return dropped
 
-    def _emptied(self, partition: str, part: Any) -> None:
+    def _emptied(self, partition: str, part: PartitionStore) -> None:
         # Lock held. Keep the stores for the partition's next rows if they fit with the
         # kept segments; the oldest other warm partitions go to make room.
         nbytes = sum(s.nbytes() for s in part.fields.values()) + \

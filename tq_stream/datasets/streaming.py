@@ -327,6 +327,7 @@ class StreamingDataset(IterableDataset[TensorDict]):
                 if isinstance(item, Failure):
                     finished = True
                     raise item.exc
+                assert isinstance(item, TensorDict)  # the rest are batches (``produce``)
                 if self.auto_ack:  # else the loader acks it, and alone keeps it till then
                     pending.append(item)
                 if single:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import IO, Any
 
 from tq_stream.errors import StateError, WaitTimeout, format_seconds
 
@@ -49,7 +49,8 @@ class Child:
         assert self.proc.stdin is not None
         self.proc.stdin.write((json.dumps(settings) + "\n").encode())
         self.proc.stdin.close()
-        self.stdout = self.proc.stdout
+        assert self.proc.stdout is not None
+        self.stdout: IO[bytes] = self.proc.stdout
 
     def _fork(self, settings: dict[str, Any], read_end: int) -> None:
         ready_r, ready_w = os.pipe()
@@ -71,7 +72,8 @@ class Child:
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        pid: int = self.proc.pid
+        return pid
 
     def forget(self) -> None:
         """Close this side's pipes to the child (after it exited)."""

@@ -34,9 +34,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tq_stream.errors import WaitTimeout, format_seconds
+
+if TYPE_CHECKING:
+    from ray.actor import ActorClass, ActorHandle
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +89,8 @@ def unit_node(old: str, unit_nodes: Sequence[str], elsewhere: bool = False) -> s
     return min(alive, key=lambda n: held[n])
 
 
-def create(actor_class: Any, name: str, namespace: str, node: str, args: tuple,
-           kwargs: dict[str, Any]) -> Any:
+def create(actor_class: ActorClass, name: str, namespace: str, node: str, args: tuple,
+           kwargs: dict[str, Any]) -> ActorHandle:
     """Start an actor named ``name`` on ``node`` (a hard affinity: Ray's soft one places
     actors elsewhere even when the node is free); waits (``NAME_TIMEOUT``) for a dead
     actor of that name to release it. On a node that turns out gone the actor dies and
@@ -107,7 +110,7 @@ def create(actor_class: Any, name: str, namespace: str, node: str, args: tuple,
             time.sleep(0.1)
 
 
-def started(actor: Any, what: str, timeout: float) -> dict[str, Any]:
+def started(actor: ActorHandle, what: str, timeout: float) -> dict[str, Any]:
     """The new ``actor``'s info once it serves; killed and WaitTimeout after ``timeout``."""
     import ray
 
@@ -124,7 +127,7 @@ def started(actor: Any, what: str, timeout: float) -> dict[str, Any]:
         raise
 
 
-def kill(actor: Any) -> None:
+def kill(actor: ActorHandle) -> None:
     import ray
 
     with contextlib.suppress(Exception):  # a dead actor is already gone
