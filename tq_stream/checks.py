@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from tq_stream.errors import ConfigError, KeyConflictError
 
@@ -27,7 +26,7 @@ def check_unreserved(keys: Sequence[str]) -> None:
                           f"entries), got {bad[:5]!r}")
 
 
-def check_keys(keys: Any) -> list[str]:
+def check_keys(keys: object) -> list[str]:
     """Keys of a put: a non-empty list of distinct non-empty str, none starting with
     ``RESERVED`` (the prefix of shared entries' own keys)."""
     if type(keys) is list and len(keys) == 1 and type(keys[0]) is str and keys[0] and \

@@ -49,7 +49,7 @@ from tq_stream.multiragged import MultiRagged
 from tq_stream.schemas import FieldSchema
 
 _PLAIN = (str, int, float, bool, bytes, type(None))
-def _check_plain(field: str, value: Any, depth: int = 0) -> None:
+def _check_plain(field: str, value: object, depth: int = 0) -> None:
     if isinstance(value, _PLAIN):
         return
     if depth < 8 and isinstance(value, list | tuple):
@@ -130,7 +130,7 @@ def _from_nested(field: str, value: torch.Tensor) -> Column:
     return Ragged(values.contiguous(), offsets)
 
 
-def to_column(field: str, value: Any, n: int) -> Column:
+def to_column(field: str, value: object, n: int) -> Column:
     """Normalize one field's values for ``n`` rows."""
     col: Column
     if isinstance(value, MultiRagged):
@@ -175,7 +175,7 @@ def _checked(field: str, value: MultiRagged) -> MultiRagged:
     return MultiRagged(value.values.detach().cpu().contiguous(), value.shapes.cpu(), value.dims)
 
 
-def _is_nested(value: Any) -> bool:
+def _is_nested(value: object) -> bool:
     return isinstance(value, TensorDictBase) and not isinstance(
         value, NonTensorData | NonTensorStack)
 
