@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tq_stream.errors import ConfigError, KeyConflictError
 
@@ -68,7 +69,7 @@ def check_fields(fields: object) -> list[str] | None:
 TagsIn = Mapping[str, object] | Sequence[Mapping[str, object]] | None
 
 
-def check_tags(tags: TagsIn, n: int) -> list[dict[str, TagValue]] | None:
+def check_tags(tags: Any, n: int) -> list[dict[str, TagValue]] | None:
     """Validate ``tags`` for a put of ``n`` rows: None or n dicts of JSON-like scalars."""
     if tags is None:
         return None

@@ -27,4 +27,4 @@ def nearest(info: Mapping[str, Any]) -> str:
     """The address to call a server at from this process: its unix ``local`` address
     when it has one and runs on this host, else its ``address``."""
     local = info.get("local")
-    return local if local and info.get("host") == host_id() else info["address"]
+    return str(local if local and info.get("host") == host_id() else info["address"])

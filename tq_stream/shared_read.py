@@ -121,7 +121,7 @@ def _indexed(cols: dict[str, Column], entries: dict[str, Column], names: list[st
     return td
 
 
-def _once(col: Column, ragged: str) -> torch.Tensor | list:
+def _once(col: Column, ragged: str) -> torch.Tensor | list[Any]:
     """The distinct entries of a shared field: a tensor (nested, padded), or a list."""
     if isinstance(col, list):
         return list(col)

@@ -16,7 +16,7 @@ import numpy as np
 
 
 def _ro(values: np.ndarray | Sequence[int], dtype: type = np.int64) -> np.ndarray:
-    out = np.array(values, dtype=dtype)
+    out: np.ndarray = np.array(values, dtype=dtype)
     out.flags.writeable = False
     return out
 

@@ -454,7 +454,7 @@ def test_a_claim_of_a_row_freed_after_its_reserve_is_refused():
         return out
 
     with pytest.raises(StateError):
-        reserve_shared(c._cond, lambda p: c._book.part(p, create=True), reserve_then_a_aborts,
+        reserve_shared(c.lock, lambda p: c.book.part(p, create=True), reserve_then_a_aborts,
                        c.abort, P, ["g"], sch, [{"prompt": "A"}], [16], {})
     pl = c.reserve(P, ["x"], row)
     c.commit(P, pl["index"], pl["generation"], row)
@@ -494,12 +494,12 @@ def test_a_restart_reconcile_loses_the_rows_naming_a_lost_entry_and_frees_their_
         stream.writer(P, unit=1).put(["a", "b"], {"r": torch.arange(2)}, shared=["p0"] * 2)
         ctrl = stream.connection.controller()
         stream.client().register_task(P, "actor", fields=["prompt", "r"], batch_size=2)
-        part = ctrl._parts[P]
-        with ctrl._cond:  # unit 0 came back empty
+        part = ctrl.book.parts[P]
+        with ctrl.lock:  # unit 0 came back empty
             gone, _ = reconcile(part, 0, {"slots": np.zeros(0, np.int64),
                                           "tokens": np.zeros(0, np.int64)})
-            assert ctrl._units.lose_rows(part, gone, 0) == 2
-        ctrl._units.free_pending()  # what Recovery.reconcile does after the lock
+            assert ctrl.unit_map.lose_rows(part, gone, 0) == 2
+        ctrl.unit_map.free_pending()  # what Recovery.reconcile does after the lock
         stats = stream.stats()[P]
         assert stats["rows"] == 0 and stats["shared"]["entries"] == 0
         assert stats["tasks"]["actor"]["discarded"] == {"unit_lost": 2}

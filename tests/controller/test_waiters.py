@@ -33,10 +33,10 @@ def _wait_in_thread(ctrl, out, srv=None, reply_to=None, req_id=0, **kw):
         except Exception as exc:  # noqa: BLE001 — the test asserts on it
             out.append(exc)
 
-    before = len(ctrl._waiters)
+    before = len(ctrl.waiters)
     th = threading.Thread(target=run, daemon=True)
     th.start()
-    wait_until(lambda: len(ctrl._waiters) == before + 1)
+    wait_until(lambda: len(ctrl.waiters) == before + 1)
     return th
 
 
@@ -59,7 +59,7 @@ def test_a_commit_gives_each_waiting_rank_its_rows(stream, rows):
     keys = [k for r in (0, 1) for k in given[10 + r][1]["keys"]]
     assert given[10][0] == "conn0" and given[11][1]["dp_rank"] == 1
     assert sorted(keys) == keys_of("k", 2 * rows)  # each row to exactly one rank
-    assert len(ctrl._waiters) == 0
+    assert len(ctrl.waiters) == 0
     wait = stream.stats()[P]["tasks"]["t"]["get_meta_wait"]
     assert wait["count"] == 2  # the waits are measured as before
 
@@ -79,16 +79,16 @@ def test_a_cancelled_or_late_waiter_is_not_answered(stream):
     stream.create_partition(P, consumers=["t"])
     stream.client().register_task(P, "t", ["x"], batch_size=1, dp_size=2)
     ctrl = stream.connection.controller()
-    _, state = ctrl._book.task(P, "t")
+    _, state = ctrl.book.task(P, "t")
     ctrl.cancel("gone")
     cancelled = Waiter(state, (0, 0, 0, "gone", ""), 0.0, float("inf"), None)
     late = Waiter(state, (0, 1, 0, "", ""), 0.0, 0.0, None)  # its deadline passed
-    with ctrl._cond:
-        ctrl._waiters.add(P, cancelled)
-        ctrl._waiters.add(P, late)
+    with ctrl.lock:
+        ctrl.waiters.add(P, cancelled)
+        ctrl.waiters.add(P, late)
     put_rows(stream, keys_of("k", 2))
     assert cancelled.meta is None and late.meta is None
-    assert not ctrl._book.task(P, "t")[1].steps  # no step was formed for them
+    assert not ctrl.book.task(P, "t")[1].steps  # no step was formed for them
 
 
 class Failing(Sampler):
@@ -119,7 +119,7 @@ def test_a_waiter_that_times_out_leaves_no_registration(stream):
     ctrl = stream.connection.controller()
     with pytest.raises(WaitTimeout):
         ctrl.get_meta(P, "t", 0, timeout=0.05)
-    assert len(ctrl._waiters) == 0
+    assert len(ctrl.waiters) == 0
     put_rows(stream, keys_of("k", 1))  # nothing to answer
     assert ctrl.get_meta(P, "t", 0, timeout=1.0)["keys"] == ["k0"]
 
@@ -145,7 +145,7 @@ def test_a_get_meta_inside_another_handler_does_not_answer_that_handlers_caller(
 
     th = threading.Thread(target=outer, daemon=True)
     th.start()
-    wait_until(lambda: len(ctrl._waiters) == 1)
+    wait_until(lambda: len(ctrl.waiters) == 1)
     with serving(srv, "producer", 2) as box:
         put_rows(stream, keys_of("k", 1))
     box.sent()
@@ -160,13 +160,13 @@ def test_a_commit_that_forms_no_step_does_not_wake_the_waiters_to_look_again(str
     stream.client().register_task(P, "t", ["x"], batch_size=4)
     ctrl, got = stream.connection.controller(), []
     th = _wait_in_thread(ctrl, got, step=0, timeout=10.0)
-    notify_all, wakes = ctrl._cond.notify_all, []
+    notify_all, wakes = ctrl.lock.notify_all, []
 
     def counted() -> None:
         wakes.append(threading.current_thread().name)
         notify_all()
 
-    ctrl._cond.notify_all = counted  # every wake of the waiting thread goes through it
+    ctrl.lock.notify_all = counted  # every wake of the waiting thread goes through it
     for i in range(3):  # not a batch yet
         put_rows(stream, [f"k{i}"])
     assert wakes == []

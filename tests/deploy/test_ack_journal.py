@@ -144,7 +144,7 @@ def test_a_failed_append_leaves_no_torn_record(tmp_path, monkeypatch):
 def test_a_restarted_controller_replays_the_acks_made_after_its_checkpoint(tmp_path):
     path = str(tmp_path / "c.tqmeta")
     a = _filled(path)
-    a._recovery.checkpointer.write_now()  # 12 rows, no step yet
+    a.checkpoints.checkpointer.write_now()  # 12 rows, no step yet
     acked = []
     for step in range(3):  # formed and acked after the checkpoint
         meta = _take(a, step)
@@ -166,14 +166,14 @@ def test_a_restarted_controller_replays_the_acks_made_after_its_checkpoint(tmp_p
 def test_a_second_restart_still_remembers_the_first_ones_acks(tmp_path):
     path = str(tmp_path / "c.tqmeta")
     a = _filled(path)
-    a._recovery.checkpointer.write_now()
+    a.checkpoints.checkpointer.write_now()
     acked = []
     for step in range(2):
         meta = _take(a, step)
         _ack(a, meta)
         acked += meta["keys"]
     b = _controller(path, attach=False)  # replays, then checkpoints at once
-    assert [e for e, _ in journal_files(path)] == [b._recovery.journal.epoch]
+    assert [e for e, _ in journal_files(path)] == [b.checkpoints.journal.epoch]
     meta = _take(b, 2)
     _ack(b, meta)
     acked += meta["keys"]
@@ -188,10 +188,10 @@ def test_a_restart_from_an_older_checkpoint_replays_every_newer_journal(tmp_path
     journal files (before and after the rotation) hold every ack."""
     path = str(tmp_path / "c.tqmeta")
     a = _filled(path)
-    a._recovery.checkpointer.write_now()
+    a.checkpoints.checkpointer.write_now()
     meta = _take(a, 0)
     _ack(a, meta)
-    a._recovery.snapshot()  # rotated, but the file was never written (a failed write)
+    a.checkpoints.snapshot()  # rotated, but the file was never written (a failed write)
     meta2 = _take(a, 1)
     _ack(a, meta2)
     assert len(journal_files(path)) == 2
@@ -210,7 +210,7 @@ def test_a_checkpoint_covers_exactly_the_acks_before_its_rotation(tmp_path):
 
     def checkpoints():
         while not stop.is_set():
-            a._recovery.checkpointer.write_now()
+            a.checkpoints.checkpointer.write_now()
 
     t = threading.Thread(target=checkpoints)
     t.start()
@@ -220,14 +220,14 @@ def test_a_checkpoint_covers_exactly_the_acks_before_its_rotation(tmp_path):
             _ack(a, meta)
             acked += meta["keys"]
             if step in (50, 100):  # let checkpoints land mid-run however threads are run
-                written = a._recovery.checkpointer.written
+                written = a.checkpoints.checkpointer.written
                 deadline = time.monotonic() + 10
-                while a._recovery.checkpointer.written == written and time.monotonic() < deadline:
+                while a.checkpoints.checkpointer.written == written and time.monotonic() < deadline:
                     time.sleep(0.001)
     finally:
         stop.set()
         t.join(10)
-    assert a._recovery.checkpointer.written > 1
+    assert a.checkpoints.checkpointer.written > 1
     b = _controller(path, attach=False)
     assert b.stats()[P]["tasks"]["t"]["acked"] == 300
     rest = _drain(b, 150)
@@ -245,7 +245,7 @@ def test_replayed_acks_free_rows_and_the_units_are_reconciled(tmp_path):
     unit.call("put", {"partition": P, "slots": place["slot"], "columns": {"x": torch.ones(4, 3)},
                       "generations": tokens})
     a.commit(P, place["index"], place["generation"], SCHEMA)
-    a._recovery.checkpointer.write_now()
+    a.checkpoints.checkpointer.write_now()
     meta = _take(a, 0)
     _ack(a, meta)  # a declared consumer's ack frees the rows (in the unit too)
     assert len(unit.call("held", {OWNER_ARG: TOKEN})[P]["slots"]) == 2
@@ -257,7 +257,7 @@ def test_replayed_acks_free_rows_and_the_units_are_reconciled(tmp_path):
 def test_without_checkpoint_interval_there_is_no_journal(tmp_path):
     path = str(tmp_path / "c.tqmeta")
     a = _controller(path, interval=None)
-    assert a._recovery.journal is None and journal_files(path) == []
+    assert a.checkpoints.journal is None and journal_files(path) == []
 
 
 def test_replay_keeps_each_ranks_share_and_acks(tmp_path):
@@ -267,7 +267,7 @@ def test_replay_keeps_each_ranks_share_and_acks(tmp_path):
     a.register_task(P, "t", ["x"], batch_size=2, dp_size=2)
     place = a.reserve(P, [f"k{i}" for i in range(8)], SCHEMA)
     a.commit(P, place["index"], place["generation"], SCHEMA)
-    a._recovery.checkpointer.write_now()
+    a.checkpoints.checkpointer.write_now()
     r0 = a.get_meta(P, "t", step=0, dp_rank=0, timeout=2.0, session="s0")
     r1 = a.get_meta(P, "t", step=0, dp_rank=1, timeout=2.0, session="s1")
     a.ack(P, "t", 0, 0, r0["index"], r0["generation"])  # rank 1 has not acked
@@ -294,7 +294,7 @@ def test_replay_restores_an_end_step_and_its_tail_discard(tmp_path):
     a.register_task(P, "t", ["x"], batch_size=2, drop_last=True)
     place = a.reserve(P, [f"k{i}" for i in range(5)], SCHEMA)
     a.commit(P, place["index"], place["generation"], SCHEMA)
-    a._recovery.checkpointer.write_now()
+    a.checkpoints.checkpointer.write_now()
     acked = _drain(a, 0)  # 2 steps, the 5th row discarded as "tail", then the end
     assert len(acked) == 4
     b = _controller(path, attach=False)
@@ -321,7 +321,7 @@ def test_replay_restores_a_share_formed_again_at_its_turn(tmp_path):
     for keys, v in ((["k0", "k1"], 0), (["k2", "k3"], 1)):
         place = a.reserve(P, keys, SCHEMA)
         a.commit(P, place["index"], place["generation"], SCHEMA, tags=[{"version": v}] * 2)
-    a._recovery.checkpointer.write_now()
+    a.checkpoints.checkpointer.write_now()
     assert _take(a, 0)["keys"] == ["k0", "k1"]  # formed for version 0
     a.set_version(P, "t", 1, at_step=0)
     assert _take(a, 0)["keys"] == ["k2", "k3"]
@@ -349,7 +349,7 @@ def test_a_step_replayed_from_the_journal_is_checked_against_the_version_set_aft
     for keys, v in ((["k0", "k1"], 0), (["k2", "k3"], 1)):
         place = a.reserve(P, keys, SCHEMA)
         a.commit(P, place["index"], place["generation"], SCHEMA, tags=[{"version": v}] * 2)
-    a._recovery.checkpointer.write_now()
+    a.checkpoints.checkpointer.write_now()
     assert _take(a, 0)["keys"] == ["k0", "k1"]  # formed for version 0, journaled
     b = _controller(path, attach=False)
     assert b.recovery["journal"]["formed"] == 1
@@ -375,7 +375,7 @@ def test_a_takeover_before_the_checkpoint_still_refuses_the_late_ack_after_a_res
     old = a.get_meta(P, "t", step=0, timeout=2.0, session="a")
     time.sleep(0.5)  # "a" stops renewing: its claim lapses
     assert a.get_meta(P, "t", step=0, timeout=2.0, session="b")["keys"] == old["keys"]
-    a._recovery.checkpointer.write_now()
+    a.checkpoints.checkpointer.write_now()
     b = _controller(path, attach=False)
     with pytest.raises(LeaseTakenOver, match="session='a'"):
         b.ack(P, "t", 0, 0, old["index"], old["generation"], session="a")

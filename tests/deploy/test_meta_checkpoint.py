@@ -45,7 +45,7 @@ def test_reconcile_keeps_held_rows_drops_gone_ones_frees_orphans(stream):
     put_rows(stream, keys_of("k", 6))
     ctrl = stream.connection.controller()
     unit = stream.connection.units()[0]
-    part = ctrl._parts["train"]
+    part = ctrl.book.parts["train"]
     held = unit.held()["train"]
     assert len(held["slots"]) == 6
     gone_slot = int(held["slots"][0])

@@ -84,11 +84,12 @@ def controller_state(parts: dict[str, PartitionMeta],
                      tasks: dict[str, dict[str, TaskState]]) -> dict[str, Any]:
     """The metadata as plain data, sharing no array with the live controller (the
     state of one moment: acks after the lock is released never change it)."""
-    return _detached({
+    state: dict[str, Any] = _detached({
         "format": FORMAT,
         "partitions": {n: _part_state(p) for n, p in parts.items()},
         "tasks": {n: {t: _task_state(s) for t, s in ts.items()} for n, ts in tasks.items()},
     })
+    return state
 
 
 def _detached(value: Any) -> Any:
@@ -113,7 +114,7 @@ def without_claims(state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-def load_controller(state: Any, n_units: int) -> tuple[dict, dict]:
+def load_controller(state: Any, n_units: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Partitions and (restored, not yet registered) tasks from ``state``."""
     if not isinstance(state, dict) or set(state) != set(STATE_KEYS):
         got = sorted(state) if isinstance(state, dict) else type(state).__name__
@@ -190,7 +191,7 @@ def _load_task(name: str, s: dict[str, Any], part: PartitionMeta) -> TaskState:
     return task
 
 
-def _turns(value: list | None) -> list[int | None] | None:
+def _turns(value: list[Any] | None) -> list[int | None] | None:
     return None if value is None else [None if t is None else int(t) for t in value]
 
 

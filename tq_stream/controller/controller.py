@@ -96,6 +96,27 @@ class Controller:
         self.media_hold, self.media_release = self._media.hold, self._media.release
         self.media_lookup = self._media.lookup
 
+    # ------------------------------------------------------------ parts, for tests and tools
+    @property
+    def lock(self) -> threading.Condition:
+        """The one lock (and condition) every controller part holds while it runs."""
+        return self._cond
+
+    @property
+    def book(self) -> Book:
+        """The partitions and tasks (``Book``); read or change them under ``lock``."""
+        return self._book
+
+    @property
+    def waiters(self) -> Waiters:
+        """The get_meta calls parked for rows (``len`` counts them)."""
+        return self._waiters
+
+    @property
+    def unit_map(self) -> Units:
+        """Where rows live on the storage units, and what a lost unit takes (``Units``)."""
+        return self._units
+
     # ------------------------------------------------------------ admission
     def admit(self, partition: str, n: int, timeout: float = 60.0) -> int:
         """``Admission.admit``: wait until ``n`` more rows may be started."""

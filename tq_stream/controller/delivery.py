@@ -77,7 +77,7 @@ class Delivery:
         if not sel.discard:  # the usual case: nothing to record, free or wake
             return 0
         n = 0
-        freed: list = []
+        freed: list[Any] = []
         for reason, rows in sel.discard.items():
             rows = np.asarray(rows, dtype=np.int64)
             if self._book.journal is not None and len(rows):
@@ -363,7 +363,7 @@ class Delivery:
         if len(rows):
             state.last_move = self._book.clock()  # the trainer moved on (``awaits_turn``)
         state.acks[rows] |= 1 << replica
-        done = rows[state.acks[rows] == state.full_acks]
+        done: np.ndarray = rows[state.acks[rows] == state.full_acks]
         state.state[done] = ACKED
         state.acked += len(done)
         rec = state.steps[step]

@@ -82,7 +82,8 @@ class ReadyQueue:
         self.count -= len(hit)
 
     def _valid(self, rows: np.ndarray, seqs: np.ndarray) -> np.ndarray:
-        return self.avail[rows] & (self.seq[rows] == seqs)
+        valid: np.ndarray = self.avail[rows] & (self.seq[rows] == seqs)
+        return valid
 
     def _compact(self, extra: int) -> None:
         rows, seqs = self.rows[self.head : self.tail], self.seqs[self.head : self.tail]
@@ -104,7 +105,7 @@ class ReadyQueue:
         fs = np.asarray([s for _, s in self.front], dtype=np.int64)
         keep = self._valid(fr, fs)
         self.front = [p for p, k in zip(self.front, keep.tolist(), strict=True) if k]
-        front = fr[keep]
+        front: np.ndarray = fr[keep]
         if limit is not None and len(front) >= limit:
             return front[:limit]
         want = None if limit is None else limit - len(front)

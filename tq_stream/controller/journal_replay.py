@@ -35,7 +35,8 @@ RowsOf = Callable[[Any], np.ndarray]  # decodes a recorded array (``ack_journal.
 def _alive(part: PartitionMeta, rows: np.ndarray, generation: np.ndarray) -> np.ndarray:
     inside = (rows >= 0) & (rows < part.size)
     rows, generation = rows[inside], generation[inside]
-    return rows[part.used[rows] & (part.generation[rows] == generation)]
+    alive: np.ndarray = rows[part.used[rows] & (part.generation[rows] == generation)]
+    return alive
 
 
 def _target(book: Book, partition: str, task: str) -> tuple[PartitionMeta, TaskState] | None:

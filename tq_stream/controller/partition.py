@@ -309,7 +309,8 @@ class PartitionMeta:
                   tags: tuple[str, ...] = ()) -> np.ndarray:
         """Mask over ``idx``: rows with every field in ``fields`` written (every field
         under a parent path ``"obs"``) and every tag in ``tags`` set; no shared entry."""
-        mask = self.used[idx] & ~self.shared.entry[idx] if self.shared.count else self.used[idx]
+        mask: np.ndarray = self.used[idx] & ~self.shared.entry[idx] if self.shared.count \
+            else self.used[idx]
         for f in fields:
             for r in self._ready_masks(f):
                 if r is None:

@@ -68,7 +68,7 @@ def _refusal(part: PartitionMeta, keys: list[str],
 
 
 PlaceSpares = Callable[[PartitionMeta, int, int], dict[str, np.ndarray]]
-MarkWritten = Callable[[PartitionMeta, np.ndarray, dict[str, FieldSchema], list | None], None]
+MarkWritten = Callable[[PartitionMeta, np.ndarray, dict[str, FieldSchema], list[Any] | None], None]
 
 
 class Spares:

@@ -58,7 +58,7 @@ class TagTable:
         for name, col in self.columns.items():
             kind = self.kinds[name]
             if kind in ("float", "object"):
-                pad = np.full(extra, _missing(kind), dtype=_DTYPES[kind])
+                pad: np.ndarray = np.full(extra, _missing(kind), dtype=_DTYPES[kind])
             else:
                 pad = np.zeros(extra, dtype=col.dtype)
             self.columns[name] = np.concatenate([col, pad])
@@ -70,8 +70,9 @@ class TagTable:
         old = self.kinds.get(name)
         if old is None:
             fill = _missing(kind)
-            col = np.full(self.capacity, fill, dtype=_DTYPES[kind]) if fill is not None or \
-                kind == "object" else np.zeros(self.capacity, dtype=_DTYPES[kind])
+            col: np.ndarray = np.full(self.capacity, fill, dtype=_DTYPES[kind]) \
+                if fill is not None or kind == "object" else \
+                np.zeros(self.capacity, dtype=_DTYPES[kind])
             self.columns[name], self.present[name], self.kinds[name] = col, \
                 np.zeros(self.capacity, bool), kind
             self.ints[name] = np.zeros(self.capacity, bool)
@@ -84,7 +85,7 @@ class TagTable:
 
     def _promote(self, name: str, kind: str) -> None:
         col, present = self.columns[name], self.present[name]
-        new = np.full(self.capacity, _missing(kind), dtype=_DTYPES[kind])
+        new: np.ndarray = np.full(self.capacity, _missing(kind), dtype=_DTYPES[kind])
         if kind == "object":
             rows = np.flatnonzero(present)
             for r, v in zip(rows.tolist(), self.values(name, rows), strict=True):
@@ -122,7 +123,7 @@ class TagTable:
                 col[rows] = _missing(kind)
 
     def get(self, name: str, rows: np.ndarray) -> np.ndarray:
-        values = self.columns[name][rows]
+        values: np.ndarray = self.columns[name][rows]
         kind = self.kinds[name]
         if kind in ("int", "bool"):
             present = self.present[name][rows]
@@ -134,7 +135,7 @@ class TagTable:
     def values(self, name: str, rows: np.ndarray) -> list[Any]:
         """Python values of column ``name`` at ``rows`` (rows that have the tag); a cell
         set from an int is an int again, also in a float column."""
-        values = self.columns[name][rows].tolist()
+        values: list[Any] = self.columns[name][rows].tolist()
         if self.kinds[name] == "float":
             for i in np.flatnonzero(self.ints[name][rows]).tolist():
                 values[i] = int(values[i])

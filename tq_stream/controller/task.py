@@ -346,7 +346,8 @@ class TaskState:
         self.acks[rows] = 0
 
     def finished_rows(self, rows: np.ndarray) -> np.ndarray:
-        return rows[self.state[rows] >= ACKED]
+        acked: np.ndarray = rows[self.state[rows] >= ACKED]
+        return acked
 
     def leased_count(self) -> int:
         return int(np.count_nonzero(self.state == LEASED))

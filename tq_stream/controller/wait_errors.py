@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +62,7 @@ def waiting_for(part: PartitionMeta, state: TaskState, step: int | None, dp_rank
 
 
 def wait_error(delivery: Delivery, parts: Mapping[str, PartitionMeta], part: PartitionMeta,
-               state: TaskState, args: tuple, timeout: float, now: float) -> Exception:
+               state: TaskState, args: tuple[Any, ...], timeout: float, now: float) -> Exception:
     """The error a ``get_meta`` that waited ``timeout`` seconds ends with (``args``:
     its step, dp_rank, replica, session, consumer; ``now``: wall-clock seconds)."""
     step, dp_rank, replica, session, _consumer = args

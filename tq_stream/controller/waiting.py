@@ -45,7 +45,7 @@ def leases(state: TaskState, now: float) -> list[dict[str, Any]]:
     """The claims on this task's shares (at most ``MAX_LEASES``, the oldest first):
     step, rank, replica, rows, holder (session and consumer name), age, seconds since
     its last heartbeat and until it expires."""
-    out = []
+    out: list[dict[str, Any]] = []
     for step, rec in state.steps.items():
         for (rank, replica), c in rec.claims.items():
             out.append({"step": step, "dp_rank": rank, "replica": replica,

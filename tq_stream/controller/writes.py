@@ -174,7 +174,7 @@ class Writes:
                                             and part.capacity is None else 0)
             return out
 
-    def _check_holder(self, partition: str, held: tuple | None) -> float | None:
+    def _check_holder(self, partition: str, held: tuple[Any, ...] | None) -> float | None:
         """A write through a BatchMeta: see ``TaskState.check_writer``."""
         if held is None:
             return None
@@ -217,7 +217,7 @@ class Writes:
             self._book.reservations.settle(partition, index)
 
     def mark_written(self, part: PartitionMeta, index: np.ndarray,
-                      schemas_: dict[str, FieldSchema], tags: list | None) -> None:
+                      schemas_: dict[str, FieldSchema], tags: list[Any] | None) -> None:
         """Commit the fields of rows ``index`` (lock held; generations checked)."""
         part.fix_schemas(schemas_)
         for f in schemas_:

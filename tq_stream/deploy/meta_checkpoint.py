@@ -74,7 +74,8 @@ def read(path: str) -> dict[str, Any]:
         (size,) = _LEN.unpack_from(body, pos)
         frames.append(body[pos + _LEN.size : pos + _LEN.size + size])
         pos += _LEN.size + size
-    return decode(frames)
+    state: dict[str, Any] = decode(frames)
+    return state
 
 
 class Checkpointer:

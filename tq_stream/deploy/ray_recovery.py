@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tq_stream.errors import WaitTimeout, format_seconds
 
 if TYPE_CHECKING:
-    from ray.actor import ActorClass, ActorHandle
+    from ray.actor import ActorHandle
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ NAME_TIMEOUT = 30.0  # seconds a dead actor's name may take to be released
 def alive_nodes() -> list[str]:
     import ray
 
-    return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+    return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
 
 
 def probe(actors: Sequence[Any], timeout: float = PROBE_TIMEOUT) -> tuple[set[int], set[int]]:
@@ -89,8 +89,8 @@ def unit_node(old: str, unit_nodes: Sequence[str], elsewhere: bool = False) -> s
     return min(alive, key=lambda n: held[n])
 
 
-def create(actor_class: ActorClass, name: str, namespace: str, node: str, args: tuple,
-           kwargs: dict[str, Any]) -> ActorHandle:
+def create(actor_class: Any, name: str, namespace: str, node: str, args: tuple[Any, ...],
+           kwargs: dict[str, Any]) -> Any:
     """Start an actor named ``name`` on ``node`` (a hard affinity: Ray's soft one places
     actors elsewhere even when the node is free); waits (``NAME_TIMEOUT``) for a dead
     actor of that name to release it. On a node that turns out gone the actor dies and
@@ -110,7 +110,7 @@ def create(actor_class: ActorClass, name: str, namespace: str, node: str, args: 
             time.sleep(0.1)
 
 
-def started(actor: ActorHandle, what: str, timeout: float) -> dict[str, Any]:
+def started(actor: ActorHandle[Any], what: str, timeout: float) -> dict[str, Any]:
     """The new ``actor``'s info once it serves; killed and WaitTimeout after ``timeout``."""
     import ray
 
@@ -127,7 +127,7 @@ def started(actor: ActorHandle, what: str, timeout: float) -> dict[str, Any]:
         raise
 
 
-def kill(actor: ActorHandle) -> None:
+def kill(actor: ActorHandle[Any]) -> None:
     import ray
 
     with contextlib.suppress(Exception):  # a dead actor is already gone

@@ -117,6 +117,11 @@ class ControllerService(Controller):
         self._recovery.start()
 
     @property
+    def checkpoints(self) -> Recovery:
+        """The checkpoints and ack journal of this controller (``Recovery``)."""
+        return self._recovery
+
+    @property
     def recovery(self) -> dict[str, Any]:
         """What the last restart from a checkpoint found (``Recovery.found``)."""
         return self._recovery.found

@@ -7,17 +7,14 @@ freed (one job on a one-node local Ray, in its own process)."""
 from __future__ import annotations
 
 import json
-import os
-import pathlib
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
+from tests.helpers.ray_job import run_ray_job
+
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.timeout(240)]
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 RAY_JOB = textwrap.dedent("""
     import json, sys
@@ -82,14 +79,8 @@ RAY_JOB = textwrap.dedent("""
 
 
 def test_an_actor_resolves_media_by_reference_and_it_is_freed(tmp_path):
-    path = os.pathsep.join([str(ROOT)] + sys.path[1:])
-    script = tmp_path / "job.py"
-    script.write_text(RAY_JOB.format(root=str(ROOT), path=path))
-    env = {**os.environ, "PYTHONPATH": path}
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=230, env=env, cwd=str(tmp_path))
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    lines = run_ray_job(RAY_JOB, tmp_path)
+    got = json.loads(lines[-1])
     assert "was freed: its last pin was released by" in got.pop("refused")
     assert got == {"exact_server": True, "view": True, "pins": 2, "exact": True,
                    "held": 1, "after": 0}

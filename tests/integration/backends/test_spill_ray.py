@@ -6,17 +6,14 @@ process so that it shares nothing with other Ray tests)."""
 from __future__ import annotations
 
 import json
-import os
-import pathlib
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
+from tests.helpers.ray_job import run_ray_job
+
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.timeout(240)]
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 RAY_JOB = textwrap.dedent("""
     import glob, json, sys
@@ -53,15 +50,8 @@ RAY_JOB = textwrap.dedent("""
 
 
 def test_a_ray_unit_spills_under_the_owner_s_folder_and_keeps_the_budget(tmp_path):
-    path = os.pathsep.join([str(ROOT)] + sys.path[1:])
-    script = tmp_path / "job.py"
     spill = tmp_path / "spill"
-    script.write_text(RAY_JOB.format(path=path, spill=str(spill)))
-    env = {**os.environ, "PYTHONPATH": path}
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=230, env=env, cwd=str(tmp_path))
-    assert out.returncode == 0, out.stderr[-3000:]
-    lines = out.stdout.strip().splitlines()
+    lines = run_ray_job(RAY_JOB, tmp_path, spill=str(spill))
     assert json.loads(lines[-2]) == {"fields": ["x"], "budget": 1 << 20, "spilled": True,
                                      "files": 1, "exact": True, "refused": True}
     assert json.loads(lines[-1]) == {"left": []}

@@ -8,19 +8,15 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 import tq_stream.compat
 from tests.helpers.compat_workers import worker_main
+from tests.helpers.ray_job import run_ray_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def check_groups(tq, partition: str, uids: list[str], n: int) -> None:
@@ -116,11 +112,5 @@ def test_ray_job_with_fewer_cpus_than_units(tmp_path):
     """num_cpus=1 and 2 storage units (TransferQueue would need 3 CPUs): the deployment
     starts (its actors ask for no CPU); a start bound too short raises WaitTimeout
     naming it instead of hanging."""
-    path = os.pathsep.join([str(ROOT)] + sys.path[1:])
-    script = tmp_path / "job.py"
-    script.write_text(RAY_JOB.format(root=str(ROOT), path=path))
-    env = {**os.environ, "PYTHONPATH": path}
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=230, env=env, cwd=str(tmp_path))
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"done": 3, "units": 2}
+    lines = run_ray_job(RAY_JOB, tmp_path)
+    assert json.loads(lines[-1]) == {"done": 3, "units": 2}

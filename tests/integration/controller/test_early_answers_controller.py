@@ -61,7 +61,7 @@ def _start_get_meta(ctrl, consumer, got: list) -> threading.Thread:
 
     th = threading.Thread(target=wait, daemon=True)
     th.start()
-    wait_until(lambda: len(ctrl._waiters) == 1)
+    wait_until(lambda: len(ctrl.waiters) == 1)
     return th
 
 
@@ -216,7 +216,7 @@ def test_a_pool_of_waiting_consumers_gets_every_row_exactly_once(address, tmp_pa
                    for i in range(n_consumers)]
         for th in threads:
             th.start()
-        wait_until(lambda: len(ctrl._waiters) == n_consumers, timeout=10)
+        wait_until(lambda: len(ctrl.waiters) == n_consumers, timeout=10)
         with rpc_client(srv.address, timeout=10) as producer:
             for k in range(n_rows):
                 _put(producer, f"k{k}")
@@ -226,7 +226,7 @@ def test_a_pool_of_waiting_consumers_gets_every_row_exactly_once(address, tmp_pa
         assert errors == []
         keys = [k for s in seen for k in s]
         assert sorted(keys) == sorted(f"k{k}" for k in range(n_rows))
-        assert len(ctrl._waiters) == 0
+        assert len(ctrl.waiters) == 0
     finally:
         srv.close()
         ctrl.close()

@@ -5,17 +5,14 @@ process so that it shares nothing with other Ray tests)."""
 from __future__ import annotations
 
 import json
-import os
-import pathlib
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
+from tests.helpers.ray_job import run_ray_job
+
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.timeout(240)]
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 RAY_JOB = textwrap.dedent("""
     import json, sys
@@ -52,12 +49,6 @@ RAY_JOB = textwrap.dedent("""
 
 
 def test_images_written_by_a_ray_task_read_back_exact(tmp_path):
-    path = os.pathsep.join([str(ROOT)] + sys.path[1:])
-    script = tmp_path / "job.py"
-    script.write_text(RAY_JOB.format(root=str(ROOT), path=path))
-    env = {**os.environ, "PYTHONPATH": path}
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=230, env=env, cwd=str(tmp_path))
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {
+    lines = run_ray_job(RAY_JOB, tmp_path)
+    assert json.loads(lines[-1]) == {
         "rows": 6, "exact": True, "nested": True, "schema": "multiragged uint8[3, *, *]"}
