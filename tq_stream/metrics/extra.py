@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from types import ModuleType
 
 from tq_stream.errors import ConfigError
 
 EXTRA_HINT = "pip install 'tq_stream[metrics]'"
 
 
-def require_prometheus() -> Any:
+def require_prometheus() -> ModuleType:
     """The ``prometheus_client`` module.
 
     Raises:
