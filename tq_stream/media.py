@@ -5,8 +5,8 @@ The agent loop puts an image (``stream.media.put``) and passes the ``MediaRef`` 
 gets to an inference-server actor; the actor joins the deployment
 (``tq.connect(ref.address)``) and calls ``stream.resolve(ref)``: on the same host
 multi-ragged media (images, video) come as views of the storage unit's shared
-memory, across hosts in one transfer. Rows later written with
-``shared=[ref.key]`` read the media as their own field.
+memory (no copy, the first resolve too), across hosts in one transfer. Rows later
+written with ``shared=[ref.key]`` read the media as their own field.
 
 Lifetime (``controller/media_pins.py``): the media is a shared entry held by pins.
 The producer's pin (the put's) is handed to the rows once a row names the entry:
@@ -15,6 +15,10 @@ sampler, cleared). ``pin(ref)`` adds a pin of the calling process, held until
 ``release``; every pin also ends when its process's session stops renewing (its
 lease lapses: a killed process). An entry no pin holds and no row names is freed.
 Views returned by ``resolve`` are valid while the media is held.
+
+Checkpoints keep the pins: after a restore into a new deployment the handles given
+out before the save resolve and release as before, their pins held by the restored
+deployment until released, handed to rows or cleared (``controller/media_pins.py``).
 """
 
 from __future__ import annotations
@@ -137,7 +141,8 @@ class Media:
     def resolve(self, ref: MediaRef, fields: Sequence[str] | None = None) -> dict[str, Any]:
         """The media's ``fields`` (all by default) as tensors, one per field: views of
         shared memory where the storage unit is on this host and the field is
-        multi-ragged, else read once. Refused (StateError) once the handle was
+        multi-ragged (valid while the media is held: ``clone()`` what is kept after
+        ``release``), else read once (one transfer). Refused (StateError) once the handle was
         released or its media freed, saying by what; a handle of another deployment
         is a ConfigError."""
         ref = check_ref(ref)

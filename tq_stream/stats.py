@@ -113,7 +113,9 @@ class MediaStats(TypedDict):
 
     entries: int  # entries a live pin holds (``Media.put``, ``Media.pin``)
     bytes: int  # bytes put into them
-    pins: dict[str, int]  # live pins per holder ("host:pid")
+    pins: dict[str, int]  # live pins per holder ("host:pid"; "restored from host:pid"
+    # for pins a restored deployment holds)
+    bytes_by_holder: dict[str, int]  # bytes of the entries each holder pins
 
 
 class PartitionStats(TypedDict):

@@ -15,6 +15,7 @@ import tq_stream as tq
 from tests.controller.test_shared_fields import images
 from tq_stream.connection.connection import Connection
 from tq_stream.errors import ClosedError, ConfigError, KeyConflictError, StateError
+from tq_stream.media import holder
 
 P = "agent"
 N = 4  # responses per group
@@ -56,7 +57,8 @@ def test_a_handle_pickles_resolves_and_shows_in_stats(stream):
     assert stream.resolve(ref, ["image"]).keys() == {"image"}
     media = stream.stats()[P]["media"]
     assert media["entries"] == 1 and media["bytes"] >= img.numel()
-    assert list(media["pins"].values()) == [1]
+    assert media["pins"] == {holder(): 1}  # this process ("host:pid")
+    assert media["bytes_by_holder"] == {holder(): media["bytes"]}
     assert entries(stream) == 1
 
 
@@ -64,7 +66,8 @@ def test_release_frees_media_and_a_released_handle_is_refused(stream):
     ref = stream.media.put(P, "m0", image_data(images(1)[0]))
     stream.release(ref)
     assert entries(stream) == 0
-    assert stream.stats()[P]["media"] == {"entries": 0, "bytes": 0, "pins": {}}
+    assert stream.stats()[P]["media"] == {"entries": 0, "bytes": 0, "pins": {},
+                                                 "bytes_by_holder": {}}
     with pytest.raises(StateError, match="released by .*:"):
         stream.resolve(ref)
     with pytest.raises(StateError, match="ref must be released once.*released by"):

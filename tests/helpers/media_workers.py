@@ -9,6 +9,7 @@ from multiprocessing.connection import Connection
 import torch
 
 import tq_stream as tq
+from tests.helpers.shm_maps import in_shm
 
 
 def image_data(img: torch.Tensor) -> dict:
@@ -17,14 +18,15 @@ def image_data(img: torch.Tensor) -> dict:
 
 
 def resolve(ref: tq.MediaRef, out: Connection) -> None:
-    """Join the deployment of ``ref``, resolve it three times, send the image and the
-    data pointers of the reads (equal ones: views of the unit's shared memory)."""
+    """Join the deployment of ``ref``, resolve it three times, send the image, the
+    data pointers of the reads (equal ones: views of the unit's shared memory) and
+    whether each read lies in a unit's shared-memory segment."""
     stream = tq.connect(ref.address, curve_server_key=ref.curve_server_key)
     try:
         reads = [stream.resolve(ref)["image"] for _ in range(3)]
         img = reads[-1]  # plain values: a tensor sent would outlive its sender's memory
         out.send({"image": (img.numpy().tobytes(), tuple(img.shape)),
-                  "ptrs": [r.data_ptr() for r in reads]})
+                  "ptrs": [r.data_ptr() for r in reads], "shm": [in_shm(r) for r in reads]})
     finally:
         stream.close()
 

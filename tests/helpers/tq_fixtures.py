@@ -129,9 +129,9 @@ def two_node_cluster() -> Iterator[list[str]]:
 
 
 @contextlib.contextmanager
-def two_node_cluster_of() -> Iterator[tuple[Any, list[str]]]:
+def two_node_cluster_of(runtime_env: dict | None = None) -> Iterator[tuple[Any, list[str]]]:
     """``two_node_cluster`` that also yields the ``Cluster`` (to remove a node): yields
-    (cluster, [head node id, worker node id])."""
+    (cluster, [head node id, worker node id]); Ray attached under ``runtime_env``."""
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
@@ -139,7 +139,8 @@ def two_node_cluster_of() -> Iterator[tuple[Any, list[str]]]:
                       head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
         cluster.add_node(num_cpus=1)
-        ray.init(address=cluster.address, namespace="tq_stream", log_to_driver=False)
+        ray.init(address=cluster.address, namespace="tq_stream", log_to_driver=False,
+                 runtime_env=runtime_env)
         cluster.wait_for_nodes(timeout=60)
         nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
         assert len(nodes) == 2, nodes

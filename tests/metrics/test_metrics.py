@@ -152,3 +152,16 @@ def test_shared_entries_are_scraped() -> None:
     assert samples["tq_stream_shared_refs", label] == shared["refs"] == 3
     assert samples["tq_stream_shared_bytes", label] == shared["bytes"] == 2 * 4 * 4
     assert samples["tq_stream_rows", label] == 3
+
+
+def test_pinned_media_is_scraped() -> None:
+    stream = tq.init(metrics_port=0)
+    try:
+        stream.media.put("p", ["a", "b"], {"image": torch.ones(2, 3, 4)})
+        samples = _scrape(stream)
+        media = stream.stats()["p"]["media"]
+    finally:
+        stream.close()
+    label = (("partition", "p"),)
+    assert samples["tq_stream_media_entries", label] == media["entries"] == 2
+    assert samples["tq_stream_media_bytes", label] == media["bytes"] == 2 * 3 * 4 * 4

@@ -238,10 +238,11 @@ class SameHostUnit(StorageUnit):
       rows into their slabs, ragged rows at the end of their arenas, where the unit
       placed them (``tq_stream.backends.arena_writes``); object fields of the same put
       go over the socket.
-    - Multi-ragged fields (images, video) are read in the unit's shared memory once a
-      read found them so: one small call (``spans``) says where the rows lie, and
-      rows written one after the other come back as views of the unit's arena (no
-      copy); their bytes stay as they are while the rows live.
+    - Multi-ragged fields (images, video) are read in the unit's shared memory, the
+      first read too: one small call (``spans``) says where the rows lie, and rows
+      written one after the other come back as views of the unit's arena (no copy);
+      their bytes stay as they are while the rows live. A field ``spans`` does not
+      place (ragged, object) is remembered and read from the unit without asking again.
     - Everything else goes over the socket to the unit process.
     """
 
@@ -251,8 +252,8 @@ class SameHostUnit(StorageUnit):
         self._writes: dict[tuple[str, tuple[str, ...]], _Layout] = {}  # writable layouts
         self._shm = True  # False once the unit says it has no shared memory
         self._direct = True  # False once the unit refuses direct writes
-        # (partition, field) a read found multi-ragged: read from shared memory since
-        self._multi: set[tuple[str, str]] = set()
+        # (partition, field) a read found not multi-ragged: never asked ``spans`` again
+        self._plain: set[tuple[str, str]] = set()
 
     DIRECT_BYTES = 1 << 20  # puts of dense fields at least this large skip the socket
     SHARED_ROWS = 64  # smaller puts of new dense rows make no call at all
@@ -339,20 +340,20 @@ class SameHostUnit(StorageUnit):
             rest = [f for f in fields if f not in out]
         if rest:
             got = self._remote.get(partition, slots, rest, generations)
-            if len(self._multi) >= MAX_LAYOUTS:
-                self._multi.clear()
-            self._multi.update((partition, f) for f, c in got.items()
-                               if isinstance(c, MultiRagged))
+            if len(self._plain) >= MAX_LAYOUTS:
+                self._plain.clear()
+            self._plain.update((partition, f) for f, c in got.items()
+                               if not isinstance(c, MultiRagged))
             out.update(got)
         return {f: out[f] for f in fields}
 
     def _views(self, partition: str, slots: np.ndarray, fields: Sequence[str],
                generations: np.ndarray | None) -> dict[str, Column]:
-        """Multi-ragged fields (known from an earlier read) read in the unit's shared
-        memory: views of its arena when the rows lie there one after the other (a batch
-        read as it was written), else one copy out of it; {} for what the unit does not
-        place (it then answers ``get``)."""
-        multi = [f for f in fields if (partition, f) in self._multi]
+        """Multi-ragged fields (all but those an earlier read found otherwise) read in
+        the unit's shared memory: views of its arena when the rows lie there one after
+        the other (a batch read as it was written), else one copy out of it; {} for what
+        the unit does not place (it then answers ``get``)."""
+        multi = [f for f in fields if (partition, f) not in self._plain]
         if not multi:
             return {}
         out: dict[str, Column] = {}

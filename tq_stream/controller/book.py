@@ -12,7 +12,7 @@ registered, rows removed leave every task and share, and a row is freed once
 each declared consumer of its partition acked or discarded it.
 
 A restore replaces the maps' contents (``replace``), never the maps, so each
-part may keep them.
+part may keep them; the media pins it replaces whole (no part keeps them).
 """
 
 from __future__ import annotations
@@ -178,8 +178,10 @@ class Book:
         return freed
 
     def replace(self, parts: dict[str, PartitionMeta],
-                tasks: dict[str, dict[str, TaskState]]) -> None:
-        """A restore: the maps' contents become ``parts`` and ``tasks``."""
+                tasks: dict[str, dict[str, TaskState]], pins: MediaPins) -> None:
+        """A restore: the maps' contents become ``parts`` and ``tasks``, the pins
+        ``pins``."""
+        self.pins = pins
         self.parts.clear()
         self.parts.update(parts)
         self.tasks.clear()

@@ -7,19 +7,24 @@ registers it again with the same settings; the sampler object comes from that
 consumer and the checkpointed sampler state is loaded into it. Formed steps are
 kept with their shares and acks, and so are claims: a restarted controller's live
 consumers go on renewing theirs, so no share a live session holds goes to another.
-A restore into a new deployment drops them first (``without_claims``): their
+A restore into a new deployment drops them first (``for_new_deployment``): their
 sessions died with the old processes, so a resumed consumer asking for a step it
-had not acked gets the same rows again at once.
+had not acked gets the same rows again at once. Media pins are kept under
+``"media"`` (``media_pins.MediaPins.state_dict``; absent in earlier checkpoints):
+a new deployment holds them itself (``media_pins.for_new_deployment``).
 """
 
 from __future__ import annotations
 
 import copy
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from tq_stream.controller.media_pins import MediaPins
+from tq_stream.controller.media_pins import for_new_deployment as pins_for_new_deployment
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task import Claim, StepRecord, TaskState
 from tq_stream.controller.task_config import TaskConfig
@@ -29,6 +34,7 @@ from tq_stream.schemas import FieldSchema
 
 FORMAT = 2
 STATE_KEYS = ("format", "partitions", "tasks")
+OPTIONAL_KEYS = ("media",)  # absent in checkpoints of earlier versions
 
 
 def _part_state(part: PartitionMeta) -> dict[str, Any]:
@@ -81,13 +87,14 @@ def _task_state(task: TaskState) -> dict[str, Any]:
 
 
 def controller_state(parts: dict[str, PartitionMeta],
-                     tasks: dict[str, dict[str, TaskState]]) -> dict[str, Any]:
+                     tasks: dict[str, dict[str, TaskState]], pins: MediaPins) -> dict[str, Any]:
     """The metadata as plain data, sharing no array with the live controller (the
     state of one moment: acks after the lock is released never change it)."""
     state: dict[str, Any] = _detached({
         "format": FORMAT,
         "partitions": {n: _part_state(p) for n, p in parts.items()},
         "tasks": {n: {t: _task_state(s) for t, s in ts.items()} for n, ts in tasks.items()},
+        "media": pins.state_dict(),
     })
     return state
 
@@ -104,21 +111,26 @@ def _detached(value: Any) -> Any:
     return value
 
 
-def without_claims(state: dict[str, Any]) -> dict[str, Any]:
-    """``state`` (from ``controller_state``) for a new deployment: every step's claims
-    dropped, in place (their sessions belong to the old deployment)."""
+def for_new_deployment(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` (from ``controller_state``) for a new deployment, in place: every
+    step's claims dropped and the media pins held by the deployment (their sessions
+    belong to the old deployment)."""
     for tasks in state["tasks"].values():
         for task in tasks.values():
             for step in task["steps"]:
                 step["claims"] = []
+    if isinstance(state.get("media"), dict):
+        pins_for_new_deployment(state["media"])
     return state
 
 
 def load_controller(state: Any, n_units: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Partitions and (restored, not yet registered) tasks from ``state``."""
-    if not isinstance(state, dict) or set(state) != set(STATE_KEYS):
+    if not isinstance(state, dict) or not set(STATE_KEYS) <= set(state) <= \
+            set(STATE_KEYS + OPTIONAL_KEYS):
         got = sorted(state) if isinstance(state, dict) else type(state).__name__
-        raise ConfigError(f"controller state must have keys {sorted(STATE_KEYS)}, got {got}")
+        raise ConfigError(f"controller state must have keys {sorted(STATE_KEYS)} (and "
+                          f"{list(OPTIONAL_KEYS)}), got {got}")
     if state["format"] != FORMAT:
         raise ConfigError(f"checkpoint format must be {FORMAT}, got {state['format']!r}")
     parts: dict[str, PartitionMeta] = {}
@@ -161,6 +173,15 @@ def load_controller(state: Any, n_units: int) -> tuple[dict[str, Any], dict[str,
         for task, s in ts.items():
             tasks[name][task] = _load_task(task, s, parts[name])
     return parts, tasks
+
+
+def load_pins(state: Mapping[str, Any], parts: dict[str, PartitionMeta]) -> MediaPins:
+    """The media pins of ``state`` over ``parts`` (of ``load_controller``; none in a
+    checkpoint of an earlier version)."""
+    pins = MediaPins()
+    if state.get("media") is not None:
+        pins.load_state_dict(state["media"], parts)
+    return pins
 
 
 def _load_task(name: str, s: dict[str, Any], part: PartitionMeta) -> TaskState:

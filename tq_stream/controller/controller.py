@@ -370,15 +370,16 @@ class Controller:
         from tq_stream.controller.checkpoint import controller_state
 
         with self._cond:
-            return controller_state(self._parts, self._tasks)
+            return controller_state(self._parts, self._tasks, self._book.pins)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        from tq_stream.controller.checkpoint import load_controller
+        from tq_stream.controller.checkpoint import load_controller, load_pins
 
         with self._cond:
             if self._parts:
                 raise StateError("load_state_dict must be called on an empty controller")
-            self._book.replace(*load_controller(state, self.n_units))
+            parts, tasks = load_controller(state, self.n_units)
+            self._book.replace(parts, tasks, load_pins(state, parts))
             hold_restored(self._reservations, self._parts, self._book.clock())
             self._cond.notify_all()
 

@@ -16,10 +16,20 @@ process's producer session on the partition, renewed by its heartbeat, as
 Every ended pin is remembered (the last ``ENDED_KEPT``) with what ended it, so a
 handle used after its release, or released twice, is refused naming what released
 it. Plain bookkeeping guarded by the controller's lock; the controller frees rows.
+
+Checkpoints keep the pins, the ended ones and the deployment ids handles may carry
+(``state_dict``, ``load_state_dict``). A controller restarted in its deployment takes them as
+they were (its live processes go on renewing their sessions). A restore into a new
+deployment (``for_new_deployment``) has a new id and accepts handles of the old
+ones; the old sessions died with their processes, so each restored pin is held by
+the restored deployment (holder ``"restored from <holder>"``) until it is
+released, handed to rows naming its entry, or its partition is cleared; a pending
+pin (a put under way at the save) ends at once, freeing what its put left.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -32,6 +42,7 @@ from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.shared_entries import entry_key
 from tq_stream.errors import ConfigError, KeyConflictError, StateError
 
+logger = logging.getLogger(__name__)
 ENDED_KEPT = 65536  # ended pins remembered (what ended each)
 HANDED = "handed to the rows naming its entry"
 
@@ -57,6 +68,7 @@ class MediaPins:
 
     def __init__(self) -> None:
         self.deployment = uuid.uuid4().hex  # names this deployment in every handle
+        self.earlier: list[str] = []  # of the deployments it was restored from
         self.pins: dict[str, Pin] = {}
         self.ended: OrderedDict[str, tuple[str, bool]] = OrderedDict()  # pin -> why, released
 
@@ -216,7 +228,7 @@ class MediaPins:
     def lookup(self, part: PartitionMeta, key: str, index: int, generation: int, pin: str,
                deployment: str, fields: Sequence[str]) -> dict[str, Any]:
         """Where the entry of a handle lives, if the handle may still be resolved."""
-        if deployment != self.deployment:
+        if deployment != self.deployment and deployment not in self.earlier:
             raise ConfigError(f"ref must be a handle of this deployment ({self.deployment[:12]})"
                               f", got one of deployment {deployment[:12]!r} (key {key!r})")
         if pin not in self.pins:
@@ -241,15 +253,98 @@ class MediaPins:
                 "schemas": {f: part.schemas[f].to_dict() for f in fields}}
 
     def stats(self, part: PartitionMeta, now: float) -> dict[str, Any]:
-        """Entries pinned, the bytes put into them, and live pins per holder."""
+        """Entries pinned, the bytes put into them, live pins per holder and the bytes
+        of the entries each holder pins (``stats.MediaStats``)."""
         held: dict[str, int] = {}
-        rows: set[int] = set()
+        rows: dict[str, set[int]] = {}
         for p in self.pins.values():
             if p.partition == part.name and p.expiry > now and _alive(part, p):
                 held[p.holder] = held.get(p.holder, 0) + 1
-                rows.add(p.row)
-        return {"entries": len(rows), "bytes": sum(part.shared.nbytes.get(e, 0) for e in rows),
-                "pins": held}
+                rows.setdefault(p.holder, set()).add(p.row)
+        size = part.shared.nbytes
+        every = set().union(*rows.values())
+        return {"entries": len(every), "bytes": sum(size.get(e, 0) for e in every),
+                "pins": held,
+                "bytes_by_holder": {h: sum(size.get(e, 0) for e in es) for h, es in rows.items()}}
+
+    # ---------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The pins, the ended ones and the deployment ids, as plain data."""
+        ps = list(self.pins.values())
+        return {
+            "own": True, "deployments": [self.deployment, *self.earlier],
+            "pins": {"pin": list(self.pins), "partition": [p.partition for p in ps],
+                     "key": [p.key for p in ps], "session": [p.session for p in ps],
+                     "holder": [p.holder for p in ps],
+                     "row": np.array([p.row for p in ps], dtype=np.int64),
+                     "generation": np.array([p.generation for p in ps], dtype=np.int64),
+                     "lease": np.array([p.lease for p in ps], dtype=np.float64),
+                     "expiry": np.array([p.expiry for p in ps], dtype=np.float64),
+                     "producer": np.array([p.producer for p in ps], dtype=bool),
+                     "deadline": np.array([p.deadline for p in ps], dtype=np.float64)},
+            "ended": {"pin": list(self.ended), "why": [w for w, _ in self.ended.values()],
+                      "released": np.array([r for _, r in self.ended.values()], dtype=bool)}}
+
+    def load_state_dict(self, state: Mapping[str, Any],
+                        parts: Mapping[str, PartitionMeta]) -> None:
+        """The pins of ``state_dict`` into these (new) pins, over the restored
+        ``parts``; their entries' holds are counted again. ConfigError if ``state`` is
+        not one."""
+        try:
+            ids = [str(d) for d in state["deployments"]]
+            if state["own"] is True:
+                self.deployment, ids = ids[0], ids[1:]
+            self.earlier = ids
+            c = state["pins"]
+            rows, gens = (np.asarray(c[k], dtype=np.int64).tolist() for k in ("row",
+                                                                               "generation"))
+            lease, expiry, deadline = (np.asarray(c[k], dtype=np.float64).tolist()
+                                       for k in ("lease", "expiry", "deadline"))
+            producer = np.asarray(c["producer"], dtype=bool).tolist()
+            for i, pin in enumerate(c["pin"]):
+                self.pins[str(pin)] = Pin(
+                    str(c["partition"][i]), str(c["key"][i]), rows[i], gens[i],
+                    str(c["session"][i]), str(c["holder"][i]), lease[i], expiry[i],
+                    producer[i], deadline[i])
+            e = state["ended"]
+            self.ended.update((str(k), (str(w), bool(r))) for k, w, r in zip(
+                e["pin"], e["why"], np.asarray(e["released"], dtype=bool).tolist(),
+                strict=True))
+            while len(self.ended) > ENDED_KEPT:
+                self.ended.popitem(last=False)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ConfigError(f"media pins of a checkpoint must be MediaPins.state_dict's, "
+                              f"got {type(exc).__name__}: {exc}") from None
+        for pin, p in list(self.pins.items()):
+            part = parts.get(p.partition)
+            if part is not None and p.row >= part.used.shape[0]:
+                raise ConfigError(f"media pins of a checkpoint must name rows of their "
+                                  f"partition {p.partition!r} (below {part.used.shape[0]}), "
+                                  f"got row {p.row}")
+            if p.row >= 0 and part is not None and _alive(part, p):
+                part.shared.holds[p.row] += 1
+            elif p.row >= 0:
+                self._end(None, pin, "dropped: its entry was freed", released=False)
+        held = sum(1 for p in self.pins.values() if p.row >= 0 and p.expiry == float("inf"))
+        if held:
+            logger.warning("restored %d media pins of an earlier deployment: held until "
+                           "released, handed to rows naming their media, or cleared "
+                           "(stats()[partition]['media'], holder 'restored from ...')", held)
+
+
+def for_new_deployment(state: dict[str, Any]) -> None:
+    """``state`` (of ``state_dict``) for a restore into a new deployment, in place: its
+    sessions died, so every pin is held by the deployment until released, handed to
+    rows or cleared, and pending pins end (see module doc)."""
+    state["own"] = False
+    cols = state["pins"]
+    rows = np.asarray(cols["row"], dtype=np.int64)
+    cols["session"] = [""] * len(rows)  # no session renews (or lapses) it
+    cols["holder"] = [h if r < 0 else f"restored from {h}"
+                      for h, r in zip(cols["holder"], rows.tolist(), strict=True)]
+    cols["expiry"] = np.where(rows < 0, 0.0, np.inf)  # pending: due at once
+    cols["deadline"] = np.where(rows < 0, 0.0, np.inf)
+    cols["lease"] = np.where(rows < 0, 0.0, np.inf)
 
 
 def _alive(part: PartitionMeta, p: Pin) -> bool:
@@ -257,4 +352,4 @@ def _alive(part: PartitionMeta, p: Pin) -> bool:
         int(part.generation[p.row]) == p.generation and bool(part.shared.entry[p.row])
 
 
-__all__ = ["MediaPins", "Pin"]
+__all__ = ["MediaPins", "Pin", "for_new_deployment"]

@@ -36,7 +36,7 @@ import numpy as np
 from tq_stream import framefile
 from tq_stream.backends.base import StorageUnit, occupancy
 from tq_stream.backends.unit_files import invalid_as_checkpoint_error
-from tq_stream.controller.checkpoint import without_claims
+from tq_stream.controller.checkpoint import for_new_deployment
 from tq_stream.errors import CheckpointError, ConfigError, StateError
 
 FORMAT = 2
@@ -146,7 +146,7 @@ def restore(path: str, controller: Checkpointed, units: Sequence[StorageUnit]) -
             os.path.join(path, meta["units"][u]), meta["save"], u))
         for u, rows in enumerate(loaded):
             _check_unit_rows(state, u, rows, os.path.join(path, meta["units"][u]))
-        controller.load_state_dict(without_claims(state))  # a new deployment's sessions
+        controller.load_state_dict(for_new_deployment(state))  # a new deployment's sessions
     except BaseException:
         _drop_all(units, state["partitions"])
         raise
@@ -156,7 +156,7 @@ def restore(path: str, controller: Checkpointed, units: Sequence[StorageUnit]) -
 
 def _load_meta(meta_path: str, n_units: int) -> dict[str, Any]:
     """The checked contents of ``controller.tq``."""
-    from tq_stream.controller.checkpoint import load_controller
+    from tq_stream.controller.checkpoint import load_controller, load_pins
 
     try:
         meta = framefile.load(meta_path)
@@ -176,7 +176,8 @@ def _load_meta(meta_path: str, n_units: int) -> dict[str, Any]:
         if any(n != f"unit-{u}-{meta['save']}.tq" for u, n in enumerate(meta["units"])):
             raise CheckpointError(f"unit files must be named unit-<i>-{meta['save']}.tq, got "
                                   f"{meta['units']}")
-        load_controller(meta["controller"], n_units)  # checks the state, loads nothing
+        parts, _ = load_controller(meta["controller"], n_units)  # checks, loads nothing
+        load_pins(meta["controller"], parts)
         if not all(n in meta["controller"]["partitions"] and isinstance(k, list)
                    for n, k in meta["gone"].items()):
             raise CheckpointError("gone rows must be key lists of checkpointed partitions")

@@ -104,12 +104,17 @@ def _partition_metrics(stats: dict[str, PartitionStats]) -> Iterator[Metric]:
         ("entries", "Shared entries of a partition (put once, named by rows)"),
         ("bytes", "Bytes put into a partition's shared entries"),
         ("refs", "Live rows naming a shared entry"))}
+    media = {k: GaugeMetricFamily(P + "media_" + k, d, labels=["partition"]) for k, d in (
+        ("entries", "Shared entries media handles pin (Media.put, Media.pin)"),
+        ("bytes", "Bytes put into the entries media handles pin"))}
     for name, p in stats.items():
         rows.add_metric([name], p["rows"])
         counts = p["shared"]
         shared["entries"].add_metric([name], counts["entries"])
         shared["bytes"].add_metric([name], counts["bytes"])
         shared["refs"].add_metric([name], counts["refs"])
+        media["entries"].add_metric([name], p["media"]["entries"])
+        media["bytes"].add_metric([name], p["media"]["bytes"])
         if p["capacity"] is not None:
             cap.add_metric([name], p["capacity"])
         created.add_metric([name], p["rows_created"])
@@ -117,7 +122,7 @@ def _partition_metrics(stats: dict[str, PartitionStats]) -> Iterator[Metric]:
         blocked.add_metric([name, "capacity"], waits["capacity"])
         blocked.add_metric([name, "admission"], waits["admission"])
         blocked.add_metric([name, "memory_budget"], waits["memory_budget"])
-    yield from (rows, cap, created, blocked, *shared.values())
+    yield from (rows, cap, created, blocked, *shared.values(), *media.values())
 
 
 def _task_metrics(stats: dict[str, PartitionStats]) -> Iterator[Metric]:

@@ -1,6 +1,6 @@
 """Media by reference in Ray mode: the driver (the agent loop) puts an image and hands
 its MediaRef to an inference-server actor, which joins the deployment by name and
-resolves it (views of the unit's shared memory on this node after the first read) and
+resolves it (views of the unit's shared memory on this node, the first read too) and
 pins it; the rows naming it are acked, the actor releases its pin, and the media is
 freed (one job on a one-node local Ray, in its own process)."""
 
@@ -37,7 +37,7 @@ RAY_JOB = textwrap.dedent("""
             self.pins[ref.key] = self.stream.media.pin(ref)  # held while it works
             reads = [self.stream.resolve(ref)["image"] for _ in range(3)]
             return {{"sum": int(reads[-1].sum()), "shape": list(reads[-1].shape),
-                    "view": reads[1].data_ptr() == reads[2].data_ptr()}}
+                    "view": len({{r.data_ptr() for r in reads}}) == 1}}
 
         def done(self, key):
             self.stream.release(self.pins.pop(key))

@@ -363,6 +363,9 @@ def test_kept_segments_serve_a_partition_that_empties_and_fills_again():
         def get(self, partition, slots, fields, generations=None):
             return unit.get(partition, slots, fields, generations)
 
+        def spans(self, partition, slots, fields, generations=None):
+            return unit.spans(partition, slots, fields, generations)
+
     reader = SameHostUnit(Local())
     try:
         def put(slot, token, value):

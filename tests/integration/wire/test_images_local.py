@@ -7,29 +7,13 @@ import pytest
 import torch
 
 import tq_stream as tq
+from tests.helpers.shm_maps import in_shm
 from tests.helpers.tq_fixtures import local_stream
 from tests.wire.test_images import images, keys, same, videos
-from tq_stream.backends.shm import PREFIX, SHM_DIR
 
 __all__ = ["local_stream"]
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-
-def shm_ranges() -> list[tuple[int, int]]:
-    """Address ranges this process maps from the units' shared-memory segments."""
-    out = []
-    with open("/proc/self/maps") as f:
-        for line in f:
-            if f"{SHM_DIR}/{PREFIX}" in line:
-                lo, hi = line.split()[0].split("-")
-                out.append((int(lo, 16), int(hi, 16)))
-    return out
-
-
-def in_shm(t: torch.Tensor) -> bool:
-    ptr = t.data_ptr()
-    return any(lo <= ptr < hi for lo, hi in shm_ranges())
 
 
 def test_images_and_video_are_byte_exact_across_processes(local_stream):
@@ -63,8 +47,9 @@ def test_same_host_reads_are_views_of_shared_memory(local_stream):
         return local_stream.kv.get_batch(keys(6), fields=["image"], partition=p,
                                          ragged="list").get("image").tolist()
 
-    first = read()  # over the socket: tells the client the field is multi-ragged
+    first = read()  # views from the first read on: the unit's spans say where rows lie
     assert same(first, imgs)
+    assert all(in_shm(r) for r in first), "a first read must be views of the unit's segments"
     again, third = read(), read()
     assert same(again, imgs)
     assert all(in_shm(r) for r in again), "rows must be views of the unit's segments"
