@@ -27,8 +27,18 @@ from tq_stream.samplers.partition import PartitionSampler
 logger = logging.getLogger(__name__)
 
 STOP_CHECK = 0.2  # seconds: how soon a stopped prefetch thread notices
-END = object()  # the iteration is over
-_LOST = object()  # a step whose share for this rank died with its storage unit
+class _Lost:
+    """A step whose share for this rank died with its storage unit (``_LOST``)."""
+
+
+_LOST = _Lost()
+
+
+class End:
+    """The iteration is over (``END``, the one instance)."""
+
+
+END = End()
 
 
 class Failure:
@@ -38,7 +48,7 @@ class Failure:
         self.exc = exc
 
 
-Item = TensorDict | Failure | object  # what the queue carries: a batch, a Failure or END
+Item = TensorDict | Failure | End  # what the queue carries
 
 
 @dataclass(frozen=True)
@@ -94,7 +104,7 @@ class StepReader:
                 stop.wait(STOP_CHECK)
                 timeout = max(0.001, deadline - time.monotonic())
 
-    def fetch(self, step: int, stop: threading.Event) -> TensorDict | object | None:
+    def fetch(self, step: int, stop: threading.Event) -> TensorDict | _Lost | None:
         """Step ``step``'s batch; None at the end, ``_LOST`` if no row of it survived."""
         if self._router is None:
             meta = self.wait_meta(self._partitions[0], step, stop)
@@ -171,7 +181,7 @@ def produce(reader: StepReader, client: Client, steps: Iterator[int],
                     raise
                 room.release()  # acked meanwhile (a loaded state's batch): skip it
                 continue
-            if item is _LOST:  # nothing to train on: the next step instead
+            if isinstance(item, _Lost):  # nothing to train on: the next step instead
                 room.release()
                 continue
             if not offer(out, stop, END if item is None else item):
