@@ -137,7 +137,7 @@ class Runtime:
         self._executor: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------ lifecycle
-    def init(self, conf: Any = None) -> dict[str, Any] | None:
+    def init(self, conf: object = None) -> dict[str, Any] | None:
         with self.lock:
             if self.stream is not None and self.pid != os.getpid():
                 self._forked()
