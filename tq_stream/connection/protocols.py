@@ -21,6 +21,7 @@ from tq_stream.stats import PartitionStats
 
 if TYPE_CHECKING:
     from tq_stream.connection.spares import SparePool
+    from tq_stream.samplers.base import Sampler
 
 
 @runtime_checkable
@@ -65,7 +66,7 @@ class ControllerAPI(Protocol):
 
     def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
                       dp_size: int = 1, replicas: int = 1, lease_timeout: float = 300.0,
-                      drop_last: bool = False, sampler: Any = None) -> None: ...
+                      drop_last: bool = False, sampler: Sampler | None = None) -> None: ...
 
     def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
                  timeout: float = 60.0, replica: int | None = None, session: str = "",
