@@ -21,13 +21,14 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from tq_stream.backends.base import occupancy
-from tq_stream.checks import check_keys, check_tags
+from tq_stream.checks import TagsIn, check_keys, check_tags
 from tq_stream.columns import Column, coerced, take
 from tq_stream.connection import placement
-from tq_stream.convert import schemas_of, single_row, to_columns
+from tq_stream.convert import RowData, schemas_of, single_row, to_columns
 from tq_stream.errors import (
     ClosedError,
     ConnectionLost,
@@ -90,7 +91,7 @@ class Writer:
         self._rows = RowWriter(connection, self.partition,
                                connection.preferred_unit() if unit is None else unit)
 
-    def put(self, keys: str | Sequence[str], data: Any, tags: Any = None,
+    def put(self, keys: str | Sequence[str], data: RowData, tags: TagsIn = None,
             timeout: float | None = None,
             shared: str | Sequence[str | None] | None = None) -> list[str]:
         """Write ``data`` for ``keys`` (new rows are created, fields of existing ones set).
@@ -147,7 +148,7 @@ class Writer:
         timeout = self._conn.config.timeout if timeout is None else timeout
         return put_shared(self._conn, self.partition, self._rows.unit, keys_, cols, timeout)
 
-    async def aput(self, keys: str | Sequence[str], data: Any, tags: Any = None,
+    async def aput(self, keys: str | Sequence[str], data: RowData, tags: TagsIn = None,
                    timeout: float | None = None,
                    shared: str | Sequence[str | None] | None = None) -> list[str]:
         """``put`` for asyncio code: runs in a worker thread, never blocks the loop."""
@@ -193,7 +194,7 @@ class RowWriter:
         return self._unit
 
     def write(self, keys: list[str], cols: dict[str, Column], tags: list[dict[str, Any]] | None,
-              timeout: float | None, expect: Any = None,
+              timeout: float | None, expect: Sequence[int] | np.ndarray | None = None,
               holder: dict[str, Any] | None = None,
               shared: list[str | None] | None = None) -> list[str]:
         """The put (see ``Writer.put``; ``expect``: the rows' generations, for fields of
@@ -242,7 +243,8 @@ class RowWriter:
 
     def _write_placed(self, ctrl: ControllerAPI, spares: SparePool | None, keys: list[str],
                       cols: dict[str, Column], tags: list[dict[str, Any]] | None, timeout: float,
-                      expect: Any = None, holder: dict[str, Any] | None = None,
+                      expect: Sequence[int] | np.ndarray | None = None,
+                      holder: dict[str, Any] | None = None,
                       shared: list[str | None] | None = None, paused: float = 0.0) -> list[str]:
         """One put through ``reserve``: place, store the bytes, commit (or abort); returns
         the keys the controller skipped as lost with their unit (``paused``: seconds the

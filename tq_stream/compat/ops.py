@@ -173,6 +173,7 @@ def batch_put(rt: Runtime, keys: list[str], partition: str, fields: Any,
         data, encoded = prepare(fields, len(keys))
         write(rt, keys, partition, data, encoded, tags)
     else:
+        assert tags is not None  # fields or tags: checked above
         try:  # keys that exist: merge the tags, nothing else
             stream.set_tags(partition, keys, tags)
         except KeyConflictError:  # some key (or the partition) is new

@@ -23,6 +23,7 @@ from tq_stream.stats import PartitionStats
 
 if TYPE_CHECKING:
     from tq_stream.connection.spares import SparePool
+    from tq_stream.samplers.base import Sampler
 
 
 @runtime_checkable
@@ -75,7 +76,7 @@ class ControllerAPI(Protocol):
 
     def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
                       dp_size: int = 1, replicas: int = 1, lease_timeout: float = 300.0,
-                      drop_last: bool = False, sampler: Any = None) -> None: ...
+                      drop_last: bool = False, sampler: Sampler | None = None) -> None: ...
 
     def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
                  timeout: float = 60.0, replica: int | None = None, session: str = "",
@@ -112,6 +113,10 @@ class ControllerAPI(Protocol):
     def keys_of(self, partition: str, index: Sequence[int]) -> list[str]: ...
 
     def partitions(self) -> list[str]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     def set_tags(self, partition: str, keys: Sequence[str],
                  tags: list[dict[str, Any]]) -> None: ...

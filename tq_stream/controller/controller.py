@@ -39,13 +39,7 @@ from tq_stream.controller.timings import Timings
 from tq_stream.controller.units import Units
 from tq_stream.controller.waiters import Waiters
 from tq_stream.controller.writes import Writes
-from tq_stream.errors import (
-    ConfigError,
-    StateError,
-    check_consumers,
-    check_name,
-    check_positive,
-)
+from tq_stream.errors import ConfigError, StateError, check_consumers, check_name, check_positive
 from tq_stream.handling import Reply
 from tq_stream.messages.puts import Committed, Placement
 from tq_stream.messages.reads import TagColumns

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from tq_stream import hosts
@@ -21,7 +22,7 @@ from tq_stream.backends.base import ListsRows, StorageUnit
 from tq_stream.backends.shared import SharedSlabs
 from tq_stream.backends.slots import check_slots
 from tq_stream.backends.spill import check_budget, check_cold
-from tq_stream.columns import Ragged
+from tq_stream.columns import Column, Ragged
 from tq_stream.deploy.grants import SlotLimits
 from tq_stream.errors import ConfigError, check_name
 from tq_stream.handling import WouldBlock, may_block
@@ -32,12 +33,12 @@ from tq_stream.multiragged import MultiRagged
 from tq_stream.transport.dispatch import rpc_stats
 
 
-def _slots(value: Any) -> np.ndarray:
+def _slots(value: object) -> np.ndarray:
     """Received slots as int64: a 1-D array of ints in [0, MAX_SLOT)."""
     return check_slots(value)
 
 
-def _tokens(value: Any, slots: np.ndarray) -> np.ndarray | None:
+def _tokens(value: object, slots: np.ndarray) -> np.ndarray | None:
     if value is None:
         return None
     tokens = np.asarray(value)
@@ -47,7 +48,7 @@ def _tokens(value: Any, slots: np.ndarray) -> np.ndarray | None:
     return tokens.astype(np.int64, copy=False)
 
 
-def _payload(columns: Any) -> int:
+def _payload(columns: object) -> int:
     """Bytes of the tensors in received columns (views of the request's frames)."""
     total = 0
     for col in columns.values() if isinstance(columns, dict) else ():
@@ -79,22 +80,22 @@ class UnitService:
         """Let writes use slots ``[0, slots)`` of ``partition`` (the controller placed them)."""
         self.limits.grant(partition, slots)
 
-    def put(self, partition: str, slots: Any, columns: dict[str, Any],
-            generations: Any = None) -> None:
+    def put(self, partition: str, slots: npt.ArrayLike, columns: dict[str, Column],
+            generations: npt.ArrayLike | None = None) -> None:
         slots = _slots(slots)
         self.limits.check(partition, slots)
         if not may_block() and _payload(columns) > self.INLINE_BYTES:
             raise WouldBlock
         self.unit.put(partition, slots, columns, _tokens(generations, slots))
 
-    def get(self, partition: str, slots: Any, fields: Sequence[str],
-            generations: Any = None) -> dict[str, Any]:
+    def get(self, partition: str, slots: npt.ArrayLike, fields: Sequence[str],
+            generations: npt.ArrayLike | None = None) -> dict[str, Column]:
         slots = _slots(slots)
         if not may_block() and len(slots) > self.INLINE_ROWS:
             raise WouldBlock
         return self.unit.get(partition, slots, list(fields), _tokens(generations, slots))
 
-    def free(self, partition: str, slots: Any) -> None:
+    def free(self, partition: str, slots: npt.ArrayLike) -> None:
         self.unit.free(partition, _slots(slots))
 
     def drop(self, partition: str) -> None:
@@ -153,9 +154,9 @@ class UnitService:
         """The unit's ``stats()`` plus its process id and the RPC calls it served."""
         return {**self.unit.stats(), "pid": os.getpid(), "rpc": rpc_stats()}
 
-    def prepare_write(self, partition: str, slots: Any, generations: Any,
-                      fields: dict[str, Any],
-                      arenas: dict[str, Any] | None = None) -> dict[str, Any]:
+    def prepare_write(self, partition: str, slots: npt.ArrayLike,
+                      generations: npt.ArrayLike | None, fields: dict[str, Sequence[Any]],
+                      arenas: dict[str, object] | None = None) -> dict[str, Any]:
         """Start a same-host direct write (see ``tq_stream.backends.direct``)."""
         shared = self._shared_slabs()
         slots = _slots(slots)

@@ -18,15 +18,32 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
-from tq_stream.connection.unit_client import UnitClient
 from tq_stream.errors import check_timeout
 from tq_stream.messages import unit as um
+from tq_stream.messages.rpc import Rpc
 
 DEFAULT_UNIT_TIMEOUT = 10.0  # seconds without an answer before a unit is lost
 logger = logging.getLogger(__name__)
+
+
+class Pinged(Protocol):
+    """A unit's client, as the watch pings it (``UnitClient``)."""
+
+    def call(self, rpc: Rpc[um.Nothing, um.UnitPing], request: um.Nothing,
+             timeout: float | None = None) -> um.UnitPing: ...
+
+
+class Watcher(Protocol):
+    """What the watch tells of units (``ControllerService``)."""
+
+    def unit_may_be_dead(self, unit: int) -> bool: ...
+
+    def unit_lost(self, unit: int) -> object: ...
+
+    def unit_answered(self, unit: int, pid: int) -> None: ...
 
 
 class UnitWatch:
@@ -39,7 +56,7 @@ class UnitWatch:
         timeout: seconds without an answer before a unit is declared lost.
     """
 
-    def __init__(self, service: Any, clients: Callable[[], list[UnitClient]],
+    def __init__(self, service: Watcher, clients: Callable[[], Sequence[Pinged]],
                  timeout: float = DEFAULT_UNIT_TIMEOUT) -> None:
         self.timeout = check_timeout("unit_timeout", timeout)
         self._service = service
@@ -63,7 +80,7 @@ class UnitWatch:
                     return
                 self._check(i, client, interval)
 
-    def _check(self, unit: int, client: UnitClient, interval: float) -> None:
+    def _check(self, unit: int, client: Pinged, interval: float) -> None:
         now = time.monotonic()
         last = self._last_ok.setdefault(unit, now)
         serving = self._serving.get(unit, 0)

@@ -490,7 +490,7 @@ def test_a_failed_start_raises_its_own_error_and_leaves_nothing(monkeypatch, tmp
         started.extend(c.pid for c in children)
         raise StateError("a tq_stream server (pid 1) exited during start with code 1")
 
-    monkeypatch.setattr(local, "_await_ready", fail)
+    monkeypatch.setattr(local, "await_ready", fail)
     with pytest.raises(StateError, match="exited during start"):
         tq.init(mode="local", storage_units=2, checkpoint_interval=1.0)
     assert started and glob.glob(str(tmp_path / "tq_*")) == []
