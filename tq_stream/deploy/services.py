@@ -1,12 +1,10 @@
 """The controller served over sockets (the storage unit's handler: ``unit_service.py``).
 
-Each exposes an explicit ``RPC_METHODS`` allowlist; arguments and results are
-plain data, numpy arrays and normalized columns (see ``tq_stream.columns``),
-all carried by ``tq_stream.serialization`` without pickle. ``RPC_ADMIN`` names
-the methods only the deployment's owner (and the processes it started) may
-call (``tq_stream.transport.dispatch``); the rest is the data plane of
-producers and consumers. A served unit stores rows only in slots the
-controller granted it (``tq_stream.deploy.grants``).
+Each serves the table of its RPCs (``RPC_TABLE``, from ``tq_stream.messages``: requests,
+replies, flags); arguments and results are plain data, numpy arrays, normalized columns
+and reply structs, carried by ``tq_stream.serialization`` without pickle. Admin RPCs
+are the deployment owner's only (``tq_stream.transport.dispatch``). A served unit
+stores rows only in slots the controller granted it (``tq_stream.deploy.grants``).
 """
 
 from __future__ import annotations
