@@ -255,8 +255,8 @@ class Controller:
         """``Writes.abort``: undo ``reserve`` for rows that no field was committed to."""
         self._writes.abort(partition, index, generation)
 
-    def commit_new(self, partition: str, keys: Sequence[str], index: np.ndarray,
-                   generation: np.ndarray, schemas: Mapping[str, Any],
+    def commit_new(self, partition: str, keys: Sequence[str], index: Sequence[int] | np.ndarray,
+                   generation: Sequence[int] | np.ndarray, schemas: Mapping[str, Any],
                    tags: list[dict[str, Any]] | None = None, unit: int = -1,
                    spare: int = 0) -> Committed:
         """``Spares.commit_new``: create rows for new ``keys`` on spare rows whose bytes

@@ -82,8 +82,8 @@ class Spares:
         self._mark_written = mark_written  # ``Writes.mark_written``
         self._rows_ready = rows_ready  # ``Consuming.rows_ready``
 
-    def commit_new(self, partition: str, keys: Sequence[str], index: np.ndarray,
-                   generation: np.ndarray, schemas: Mapping[str, Any],
+    def commit_new(self, partition: str, keys: Sequence[str], index: Sequence[int] | np.ndarray,
+                   generation: Sequence[int] | np.ndarray, schemas: Mapping[str, Any],
                    tags: list[dict[str, Any]] | None = None, unit: int = -1,
                    spare: int = 0) -> Committed:
         """Create rows for new ``keys`` on spare rows whose bytes are stored, and commit

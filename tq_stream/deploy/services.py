@@ -261,8 +261,8 @@ class ControllerService(Controller):
         if out.spare is not None:
             self.release_spares(partition, out.spare.index, out.spare.generation)
 
-    def commit_new(self, partition: str, keys: Sequence[str], index: np.ndarray,
-                   generation: np.ndarray, schemas: Mapping[str, Any],
+    def commit_new(self, partition: str, keys: Sequence[str], index: Sequence[int] | np.ndarray,
+                   generation: Sequence[int] | np.ndarray, schemas: Mapping[str, Any],
                    tags: list[dict[str, Any]] | None = None, unit: int = -1,
                    spare: int = 0) -> Committed:
         with self._cond:
