@@ -16,7 +16,7 @@ import torch
 from tests.helpers.tq_fixtures import local_stream, segments_of, start_local  # noqa: F401 - fixture
 from tq_stream.backends.base import occupancy
 from tq_stream.backends.shm import ShmUnit, shm_available
-from tq_stream.connection import same_host, spares
+from tq_stream.connection import shm_layout, spares
 from tq_stream.connection.same_host import SameHostUnit
 from tq_stream.errors import KeyConflictError, RemoteError, SchemaError, StateError
 from tq_stream.handling import WouldBlock, may_block
@@ -191,8 +191,8 @@ def test_a_shared_write_that_races_a_slab_move_is_written_again_by_the_unit(
                 moved.append(1)
         real_fence()
 
-    real_fence = same_host.fence
-    monkeypatch.setattr(same_host, "fence", move_then_fence)
+    real_fence = shm_layout.fence
+    monkeypatch.setattr(shm_layout, "fence", move_then_fence)
     calls.clear()
     for i in range(6):
         w.put([f"k{i}"], {"x": torch.full((1, 4), float(i))})
