@@ -340,6 +340,12 @@ class MemoryUnit(StorageUnit):
                 out[name] = {"slots": slots[inside], "tokens": tokens[slots[inside]].copy()}
             return out
 
+    @property
+    def stores(self) -> Mapping[str, PartitionStore]:
+        """The partitions this unit holds, by name (read them under no promise: a put or
+        a drop may change them meanwhile)."""
+        return self._parts
+
     def nbytes(self) -> int:
         """Bytes of the stores of partitions that hold rows (stores an emptied
         partition keeps for reuse are not counted, see ``ShmUnit``)."""

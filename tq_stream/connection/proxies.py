@@ -53,6 +53,11 @@ class RemoteController:
         self._on_units_moved = on_units_moved
         self._units_epoch: int | None = None
 
+    @property
+    def address(self) -> str:
+        """The address this client calls the controller at."""
+        return self._rpc.address
+
     def _moved(self, epoch: object) -> None:
         """A reply that places or hands out rows named the units' ``epoch``: tell the
         backend of a change (the first one too: units may be known already)."""

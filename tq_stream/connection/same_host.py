@@ -55,6 +55,11 @@ class SameHostUnit(StorageUnit):
         # (partition, field) a read found not multi-ragged: never asked ``spans`` again
         self._plain: set[tuple[str, str]] = set()
 
+    @property
+    def remote(self) -> RemoteUnit:
+        """The unit's client over its socket (calls, and the reads shared memory can't do)."""
+        return self._remote
+
     DIRECT_BYTES = 1 << 20  # puts of dense fields at least this large skip the socket
     SHARED_ROWS = 64  # smaller puts of new dense rows make no call at all
 

@@ -169,7 +169,7 @@ def test_small_puts_take_one_call_and_gets_one(local_stream, calls):  # noqa: F8
     meta = local_stream.kv.meta([f"k{i}" for i in range(10)], partition="one-call")
     for u in np.unique(meta.unit).tolist():
         rows_u = meta.unit == u
-        got = local_stream.connection.units()[u]._remote.get(
+        got = local_stream.connection.units()[u].remote.get(
             "one-call", meta.slot[rows_u], ["x"], occupancy(meta.index, meta.generation)[rows_u])
         want = torch.tensor([float(k[1:]) for k in np.asarray(meta.keys)[rows_u]])
         assert torch.equal(got["x"][:, 0], want)
@@ -408,11 +408,11 @@ def test_kept_segments_are_bounded_and_never_reused_by_another_field():
         unit.put("p", np.array([0]), {"a": torch.ones(1, 60), "b": torch.ones(1, 60)},
                  np.array([1]))
         unit.free("p", np.array([0]))
-        assert "p" not in unit._parts
+        assert "p" not in unit.stores
         kept = dict(unit._idle)
         assert kept and sum(s.nbytes for s in kept.values()) <= 4096
         unit.put("p", np.array([0]), {"b": torch.ones(1, 60)}, np.array([2]))
-        b = unit._segments[unit._parts["p"].fields["b"].data.data_ptr()]
+        b = unit._segments[unit.stores["p"].fields["b"].data.data_ptr()]
         assert all(b is not seg for key, seg in kept.items() if key != ("p", "b"))
         assert unit.get("p", np.array([0]), ["b"], np.array([2]))["b"].eq(1).all()
     finally:

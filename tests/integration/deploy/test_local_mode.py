@@ -432,14 +432,14 @@ def test_large_dense_puts_write_straight_into_shared_memory(local_stream):
     assert all(isinstance(u, SameHostUnit) for u in units)
     calls: list[str] = []
     for u in units:
-        rpc = u._remote.client.transport
+        rpc = u.remote.client.transport
         original = rpc.call
 
         def spy(method, args=None, timeout=None, _orig=original):
             calls.append(method)
             return _orig(method, args, timeout=timeout)
 
-        u._remote.client.transport.call = spy
+        u.remote.client.transport.call = spy
     try:
         w = local_stream.writer("direct")
         for n in (64, 640):  # the second put grows the slabs under the first rows
@@ -457,7 +457,7 @@ def test_large_dense_puts_write_straight_into_shared_memory(local_stream):
         # uses the socket (with the finish_write).
         sent: list[list[str]] = []
         for u in units:
-            u._remote.finish_write = (lambda p, t, ok=True, cols=None, _o=u._remote.finish_write:
+            u.remote.finish_write = (lambda p, t, ok=True, cols=None, _o=u.remote.finish_write:
                                       sent.append(sorted(cols or {})) or _o(p, t, ok, cols))
         keys = [f"m{i}" for i in range(64)]
         dense = torch.randn(64, 8192)
@@ -470,8 +470,8 @@ def test_large_dense_puts_write_straight_into_shared_memory(local_stream):
         assert sent and all(cols == ["text"] for cols in sent)
     finally:
         for u in units:
-            del u._remote.client.transport.call
-            u._remote.__dict__.pop("finish_write", None)
+            del u.remote.client.transport.call
+            u.remote.__dict__.pop("finish_write", None)
 
 
 def test_a_failed_start_raises_its_own_error_and_leaves_nothing(monkeypatch, tmp_path):
