@@ -27,7 +27,7 @@ def check_unreserved(keys: Sequence[str]) -> None:
                           f"entries), got {bad[:5]!r}")
 
 
-def check_keys(keys: Any) -> list[str]:
+def check_keys(keys: object) -> list[str]:
     """Keys of a put: a non-empty list of distinct non-empty str, none starting with
     ``RESERVED`` (the prefix of shared entries' own keys)."""
     if type(keys) is list and len(keys) == 1 and type(keys[0]) is str and keys[0] and \
@@ -63,6 +63,10 @@ def check_fields(fields: object) -> list[str] | None:
     if bad:
         raise ConfigError(f"fields must be non-empty str, got {bad[:5]!r}")
     return list(fields)
+
+
+# What a put takes as tags: one dict per row (one dict for one row), or None.
+TagsIn = Mapping[str, object] | Sequence[Mapping[str, object]] | None
 
 
 def check_tags(tags: Any, n: int) -> list[dict[str, TagValue]] | None:

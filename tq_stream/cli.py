@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 from tq_stream._version import __version__
 
@@ -40,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def bench_harness() -> Any:
+def bench_harness() -> ModuleType:
     """The ``benchmarks`` package of the source checkout this package runs from.
 
     The harness is not installed with the wheel (a top-level ``benchmarks`` package

@@ -22,7 +22,7 @@ from tq_stream.backends.base import occupancy
 from tq_stream.connection import placement
 from tq_stream.connection.connection import Connection
 from tq_stream.connection.protocols import ControllerAPI
-from tq_stream.convert import to_columns, to_tensordict
+from tq_stream.convert import RowData, to_columns, to_tensordict
 from tq_stream.errors import ConfigError, check_name, check_timeout
 from tq_stream.leases import Hold
 from tq_stream.meta import BatchMeta
@@ -140,7 +140,7 @@ class Client:
                               occupancy(meta.index, meta.generation), meta.schemas)
         return to_tensordict(cols, len(meta), ragged=ragged)
 
-    def put_data(self, meta: BatchMeta, data: Any, timeout: float | None = None) -> list[str]:
+    def put_data(self, meta: BatchMeta, data: RowData, timeout: float | None = None) -> list[str]:
         """Write new fields (or overwrite fields) of meta's rows; returns the keys of rows
         lost with their storage unit meanwhile, skipped (``Writer.put``).
 

@@ -49,7 +49,7 @@ from tq_stream.multiragged import MultiRagged
 from tq_stream.schemas import FieldSchema
 
 _PLAIN = (str, int, float, bool, bytes, type(None))
-def _check_plain(field: str, value: Any, depth: int = 0) -> None:
+def _check_plain(field: str, value: object, depth: int = 0) -> None:
     if isinstance(value, _PLAIN):
         return
     if depth < 8 and isinstance(value, list | tuple):
@@ -130,7 +130,7 @@ def _from_nested(field: str, value: torch.Tensor) -> Column:
     return Ragged(values.contiguous(), offsets)
 
 
-def to_column(field: str, value: Any, n: int) -> Column:
+def to_column(field: str, value: object, n: int) -> Column:
     """Normalize one field's values for ``n`` rows."""
     col: Column
     if isinstance(value, MultiRagged):
@@ -175,7 +175,7 @@ def _checked(field: str, value: MultiRagged) -> MultiRagged:
     return MultiRagged(value.values.detach().cpu().contiguous(), value.shapes.cpu(), value.dims)
 
 
-def _is_nested(value: Any) -> bool:
+def _is_nested(value: object) -> bool:
     return isinstance(value, TensorDictBase) and not isinstance(
         value, NonTensorData | NonTensorStack)
 
@@ -203,7 +203,12 @@ def _flatten(items: Mapping[Any, Any], out: dict[str, Any], prefix: str = "",
     return out
 
 
-def to_columns(data: Any, n: int) -> dict[str, Column]:
+# What a put takes: a TensorDict ``[n]`` or a dict of fields (``to_columns``, which
+# checks any value), or for one key its row's values without a batch dim (``single_row``).
+RowData = TensorDictBase | Mapping[str, object]
+
+
+def to_columns(data: object, n: int) -> dict[str, Column]:
     """Normalize a TensorDict / dict of n rows into columns (field names checked;
     nested TensorDicts and dicts become ``"a.b"`` fields, see ``fieldpath``)."""
     if type(data) is dict:  # the common case first: no ABC checks
@@ -242,7 +247,7 @@ def _plain_tensors(items: dict[Any, Any], n: int) -> dict[str, Column] | None:
     return items
 
 
-def single_row(data: Any) -> dict[str, Column]:
+def single_row(data: object) -> dict[str, Column]:
     """One row's values (no batch dim) as columns of one row (a nested TensorDict is
     nested fields; a dict is one plain value)."""
     if isinstance(data, TensorDictBase):

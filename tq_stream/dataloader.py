@@ -47,15 +47,18 @@ from tq_stream.datasets import at_yield, loop_exit, worker_deaths
 from tq_stream.datasets.batch import batch_meta, copy_meta, loader_step
 from tq_stream.datasets.minibatch import minibatches
 from tq_stream.datasets.streaming import RELAY, StreamingDataset
-from tq_stream.datasets.workers import check_start_method, stall_timeout, stalled
+from tq_stream.datasets.unacked import UnackedBatches
+from tq_stream.datasets.workers import (
+    check_start_method,
+    stall_timeout,
+    stop_workers,
+    worker_failure,
+)
 from tq_stream.errors import (
     ConfigError,
-    LeaseTakenOver,
     StateError,
     TQError,
-    WorkerStalled,
     check_positive,
-    format_seconds,
 )
 
 logger = logging.getLogger(__name__)
@@ -71,18 +74,8 @@ def _close_open_loops() -> None:
         loader.close_at_exit()
 
 
-def _identity(batch: Any) -> Any:
+def _identity(batch: TensorDict) -> TensorDict:
     return batch
-
-
-def _stop_workers(batches: Any) -> None:
-    """Shut a torch DataLoader iterator's workers down now (one of them died)."""
-    shutdown = getattr(batches, "_shutdown_workers", None)
-    if shutdown is not None:
-        try:
-            shutdown()
-        except Exception:  # noqa: BLE001 — best effort: the error is raised anyway
-            pass
 
 
 class StreamingDataLoader:
@@ -135,13 +128,12 @@ class StreamingDataLoader:
                               f"every wait), got timeout={timeout!r} with num_workers=0")
         self._client = Client(dataset.connection)
         self._next_step = dataset.start_step
-        self._unacked: list[TensorDict] = []
-        self._holds: list[Any] = []  # heartbeats of sessions with batches not yet acked
+        self._unacked = UnackedBatches(self._client, dataset.task, dataset.dp_rank,
+                                       len(dataset.partitions))
         self._yielded = False  # a batch was yielded (``_next_step`` is then the next one)
         self._saved_done: list[tuple[str, int]] = []  # yielded before a loaded state
         self._rows: Counter[str] = Counter()  # rows yielded per partition
-        self._version: int | None = None  # the version set last (``set_version``)
-        self._reported: int | None = None  # the step the controller knows we read
+        self._versions = at_yield.TrainerVersion(self._client, dataset.partitions, dataset.task)
         self._live: Callable[[], Any] = lambda: None  # the open iteration, if any
         self._released = False  # release() was called in the open iteration
         self._closing = False  # __iter__ closes an earlier iteration still open
@@ -196,7 +188,7 @@ class StreamingDataLoader:
         ds.session = uuid.uuid4().hex
         ds.plan = ds.resume_plan()
         for p in ds.partitions:  # what workers fetched ahead and this process yields
-            self._holds.append(ds.connection.keeper().hold(p, ds.task, ds.session,
+            self._unacked.hold(ds.connection.keeper().hold(p, ds.task, ds.session,
                                                            ds.lease_timeout))
         batches = iter(DataLoader(ds, **self._kwargs))
         step, skip = ds.plan  # the step this iteration yields next
@@ -215,7 +207,7 @@ class StreamingDataLoader:
                     # the training step, it is kept in `deaths` and raised here.
                     # The turn first: while a batch is unacked, a wait for a step held
                     # for its turn knows the trainer is alive (``TurnNotReached``).
-                    self._reading(step)
+                    self._versions.reading(step)
                     self.ack()
                     deaths.check()
                     batch = next(batches)
@@ -224,22 +216,10 @@ class StreamingDataLoader:
                 except (RuntimeError, OSError) as exc:
                     if not self.num_workers or isinstance(exc, TQError):
                         raise
-                    _stop_workers(batches)  # torch's SIGCHLD handler would raise later
-                    if stalled(exc):
-                        raise WorkerStalled(
-                            f"no batch from the DataLoader workers of task {ds.task!r} "
-                            f"(rank {ds.dp_rank}) within timeout="
-                            f"{format_seconds(self._kwargs['timeout'])}, although they "
-                            f"live: a worker is stuck (e.g. on a lock or an import a "
-                            f"thread of this process held when it was forked); they were "
-                            f"stopped: iterate the loader again to resume at the first "
-                            f"unfinished step (acked batches are not read again)") from exc
-                    raise StateError(
-                        f"a DataLoader worker of task {ds.task!r} (rank {ds.dp_rank}) "
-                        f"failed ({type(exc).__name__}: {exc}); iterate the loader again "
-                        f"to resume at the first unfinished step (acked batches are not "
-                        f"read again)") from exc
-                checked = at_yield.recheck(ds, batch, self._version)
+                    stop_workers(batches)  # torch's SIGCHLD handler would raise later
+                    raise worker_failure(exc, ds.task, ds.dp_rank,
+                                         self._kwargs["timeout"]) from exc
+                checked = at_yield.recheck(ds, batch, self._versions.version)
                 if checked is None:  # re-formed for this version with no row left
                     step = loader_step(batch) + 1
                     while step in skip:
@@ -248,7 +228,7 @@ class StreamingDataLoader:
                 batch = checked
                 if self._pin:
                     batch = copy_meta(batch, batch.pin_memory())
-                self._unacked.append(batch)
+                self._unacked.batches.append(batch)
                 self._next_step = step = loader_step(batch) + 1
                 while step in skip:
                     step += 1
@@ -278,29 +258,14 @@ class StreamingDataLoader:
         finally:
             try:
                 if done is None and self._unacked:  # the next iteration asks the user
-                    self._undecided = sorted({loader_step(b) for b in self._unacked})
+                    self._undecided = self._unacked.steps()
                 elif not done:
                     self._give_back()
                 elif jumped:
-                    self._ack_left()
+                    self._unacked.ack_left()
             except TypeError:  # interpreter exit: module globals are gone already; the
                 pass  # batch stays leased and comes back once its lease expires
             self._cancel(ds.session)
-
-    def _ack_left(self) -> None:
-        """Ack the batch of a loop left by ``break``/``return`` right there: a process
-        that exits after the loop must not leave it leased, to be trained again by the
-        next reader once the lease expires. An ack that fails here (the generator is
-        closing: nothing can be raised at the ``break``) is logged; the batch stays
-        unacked, and ``ack()`` or the next iteration acks it."""
-        try:
-            self.ack()
-        except Exception as exc:  # noqa: BLE001 — logged; retried by ack()/iteration
-            if logger is not None:  # None while the interpreter shuts down
-                logger.warning("acking step(s) %s of task %r (rank %d) after the loop was "
-                               "left: %s; call loader.ack() (the next iteration also "
-                               "acks them)", sorted({loader_step(b) for b in self._unacked}),
-                               self.dataset.task, self.dataset.dp_rank, exc)
 
     def release(self) -> None:
         """Give back every batch yielded and not acked: it is not trained. Its rows go,
@@ -322,22 +287,11 @@ class StreamingDataLoader:
         self._released = True
 
     def _give_back(self, quiet: bool = True) -> None:
-        """Release the yielded-unacked batches; the loader resumes at the first of them.
-        ``quiet``: a closing generator logs a failed release (the lease then expires
-        and the rows come back after ``lease_timeout``) instead of raising."""
-        todo, self._unacked = self._unacked, []
-        if todo:
-            self._next_step = min(loader_step(b) for b in todo)
-        for b in todo:
-            try:
-                self._client.release(batch_meta(b))
-            except Exception as exc:
-                if not quiet:
-                    raise
-                if logger is not None:  # None while the interpreter shuts down
-                    logger.warning("giving back step %d of task %r: %s (its rows come "
-                                   "back once its lease expires)", batch_meta(b).step,
-                                   self.dataset.task, exc)
+        """Release the yielded-unacked batches; the loader resumes at the first of them."""
+        steps = self._unacked.steps()
+        if steps:
+            self._next_step = steps[0]
+        self._unacked.give_back(quiet)
 
     def _cancel(self, session: str) -> None:
         """End the iteration's waits in every worker, so workers stop by themselves
@@ -363,35 +317,11 @@ class StreamingDataLoader:
                 longer than ``lease_timeout``: paused, frozen) and another reader took
                 its rows: they are that reader's, this batch is dropped from the
                 loader's unacked ones (raised once)."""
-        todo = self._unacked if batch is None else [batch]
-        taken: LeaseTakenOver | None = None
-        for b in todo:
-            try:
-                self._client.ack(batch_meta(b))
-            except LeaseTakenOver as exc:  # not this loader's to ack any more
-                taken = taken or exc
-        self._unacked = [] if batch is None else [
-            b for b in self._unacked if all(b is not t for t in todo)]
-        if not self._unacked:
-            self._undecided = []
-        if not self._unacked and len(self._holds) > len(self.dataset.partitions):
-            for h in self._holds[: -len(self.dataset.partitions)]:  # earlier iterations'
-                h.close()
-            del self._holds[: -len(self.dataset.partitions)]
-        if taken is not None:
-            raise taken
-
-    def _reading(self, step: int) -> None:
-        """Tell the controller the training loop waits for ``step`` now, under the
-        version set last: a step formed ahead for a predicted version is then formed
-        for the real one (rows in time for it are never dropped on a prediction)."""
-        ds = self.dataset
-        # every loader of the task says so, not only one that set the version itself: a
-        # fresh loader after one that did would otherwise leave steps held for a turn
-        if len(ds.partitions) != 1 or step == self._reported:
-            return
-        self._client.reading(ds.partitions[0], ds.task, step)
-        self._reported = step
+        try:
+            self._unacked.ack(batch)
+        finally:
+            if not self._unacked:
+                self._undecided = []
 
     def set_version(self, version: int) -> None:
         """The trainer's current policy version (for staleness-aware samplers); works
@@ -413,9 +343,7 @@ class StreamingDataLoader:
             else:  # before the first batch: where this rank resumes
                 ds.register()
                 at = ds.resume_plan()[0]
-        for p in ds.partitions:
-            self._client.set_version(p, ds.task, version, at_step=at)
-        self._version, self._reported = version, at
+        self._versions.set(version, at)
 
     def minibatches(self, batch: TensorDict, minibatch_size: int | None = None,
                     epochs: int = 1, shuffle: bool = False, seed: int | None = None, *,
@@ -432,7 +360,7 @@ class StreamingDataLoader:
         fully acked, skipping steps acked since it was saved."""
         ds = self.dataset
         yielded = [[p, s] for p, s in self._saved_done] + [
-            [m.partition, m.step] for m in (batch_meta(b) for b in self._unacked)]
+            [m.partition, m.step] for m in (batch_meta(b) for b in self._unacked.batches)]
         return {"partition": ds.partition, "task": ds.task, "dp_rank": ds.dp_rank,
                 "step": self._next_step, "yielded": yielded}
 
@@ -448,7 +376,7 @@ class StreamingDataLoader:
             raise ConfigError(f"state must come from a loader of (partition, task, dp_rank) "
                               f"{mine}, got {theirs}")
         self._next_step = check_positive("state['step']", state["step"], allow_zero=True)
-        self._unacked = []
+        self._unacked.batches = []
         self._saved_done = [(str(p), int(s)) for p, s in state["yielded"]]
 
     def stats(self) -> dict[str, Any]:

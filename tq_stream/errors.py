@@ -29,8 +29,6 @@ the same sentence is never pasted into several files.
 
 from __future__ import annotations
 
-from typing import Any
-
 
 class TQError(Exception):
     """Base class of every error raised by tq_stream."""
@@ -147,7 +145,7 @@ class RemoteError(TQError):
         self.where = where
 
 
-def check_positive(name: str, value: Any, *, allow_zero: bool = False) -> int:
+def check_positive(name: str, value: object, *, allow_zero: bool = False) -> int:
     """Return ``value`` as an int, or raise ConfigError naming ``name``."""
     low = 0 if allow_zero else 1
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -155,21 +153,21 @@ def check_positive(name: str, value: Any, *, allow_zero: bool = False) -> int:
     return value
 
 
-def check_timeout(name: str, value: Any) -> float:
+def check_timeout(name: str, value: object) -> float:
     """Return a timeout in seconds (None = wait forever is not allowed)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
     return float(value)
 
 
-def check_name(name: str, value: Any) -> str:
+def check_name(name: str, value: object) -> str:
     """Return ``value`` if it is a non-empty str (partition, task, field names)."""
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{name} must be a non-empty str, got {value!r}")
     return value
 
 
-def check_consumers(value: Any) -> tuple[str, ...]:
+def check_consumers(value: object) -> tuple[str, ...]:
     """Return declared consumer task names: a non-empty list of distinct non-empty str."""
     if isinstance(value, str) or not isinstance(value, list | tuple) or not value or \
             not all(isinstance(v, str) and v for v in value) or len(set(value)) != len(value):

@@ -23,7 +23,7 @@ import secrets
 import struct
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 from tq_stream.errors import CheckpointError
 from tq_stream.serialization import decode, encode
@@ -40,7 +40,7 @@ def _table_end(count: int) -> int:
     return _HEAD.size + _ENTRY.size * count + _CRC.size
 
 
-def dump(obj: Any, path: str | os.PathLike[str]) -> None:
+def dump(obj: object, path: str | os.PathLike[str]) -> None:
     """Write ``encode(obj)`` to ``path`` atomically, mode 0600 (see module docstring).
 
     Raises:
@@ -59,7 +59,7 @@ def dump(obj: Any, path: str | os.PathLike[str]) -> None:
     prefix += _CRC.pack(zlib.crc32(prefix))
     path = os.fspath(path)
 
-    def write(f: Any) -> None:
+    def write(f: BinaryIO) -> None:
         f.write(prefix)
         written = len(prefix)
         for offset, frame in zip(offsets, frames, strict=True):

@@ -18,10 +18,10 @@ from tensordict import TensorDict
 
 from tq_stream import fieldpath, shared_read
 from tq_stream.backends.base import occupancy
-from tq_stream.checks import check_fields, check_keys, check_tag
+from tq_stream.checks import TagsIn, check_fields, check_keys, check_tag
 from tq_stream.connection import placement
 from tq_stream.connection.connection import Connection
-from tq_stream.convert import to_tensordict
+from tq_stream.convert import RowData, to_tensordict
 from tq_stream.errors import ConfigError, check_name
 from tq_stream.meta import BatchMeta
 from tq_stream.writer import Writer
@@ -39,7 +39,7 @@ class KV:
     def __init__(self, connection: Connection) -> None:
         self._conn = connection
 
-    def put(self, key: str, fields: Any, tag: dict[str, Any] | None = None,
+    def put(self, key: str, fields: RowData, tag: dict[str, Any] | None = None,
             partition: str = DEFAULT_PARTITION, timeout: float | None = None,
             shared: str | None = None) -> list[str]:
         """Set the fields (and merge the tags) of one row; returns ``[key]`` if its row
@@ -51,7 +51,7 @@ class KV:
         return Writer(self._conn, partition).put(key, fields, tags=tag, timeout=timeout,
                                                  shared=shared)
 
-    def put_batch(self, keys: Sequence[str], data: Any, tags: Any = None,
+    def put_batch(self, keys: Sequence[str], data: RowData, tags: TagsIn = None,
                   partition: str = DEFAULT_PARTITION, timeout: float | None = None,
                   shared: Sequence[str | None] | None = None) -> list[str]:
         """Set fields of many rows: ``data`` is a TensorDict ``[n]`` or dict of fields.

@@ -59,7 +59,9 @@ class MediaRef:
     generation: int
     pin: str
     deployment: str
-    address: str | None = None  # ``tq.connect(address)`` reaches the deployment
+    # ``tq.connect(address)`` reaches the deployment; an embedded one's is
+    # ``embedded://host:pid``, which no other process can join (``tq.connect`` says so)
+    address: str | None = None
     curve_server_key: bytes | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -77,10 +79,23 @@ class MediaRef:
                               f"({exc})") from None
 
 
+EMBEDDED = "embedded://"  # the address scheme of handles from an embedded deployment
+
+
+def embedded_address() -> str:
+    """The address handles of an embedded deployment carry: this process, by name."""
+    return f"{EMBEDDED}{holder()}"
+
+
 def check_ref(ref: object) -> MediaRef:
     if not isinstance(ref, MediaRef):
         raise ConfigError(f"ref must be a MediaRef (from media.put or media.pin), got "
                           f"{type(ref).__name__} {ref!r:.80}")
+    if ref.address and ref.address.startswith(EMBEDDED) and ref.address != embedded_address():
+        raise ConfigError(f"ref must be used in the process whose embedded deployment made it "
+                          f"({ref.address[len(EMBEDDED):]}), got it in {holder()}: start the "
+                          "deployment with mode='local' or 'ray' to hand media to other "
+                          "processes")
     return ref
 
 
@@ -169,7 +184,8 @@ class Media:
             partition=partition, keys=keys, session=self._session(partition), holder=holder(),
             lease=self._conn.config.lease_timeout, producer=producer, pins=pins)
         return [MediaRef(partition, p["key"], tuple(p["fields"]), int(p["index"]),
-                         int(p["generation"]), p["pin"], out["deployment"], self._conn.address,
+                         int(p["generation"]), p["pin"], out["deployment"],
+                         self._conn.address or embedded_address(),
                          self._conn.curve_server_key) for p in out["pins"]]
 
 

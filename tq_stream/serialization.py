@@ -26,9 +26,11 @@ frame costs more than copying its bytes (an RPC passes ``inline``; files do not)
 Code 7 is for 1-D int64 and int32 arrays, the row addresses most messages carry: it
 makes them about twice as cheap to encode and to decode as code 6.
 
-Supported values: dict (str keys), list, tuple, str, int, float, bool, None,
-bytes, and as leaves ``torch.Tensor`` (strided, any common dtype incl.
-bfloat16/float8), ``numpy.ndarray`` (bool/int/uint/float/complex dtypes) and
+Supported values: ``msgspec.Struct`` (a typed message, ``tq_stream.messages``: written
+as the map of its fields, those None by default left out while None), dict (str keys),
+list, tuple, str, int, float, bool, None, bytes, and as leaves ``torch.Tensor``
+(strided, any common dtype incl. bfloat16/float8), ``numpy.ndarray``
+(bool/int/uint/float/complex dtypes) and
 ``tq_stream.columns.Ragged`` and ``MultiRagged``. bytearray/memoryview leaves come back as bytes,
 dict/list/tuple subclasses (OrderedDict, namedtuple) as the plain type, enum
 members as their value. numpy scalars are refused (use ``.item()``). Anything
@@ -90,6 +92,7 @@ _NUMPY_VIEWABLE = frozenset(
 )
 
 _ENCODER = msgspec.msgpack.Encoder()
+_OPTIONAL: dict[type, tuple[str, ...]] = {}  # per struct type: fields whose default is None
 
 # ---------------------------------------------------------------------------- encode
 
@@ -127,6 +130,22 @@ def encode(obj: Any, inline: int = 0) -> list[bytes | memoryview]:
     return [header, *buffers]
 
 
+def _fields(obj: msgspec.Struct) -> dict[str, Any]:
+    """A typed message as the map of its fields, without the ones that are None by
+    default and None (the decoder fills them in again: the map is what a dict reply
+    was)."""
+    out = msgspec.structs.asdict(obj)
+    kind = type(obj)
+    optional = _OPTIONAL.get(kind)
+    if optional is None:
+        optional = _OPTIONAL[kind] = tuple(f.name for f in msgspec.structs.fields(kind)
+                                           if f.default is None)
+    for name in optional:
+        if out[name] is None:
+            del out[name]
+    return out
+
+
 def _all_plain(values: Any) -> bool:
     # set(map(type, ...)) scans in C; most lists (object columns) are all plain.
     return set(map(type, values)) <= _PLAIN
@@ -159,6 +178,8 @@ def _prepare(obj: Any, buffers: _Buffers, depth: int) -> Any:
                     changed = {}
                 changed[k] = new
         return obj if changed is None else {**obj, **changed}
+    if isinstance(obj, msgspec.Struct):
+        return _prepare(_fields(obj), buffers, depth)
     if isinstance(obj, list):
         if kind is list and (_all_plain(obj) or (depth + 2 < _MAX_DEPTH and
                                                  flat_plain(obj, _LISTS_AND_DICTS))):

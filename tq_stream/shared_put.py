@@ -123,26 +123,26 @@ def _put_once(conn: Connection, partition: str, unit: int, keys: list[str],
                                 digests=digests, nbytes=sizes, unit=unit, timeout=timeout,
                                 session=conn.keeper().producer_session(partition, lease),
                                 lease=lease)
-    pos: Sequence[int] = place["pos"]
+    pos: Sequence[int] = place.pos or []
     if not pos:
         return []
     part = cols if len(pos) == len(keys) else \
         {f: _take(c, pos) for f, c in cols.items()}
     try:
         schemas = schemas_of(part)
-        differ = {f: s for f, s in place.get("schemas", {}).items() if s != schemas[f]}
+        differ = {f: s for f, s in place.schemas.items() if s != schemas[f]}
         if differ:  # e.g. a one-row image into a multi-ragged field
             part = coerced(part, differ)
             schemas = schemas_of(part)
-        placement.store(conn.units(), partition, place["unit"], place["slot"], part,
-                        occupancy(place["index"], place["generation"]))
-        ctrl.commit(partition=partition, index=place["index"],
-                    generation=place["generation"], schemas=schemas)
+        placement.store(conn.units(), partition, place.unit, place.slot, part,
+                        occupancy(place.index, place.generation))
+        ctrl.commit(partition=partition, index=place.index, generation=place.generation,
+                    schemas=schemas)
     except BaseException:
-        new = place["new"]
+        new = place.new
         if new.any():
-            ctrl.abort(partition=partition, index=place["index"][new],
-                       generation=place["generation"][new])
+            ctrl.abort(partition=partition, index=place.index[new],
+                       generation=place.generation[new])
         raise
     return [keys[i] for i in pos]
 

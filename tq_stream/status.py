@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -19,6 +19,9 @@ from rich.text import Text
 
 from tq_stream.errors import TQError, check_timeout
 from tq_stream.stats import DeploymentStats, PartitionStats, describe
+
+if TYPE_CHECKING:
+    from tq_stream.stream import Stream
 
 PIPE_WIDTH = 160  # columns of the tables when the output is not a terminal
 DEFAULT_STATUS_TIMEOUT = 10.0  # seconds a call of ``tq-stream status`` waits for a reply
@@ -107,7 +110,7 @@ def unit_table(servers: DeploymentStats) -> Table:
     return table
 
 
-def render(stream: Any) -> Group:
+def render(stream: Stream) -> Group:
     """The status of ``stream``'s deployment as rich renderables (read-only calls)."""
     stats = stream.stats()
     servers = stream.deployment_stats()

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import reprlib
-from typing import Any
 
 import numpy as np
 import torch
@@ -38,5 +37,5 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
 
 
 
-def describe(value: Any) -> str:
+def describe(value: object) -> str:
     return f"{type(value).__name__} {reprlib.repr(value)}"

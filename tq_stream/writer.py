@@ -21,13 +21,14 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from tq_stream.backends.base import occupancy
-from tq_stream.checks import check_keys, check_tags
+from tq_stream.checks import TagsIn, check_keys, check_tags
 from tq_stream.columns import Column, coerced, take
 from tq_stream.connection import placement
-from tq_stream.convert import schemas_of, single_row, to_columns
+from tq_stream.convert import RowData, schemas_of, single_row, to_columns
 from tq_stream.errors import (
     ClosedError,
     ConnectionLost,
@@ -38,6 +39,7 @@ from tq_stream.errors import (
     Unreachable,
     check_name,
 )
+from tq_stream.messages.puts import Lost
 from tq_stream.shared_put import check_shared, put_shared
 
 logger = logging.getLogger(__name__)
@@ -89,7 +91,7 @@ class Writer:
         self._rows = RowWriter(connection, self.partition,
                                connection.preferred_unit() if unit is None else unit)
 
-    def put(self, keys: str | Sequence[str], data: Any, tags: Any = None,
+    def put(self, keys: str | Sequence[str], data: RowData, tags: TagsIn = None,
             timeout: float | None = None,
             shared: str | Sequence[str | None] | None = None) -> list[str]:
         """Write ``data`` for ``keys`` (new rows are created, fields of existing ones set).
@@ -146,7 +148,7 @@ class Writer:
         timeout = self._conn.config.timeout if timeout is None else timeout
         return put_shared(self._conn, self.partition, self._rows.unit, keys_, cols, timeout)
 
-    async def aput(self, keys: str | Sequence[str], data: Any, tags: Any = None,
+    async def aput(self, keys: str | Sequence[str], data: RowData, tags: TagsIn = None,
                    timeout: float | None = None,
                    shared: str | Sequence[str | None] | None = None) -> list[str]:
         """``put`` for asyncio code: runs in a worker thread, never blocks the loop."""
@@ -192,7 +194,7 @@ class RowWriter:
         return self._unit
 
     def write(self, keys: list[str], cols: dict[str, Column], tags: list[dict[str, Any]] | None,
-              timeout: float | None, expect: Any = None,
+              timeout: float | None, expect: Sequence[int] | np.ndarray | None = None,
               holder: dict[str, Any] | None = None,
               shared: list[str | None] | None = None) -> list[str]:
         """The put (see ``Writer.put``; ``expect``: the rows' generations, for fields of
@@ -241,7 +243,8 @@ class RowWriter:
 
     def _write_placed(self, ctrl: ControllerAPI, spares: SparePool | None, keys: list[str],
                       cols: dict[str, Column], tags: list[dict[str, Any]] | None, timeout: float,
-                      expect: Any = None, holder: dict[str, Any] | None = None,
+                      expect: Sequence[int] | np.ndarray | None = None,
+                      holder: dict[str, Any] | None = None,
                       shared: list[str | None] | None = None, paused: float = 0.0) -> list[str]:
         """One put through ``reserve``: place, store the bytes, commit (or abort); returns
         the keys the controller skipped as lost with their unit (``paused``: seconds the
@@ -267,31 +270,30 @@ class RowWriter:
         place = ctrl.reserve(partition=self.partition, keys=keys, schemas=schemas,
                              unit=self._unit, timeout=timeout, **extra)
         if spares is not None:
-            spares.add(place.get("spare"))
-            spares.learn(place.get("schemas", {}))
-        skipped = self._lost(place.get("lost"), keys)
-        if skipped:
+            spares.add(place.spare)
+            spares.learn(place.schemas)
+        skipped = self._lost(place.lost, keys)
+        if skipped and place.lost is not None:
             if shared is not None:
-                gone = set(place["lost"]["pos"])
+                gone = set(place.lost.pos)
                 shared = [s for i, s in enumerate(shared) if i not in gone]
-            keys, cols, tags = _without(place["lost"]["pos"], keys, cols, tags)
+            keys, cols, tags = _without(place.lost.pos, keys, cols, tags)
             if not keys:
                 return skipped  # nothing placed: every row is gone
         try:
-            fixed = place.get("schemas", {})
-            differ = {f: sc for f, sc in fixed.items() if sc != schemas[f]}
+            differ = {f: sc for f, sc in place.schemas.items() if sc != schemas[f]}
             if differ:  # most puts match their fields' fixed schemas: nothing to convert
                 cols = coerced(cols, differ)
                 schemas = schemas_of(cols)
-            if "holder_left" in place and time.monotonic() - asked >= place["holder_left"]:
+            if place.holder_left is not None and \
+                    time.monotonic() - asked >= place.holder_left:
                 # paused past the reader's lease since the reserve: another reader may own
                 # the rows now, so no byte is stored; the next reserve tells
                 raise PutAgain(LeaseError(f"put_data to partition {self.partition!r} "
                                           f"outlived its lease before storing"), skipped)
             try:
-                placement.store(self._conn.units(), self.partition, place["unit"],
-                                place["slot"], cols,
-                                occupancy(place["index"], place["generation"]))
+                placement.store(self._conn.units(), self.partition, place.unit, place.slot,
+                                cols, occupancy(place.index, place.generation))
             except (ClosedError, MemoryBudgetTooSmall):  # the latter: freeing rows cannot help
                 raise
             except (Unreachable, ConnectionLost, StateError) as exc:  # e.g. "slots must
@@ -300,8 +302,8 @@ class RowWriter:
                 # made are aborted; their slots are reused only once that unit freed them.
                 raise PutAgain(exc, skipped) from exc
             try:
-                ctrl.commit(partition=self.partition, index=place["index"],
-                            generation=place["generation"], schemas=schemas, tags=tags,
+                ctrl.commit(partition=self.partition, index=place.index,
+                            generation=place.generation, schemas=schemas, tags=tags,
                             holder=holder, shared=shared)
             except (ClosedError, LeaseError):
                 raise
@@ -312,18 +314,18 @@ class RowWriter:
                 spares.learn(schemas)  # fixed now: later small puts may skip reserve
             return skipped
         except BaseException:
-            new = place["new"]
+            new = place.new
             if new.any():
-                ctrl.abort(partition=self.partition, index=place["index"][new],
-                           generation=place["generation"][new])
+                ctrl.abort(partition=self.partition, index=place.index[new],
+                           generation=place.generation[new])
             raise
 
-    def _lost(self, lost: dict[str, list[int]] | None, keys: list[str]) -> list[str]:
+    def _lost(self, lost: Lost | None, keys: list[str]) -> list[str]:
         """Keys the controller skipped as rows lost with their unit (logged once here)."""
         if not lost:
             return []
-        skipped = [keys[p] for p in lost["pos"]]
-        units = sorted(set(lost["unit"]))
+        skipped = [keys[p] for p in lost.pos]
+        units = sorted(set(lost.unit))
         logger.warning("put to partition %r skipped %d rows lost with storage unit %s "
                        "before it (counted 'unit_lost'; the put writes none of the fields "
                        "they had, so they are not made again): %s", self.partition,

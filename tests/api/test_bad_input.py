@@ -378,13 +378,13 @@ def test_a_partition_goes_only_when_its_last_failed_put_has_freed_its_slots():
     schema = {"x": {"kind": "dense", "dtype": "float32", "shape": [2]}}
     a = ctrl.reserve("p", ["a"], schema)
     b = ctrl.reserve("p", ["b"], schema)
-    ctrl.abort("p", a["index"], a["generation"])
+    ctrl.abort("p", a.index, a.generation)
     assert ctrl.partitions() == ["p"]  # b's row still lives there
-    ctrl.abort("p", b["index"], b["generation"])
+    ctrl.abort("p", b.index, b.generation)
     assert ctrl.partitions() == [] and freeing == [True, True]
     ctrl.create_partition("q")
     c = ctrl.reserve("q", ["c"], schema)
-    ctrl.abort("q", c["index"], c["generation"])
+    ctrl.abort("q", c.index, c.generation)
     assert ctrl.partitions() == ["q"]  # created explicitly: kept while empty
 
 

@@ -5,6 +5,7 @@ and a released, freed or foreign handle is refused naming what happened."""
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import time
 
@@ -169,6 +170,22 @@ def test_a_handle_of_another_deployment_or_no_handle_is_refused(stream):
         stream.media.pin(tq.MediaRef(P, "nope", ("image",), 0, 0, "x", ref.deployment))
     with pytest.raises(ConfigError, match="ref must be a MediaRef's dict"):
         tq.MediaRef.from_dict({"key": "m0"})
+
+
+def test_an_embedded_handle_used_in_another_process_is_refused_naming_both(stream):
+    """An embedded deployment lives in its process: its handles carry that process
+    (``embedded://host:pid``) and another process is told so, instead of joining
+    whatever deployment ``tq.connect`` finds by name."""
+    ref = stream.media.put(P, "m0", image_data(images(1)[0]))
+    assert ref.address == f"embedded://{holder()}"
+    moved = dataclasses.replace(pickle.loads(pickle.dumps(ref)),
+                                address="embedded://otherhost:1")  # as another process sees it
+    for call in (stream.resolve, stream.media.pin, stream.release):
+        with pytest.raises(ConfigError, match=r"otherhost:1\), got it in .*mode='local' or 'ray'"):
+            call(moved)
+    with pytest.raises(ConfigError, match="address must be a local or Ray deployment's"):
+        tq.connect(ref.address)
+    assert stream.stats()[P]["media"]["pins"] == {holder(): 1}  # nothing changed
 
 
 def test_a_cleared_partition_frees_pinned_media_and_says_so(stream):

@@ -8,6 +8,7 @@ import pytest
 
 from tq_stream.connection.lost_units import LostUnits
 from tq_stream.errors import ConnectionLost, DeploymentGone, WaitTimeout
+from tq_stream.messages.admin import Ping
 
 UNITS = [{"address": "tcp://a:1", "local": None}, {"address": "tcp://b:2", "local": "unix://b"}]
 
@@ -22,11 +23,12 @@ class Controller:
         self.pings = 0
         self.slow = False
 
-    def ping(self, timeout: float) -> dict:
+    def ping(self, timeout: float) -> Ping:
         self.pings += 1
         if self.slow:
             raise WaitTimeout(f"no reply to 'ping' within {timeout} s")
-        return {"dead_units": list(self.dead), "units_epoch": self.epoch}
+        return Ping(pid=1, host="h", units=len(self.units), dead_units=list(self.dead),
+                    units_epoch=self.epoch)
 
     def listing(self) -> list[dict]:
         return self.units

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import threading
 
+import msgspec
 import numpy as np
 import pytest
 import torch
 
+from tests.helpers.served import Served
 from tq_stream.backends.base import occupancy
 from tq_stream.backends.memory import MemoryUnit
 from tq_stream.columns import Ragged, schema_of
@@ -16,6 +18,7 @@ from tq_stream.connection.spares import SparePool
 from tq_stream.controller import Controller
 from tq_stream.controller.checkpoint import load_controller
 from tq_stream.convert import schemas_of
+from tq_stream.deploy.services import ControllerService
 from tq_stream.errors import (
     ClosedError,
     ConfigError,
@@ -26,6 +29,7 @@ from tq_stream.errors import (
     WaitTimeout,
 )
 from tq_stream.handling import WouldBlock, may_block
+from tq_stream.messages.puts import Committed, Rows
 from tq_stream.serialization import decode, encode
 from tq_stream.transport.dispatch import Dispatcher
 
@@ -84,15 +88,15 @@ def test_controller_inline_methods_never_free_or_wait():
     # Methods that free storage through the units (a network call) or long-poll must
     # stay on worker threads.
     for name in ("get_meta", "ack", "clear", "abort", "list_rows"):
-        assert name not in Controller.RPC_INLINE
-    assert Controller.RPC_INLINE <= Controller.RPC_METHODS
+        assert name not in ControllerService.RPC_INLINE
+    assert ControllerService.RPC_INLINE <= ControllerService.RPC_METHODS
 
 
 def test_reserve_at_capacity_raises_would_block_inline_and_waits_on_a_worker():
     c = Controller(1)
     c.create_partition("p", capacity=1)
     c.reserve("p", ["a"], SCHEMA)
-    d = Dispatcher(c)
+    d = Dispatcher(Served(c))
     args = {"partition": "p", "keys": ["b"], "schemas": SCHEMA, "timeout": 5.0}
     with pytest.raises(WouldBlock):
         d.call_inline("reserve", args)
@@ -100,7 +104,7 @@ def test_reserve_at_capacity_raises_would_block_inline_and_waits_on_a_worker():
     with pytest.raises(WaitTimeout):
         d("reserve", {**args, "timeout": 0.05})
     # without waiting (room left) an inline reserve simply answers
-    assert len(d.call_inline("reserve", {**args, "keys": ["a"]})["index"]) == 1
+    assert len(d.call_inline("reserve", {**args, "keys": ["a"]}).index) == 1
 
 
 def test_admit_raises_would_block_inline_when_it_would_wait():
@@ -109,7 +113,7 @@ def test_admit_raises_would_block_inline_when_it_would_wait():
     c = Controller(1)
     c.register_task("p", "t", ["x"], 1, sampler=StalenessSampler(SequentialSampler(), 0))
     c.set_version("p", "t", 0)
-    d = Dispatcher(c)
+    d = Dispatcher(Served(c))
     assert d.call_inline("admit", {"partition": "p", "n": 1}) == 1
     with pytest.raises(WouldBlock):
         d.call_inline("admit", {"partition": "p", "n": 1})
@@ -120,7 +124,7 @@ def test_admit_raises_would_block_inline_when_it_would_wait():
 
 def put_spare(c: Controller, unit: MemoryUnit, keys, spare, value=1.0):
     """Store bytes in spare rows and commit them (what SparePool.put does)."""
-    rows = {f: spare[f][: len(keys)] for f in ("index", "unit", "slot", "generation")}
+    rows = {f: getattr(spare, f)[: len(keys)] for f in ("index", "unit", "slot", "generation")}
     unit.put("p", rows["slot"], {"x": torch.full((len(keys), 4), value)},
              occupancy(rows["index"], rows["generation"]))
     return c.commit_new("p", keys, rows["index"], rows["generation"], SCHEMA), rows
@@ -129,12 +133,12 @@ def put_spare(c: Controller, unit: MemoryUnit, keys, spare, value=1.0):
 def test_reserve_hands_out_spare_rows_that_commit_new_turns_into_rows():
     c, unit = Controller(1), MemoryUnit()
     place = c.reserve("p", ["a"], SCHEMA, spare=3)
-    assert len(place["spare"]["index"]) == 3
-    assert not set(place["spare"]["index"].tolist()) & set(place["index"].tolist())
+    assert len(place.spare.index) == 3
+    assert not set(place.spare.index.tolist()) & set(place.index.tolist())
     assert c.stats()["p"]["rows"] == 1  # spare rows are no rows: not counted, not listed
     assert [r["key"] for r in c.list_rows("p")] == ["a"]
-    done, rows = put_spare(c, unit, ["b", "c"], place["spare"], 7.0)
-    assert done == {"ok": True}
+    done, rows = put_spare(c, unit, ["b", "c"], place.spare, 7.0)
+    assert done == Committed(ok=True)
     meta = c.lookup("p", ["b", "c"], ["x"])
     assert meta["index"].tolist() == rows["index"].tolist()
     got = unit.get("p", meta["slot"], ["x"], occupancy(meta["index"], meta["generation"]))
@@ -146,12 +150,12 @@ def test_reserve_hands_out_spare_rows_that_commit_new_turns_into_rows():
 def test_commit_new_changes_nothing_unless_every_check_passes():
     c = Controller(1)
     place = c.reserve("p", ["a"], SCHEMA, spare=4)
-    c.commit("p", place["index"], place["generation"], SCHEMA)
-    spare = place["spare"]
-    idx, gen = spare["index"][:2], spare["generation"][:2]
-    assert c.commit_new("p", ["a", "b"], idx, gen, SCHEMA) == {"ok": False, "reason": "exists"}
+    c.commit("p", place.index, place.generation, SCHEMA)
+    spare = place.spare
+    idx, gen = spare.index[:2], spare.generation[:2]
+    assert c.commit_new("p", ["a", "b"], idx, gen, SCHEMA) == Committed(ok=False, reason="exists")
     other = {"x": schema_of(torch.zeros(1, 5)).to_dict()}
-    assert c.commit_new("p", ["b", "c"], idx, gen, other) == {"ok": False, "reason": "schema"}
+    assert c.commit_new("p", ["b", "c"], idx, gen, other) == Committed(ok=False, reason="schema")
     with pytest.raises(KeyConflictError):
         c.commit_new("p", ["b", "b"], idx, gen, SCHEMA)
     with pytest.raises(ConfigError):
@@ -159,11 +163,11 @@ def test_commit_new_changes_nothing_unless_every_check_passes():
     with pytest.raises(StateError, match="spare rows"):
         c.commit_new("p", ["b", "c"], idx, gen + 1, SCHEMA)
     with pytest.raises(StateError, match="spare rows"):
-        c.commit_new("p", ["b"], place["index"], place["generation"], SCHEMA)  # a live row
+        c.commit_new("p", ["b"], place.index, place.generation, SCHEMA)  # a live row
     assert [r["key"] for r in c.list_rows("p")] == ["a"]
     c.create_partition("p", capacity=1)
     assert c.commit_new("p", ["b"], idx[:1], gen[:1], SCHEMA) == \
-        {"ok": False, "reason": "capacity"}
+        Committed(ok=False, reason="capacity")
     c.close_partition("p")
     with pytest.raises(ClosedError, match="closed to new rows"):
         c.commit_new("p", ["b"], idx[:1], gen[:1], SCHEMA)
@@ -178,19 +182,19 @@ def test_one_row_commit_new_checks_and_commits_like_many_rows(form):
     c = Controller(1)
     c.register_task("p", "t", ["x"], 1)
     place = c.reserve("p", ["a"], SCHEMA, spare=4)
-    c.commit("p", place["index"], place["generation"], SCHEMA)
-    spare = place["spare"]
+    c.commit("p", place.index, place.generation, SCHEMA)
+    spare = place.spare
 
     def one(i: int, gen_delta: int = 0) -> tuple:
-        idx, gen = spare["index"][i:i + 1], spare["generation"][i:i + 1] + gen_delta
+        idx, gen = spare.index[i:i + 1], spare.generation[i:i + 1] + gen_delta
         return (idx.tolist(), gen.tolist()) if form == "lists" else (idx, gen)
 
-    assert c.commit_new("p", ["a"], *one(0), SCHEMA) == {"ok": False, "reason": "exists"}
+    assert c.commit_new("p", ["a"], *one(0), SCHEMA) == Committed(ok=False, reason="exists")
     other = {"x": schema_of(torch.zeros(1, 5)).to_dict()}
-    assert c.commit_new("p", ["b"], *one(0), other) == {"ok": False, "reason": "schema"}
+    assert c.commit_new("p", ["b"], *one(0), other) == Committed(ok=False, reason="schema")
     with pytest.raises(StateError, match="spare rows"):
         c.commit_new("p", ["b"], *one(0, gen_delta=1), SCHEMA)
-    live = (place["index"], place["generation"])
+    live = (place.index, place.generation)
     if form == "lists":
         live = (live[0].tolist(), live[1].tolist())
     with pytest.raises(StateError, match="spare rows"):  # a live row, not a spare one
@@ -198,13 +202,13 @@ def test_one_row_commit_new_checks_and_commits_like_many_rows(form):
     with pytest.raises(ConfigError):
         c.commit_new("p", ["b"], *one(0), {})
     assert [r["key"] for r in c.list_rows("p")] == ["a"]
-    assert c.commit_new("p", ["b"], *one(0), SCHEMA) == {"ok": True}
+    assert c.commit_new("p", ["b"], *one(0), SCHEMA) == Committed(ok=True)
     assert [r["key"] for r in c.list_rows("p")] == ["a", "b"]
     assert [c.get_meta("p", "t", s, timeout=1)["keys"] for s in (0, 1)] == [["a"], ["b"]]
     with pytest.raises(StateError, match="spare rows"):  # no longer a spare row
         c.commit_new("p", ["c"], *one(0), SCHEMA)
     c.create_partition("p", capacity=2)
-    assert c.commit_new("p", ["c"], *one(1), SCHEMA) == {"ok": False, "reason": "capacity"}
+    assert c.commit_new("p", ["c"], *one(1), SCHEMA) == Committed(ok=False, reason="capacity")
     c.close_partition("p")
     with pytest.raises(ClosedError, match="closed to new rows"):
         c.commit_new("p", ["c"], *one(1), SCHEMA)
@@ -219,8 +223,8 @@ def test_commit_new_rejects_bad_tags_and_clashing_field_paths_before_any_change(
     c = Controller(1)
     c.register_task("p", "t", ["x"], 1)
     place = c.reserve("p", ["a"], SCHEMA, spare=2)
-    c.commit("p", place["index"], place["generation"], SCHEMA)
-    idx, gen = place["spare"]["index"][:1], place["spare"]["generation"][:1]
+    c.commit("p", place.index, place.generation, SCHEMA)
+    idx, gen = place.spare.index[:1], place.spare.generation[:1]
     if form == "lists":
         idx, gen = idx.tolist(), gen.tolist()
     for bad in ([], [{}, {}], [{"": 1}], [3]):
@@ -232,49 +236,49 @@ def test_commit_new_rejects_bad_tags_and_clashing_field_paths_before_any_change(
     with pytest.raises(ConfigError, match="needs fields and one distinct index"):
         c.commit_new("p", ["b"], idx, gen, {})
     assert [r["key"] for r in c.list_rows("p")] == ["a"]
-    assert c.commit_new("p", ["b"], idx, gen, SCHEMA, tags=[{"r": 1}]) == {"ok": True}
+    assert c.commit_new("p", ["b"], idx, gen, SCHEMA, tags=[{"r": 1}]) == Committed(ok=True)
     assert c.get_meta("p", "t", 1, timeout=1)["tags"] == [{"r": 1}]
 
 
 def test_no_spares_for_bounded_partitions_or_writes_through_a_meta():
     c = Controller(1)
     c.create_partition("p", capacity=10)
-    assert len(c.reserve("p", ["a"], SCHEMA, spare=4)["spare"]["index"]) == 0
+    assert len(c.reserve("p", ["a"], SCHEMA, spare=4).spare.index) == 0
     c2 = Controller(1)
     place = c2.reserve("q", ["a"], SCHEMA)
-    c2.commit("q", place["index"], place["generation"], SCHEMA)
-    again = c2.reserve("q", ["a"], SCHEMA, expect=place["generation"], spare=4)
-    assert len(again["spare"]["index"]) == 0
+    c2.commit("q", place.index, place.generation, SCHEMA)
+    again = c2.reserve("q", ["a"], SCHEMA, expect=place.generation, spare=4)
+    assert len(again.spare.index) == 0
     with pytest.raises(ConfigError, match="spare"):
         c2.reserve("q", ["a"], SCHEMA, spare=-1)
 
 
 def test_commit_new_can_refill_spares():
     c, unit = Controller(2), MemoryUnit()
-    spare = c.reserve("p", ["a"], SCHEMA, spare=1)["spare"]
-    rows = {f: spare[f] for f in spare}
+    spare = c.reserve("p", ["a"], SCHEMA, spare=1).spare
+    rows = msgspec.structs.asdict(spare)
     unit.put("p", rows["slot"], {"x": torch.ones(1, 4)}, occupancy(rows["index"],
                                                                    rows["generation"]))
     done = c.commit_new("p", ["b"], rows["index"], rows["generation"], SCHEMA, spare=5)
-    assert done["ok"] and len(done["spare"]["index"]) == 5
-    assert sorted(set(done["spare"]["unit"].tolist())) == [0, 1]  # spread over the units
+    assert done.ok and len(done.spare.index) == 5
+    assert sorted(set(done.spare.unit.tolist())) == [0, 1]  # spread over the units
 
 
 def test_released_and_checkpointed_spares_are_free_rows_again():
     c = Controller(1)
-    spare = c.reserve("p", ["a"], SCHEMA, spare=3)["spare"]
+    spare = c.reserve("p", ["a"], SCHEMA, spare=3).spare
     state = c.state_dict()
     parts, _ = load_controller(state, 1)
     part = parts["p"]
     assert not part.spare.any()
-    assert set(spare["index"].tolist()) <= set(part._free_rows)
-    assert set(spare["slot"].tolist()) <= set(part._pools[0].free)
-    assert (part.generation[spare["index"]] == spare["generation"] + 1).all()
-    assert c.release_spares("p", spare["index"][:2], spare["generation"][:2]) == 2
-    assert c.release_spares("p", spare["index"][:2], spare["generation"][:2]) == 0  # once
+    assert set(spare.index.tolist()) <= set(part._free_rows)
+    assert set(spare.slot.tolist()) <= set(part._pools[0].free)
+    assert (part.generation[spare.index] == spare.generation + 1).all()
+    assert c.release_spares("p", spare.index[:2], spare.generation[:2]) == 2
+    assert c.release_spares("p", spare.index[:2], spare.generation[:2]) == 0  # once
     with pytest.raises(StateError):
-        c.commit_new("p", ["b"], spare["index"][:1], spare["generation"][:1], SCHEMA)
-    assert c.release_spares("missing", spare["index"], spare["generation"]) == 0
+        c.commit_new("p", ["b"], spare.index[:1], spare.generation[:1], SCHEMA)
+    assert c.release_spares("missing", spare.index, spare.generation) == 0
 
 
 class FakeController:
@@ -289,12 +293,12 @@ class FakeController:
         answer = self.answers.pop(0)
         if isinstance(answer, BaseException):
             raise answer
-        return answer
+        return Committed(**answer)
 
 
-def spare_rows(n: int, start: int = 0) -> dict[str, np.ndarray]:
+def spare_rows(n: int, start: int = 0) -> Rows:
     r = np.arange(start, start + n, dtype=np.int64)
-    return {"index": r, "unit": np.zeros(n, np.int64), "slot": r, "generation": r * 0}
+    return Rows(index=r, unit=np.zeros(n, np.int64), slot=r, generation=r * 0)
 
 
 def known_pool() -> SparePool:

@@ -16,8 +16,8 @@ def test_list_tags_is_columnar_oldest_first(stream):
     w.put(["c"], {"x": torch.zeros(1, 1)}, tags=[{"n": 2.5}])
     stream.kv.clear(["b"], partition="p")
     got = stream.connection.controller().list_tags(partition="p")
-    assert got["keys"] == ["a", "c"]
-    cols = {name: (np.asarray(pos).tolist(), values) for name, (pos, values) in got["tags"].items()}
+    assert got.keys == ["a", "c"]
+    cols = {name: (np.asarray(pos).tolist(), values) for name, (pos, values) in got.tags.items()}
     assert cols == {"n": ([0, 1], [1, 2.5]), "s": ([0], ["x"])}
     assert type(cols["n"][1][0]) is int
     with pytest.raises(KeyConflictError, match="partition must exist"):

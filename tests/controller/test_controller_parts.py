@@ -20,7 +20,7 @@ P = "train"
 def _written(ctrl: Controller, keys: list[str]) -> None:
     schemas = schemas_of(dense_batch(keys))
     placed = ctrl.reserve(partition=P, keys=keys, schemas=schemas, timeout=5.0)
-    ctrl.commit(partition=P, index=placed["index"], generation=placed["generation"],
+    ctrl.commit(partition=P, index=placed.index, generation=placed.generation,
                 schemas=schemas)
 
 

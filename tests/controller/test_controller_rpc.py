@@ -12,7 +12,8 @@ import torch
 from tq_stream.backends.base import occupancy
 from tq_stream.backends.memory import MemoryUnit
 from tq_stream.columns import schema_of
-from tq_stream.connection.proxies import RemoteController, RemoteUnit
+from tq_stream.connection.proxies import RemoteController
+from tq_stream.connection.remote_unit import RemoteUnit
 from tq_stream.deploy.services import ControllerService, UnitService
 from tq_stream.errors import AuthError, ConfigError
 from tq_stream.transport import InprocTransport
@@ -52,9 +53,9 @@ def test_a_put_a_step_and_an_ack_through_the_clients_free_the_rows():
     ctrl.create_partition(P, consumers=["t"])
     ctrl.register_task(P, "t", ["x"], batch_size=2)
     place = ctrl.reserve(P, ["k0", "k1"], SCHEMA, timeout=5.0, session="s")
-    tokens = occupancy(place["index"], place["generation"])
-    d.unit.put(P, place["slot"], {"x": torch.arange(6.0).view(2, 3)}, tokens)
-    ctrl.commit(P, place["index"], place["generation"], SCHEMA)
+    tokens = occupancy(place.index, place.generation)
+    d.unit.put(P, place.slot, {"x": torch.arange(6.0).view(2, 3)}, tokens)
+    ctrl.commit(P, place.index, place.generation, SCHEMA)
     meta = ctrl.get_meta(P, "t", step=0, timeout=2.0, session="s")
     assert meta["keys"] == ["k0", "k1"] and not meta["end"]
     where = ctrl.locate(P, meta["keys"])

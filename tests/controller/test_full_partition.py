@@ -67,7 +67,7 @@ def test_a_writer_blocked_long_logs_why_the_partition_stays_full(caplog):
     ctrl = Controller(timings=Timings(slow_wait=0.2))
     ctrl.create_partition(P, capacity=2)
     held = ctrl.reserve(P, ["a", "b"], {"x": SCHEMA})
-    ctrl.commit(P, held["index"], held["generation"], {"x": SCHEMA})
+    ctrl.commit(P, held.index, held.generation, {"x": SCHEMA})
     with caplog.at_level(logging.WARNING, logger="tq_stream"), pytest.raises(WaitTimeout):
         ctrl.reserve(P, ["c"], {"x": SCHEMA}, timeout=0.6)
     assert "a writer blocked at capacity" in caplog.text, caplog.text

@@ -73,7 +73,7 @@ def _slow_controller() -> Controller:
 def test_a_consumer_waiting_long_warns_what_it_waits_for(caplog) -> None:
     ctrl = _slow_controller()
     held = ctrl.reserve("cw", ["a"], {"x": SCHEMA})
-    ctrl.commit("cw", held["index"], held["generation"], {"x": SCHEMA})
+    ctrl.commit("cw", held.index, held.generation, {"x": SCHEMA})
     ctrl.register_task("cw", "t", ["x"], batch_size=4)
     with caplog.at_level(W, logger="tq_stream"), pytest.raises(WaitTimeout):
         ctrl.get_meta("cw", "t", step=0, timeout=0.4)
@@ -86,7 +86,7 @@ def test_a_writer_blocked_at_capacity_warns(caplog) -> None:
     ctrl = _slow_controller()
     ctrl.create_partition("cap", capacity=1)
     held = ctrl.reserve("cap", ["a"], {"x": SCHEMA})
-    ctrl.commit("cap", held["index"], held["generation"], {"x": SCHEMA})
+    ctrl.commit("cap", held.index, held.generation, {"x": SCHEMA})
     with caplog.at_level(W, logger="tq_stream"), pytest.raises(WaitTimeout):
         ctrl.reserve("cap", ["b"], {"x": SCHEMA}, timeout=0.4)
     (msg,) = _messages(caplog)  # once it has waited slow_wait, not as soon as it blocks

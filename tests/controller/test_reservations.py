@@ -29,8 +29,8 @@ def _reserve(stream: tq.Stream, keys: list[str], session: str = "dead", lease: f
 
 
 def _commit(stream: tq.Stream, place: dict, keys: list[str]) -> None:
-    stream.connection.controller().commit(partition=P, index=place["index"],
-                                        generation=place["generation"],
+    stream.connection.controller().commit(partition=P, index=place.index,
+                                        generation=place.generation,
                                         schemas=schemas_of(dense_batch(keys)))
 
 
@@ -74,11 +74,11 @@ def test_aborted_slots_are_freed_in_the_unit_and_placed_again(stream, clock):
     ctrl.stats()  # nothing expires on a read...
     assert freed == []
     _expiry_checked(stream)  # ... the next wait or put does
-    assert sorted(sum(freed, [])) == sorted(place["slot"].tolist())
+    assert sorted(sum(freed, [])) == sorted(place.slot.tolist())
     put_rows(stream, ["b_0", "b_1"], P)
-    assert sorted(sum(freed, [])) == sorted(place["slot"].tolist())
+    assert sorted(sum(freed, [])) == sorted(place.slot.tolist())
     again = stream.kv.meta(["b_0", "b_1"], partition=P)
-    assert sorted(again.slot.tolist()) == sorted(place["slot"].tolist())
+    assert sorted(again.slot.tolist()) == sorted(place.slot.tolist())
 
 
 def test_the_heartbeat_keeps_a_slow_put_alive(stream, clock):

@@ -9,6 +9,7 @@ import torch
 
 import tq_stream as tq
 from tq_stream.errors import ConfigError, KeyConflictError, SchemaError, WaitTimeout
+from tq_stream.messages.puts import Committed
 
 P = "vlm"
 G, N = 3, 4  # groups, responses per group
@@ -329,10 +330,10 @@ def test_commit_new_leaves_a_row_put_of_a_shared_field_to_reserve(stream):
     stream.writer(P).put_shared("a", {"prompt": torch.tensor([1, 2])})
     ctrl = stream.connection.controller()
     place = ctrl.reserve(P, ["x"], schemas_of({"r": torch.zeros(1)}), spare=1)
-    spare = place["spare"]
-    done = ctrl.commit_new(P, ["y"], spare["index"], spare["generation"],
+    spare = place.spare
+    done = ctrl.commit_new(P, ["y"], spare.index, spare.generation,
                            schemas_of(single_row({"prompt": torch.tensor([5, 6])})))
-    assert done == {"ok": False, "reason": "schema"}
+    assert done == Committed(ok=False, reason="schema")
 
 
 def test_a_shared_put_a_unit_did_not_take_is_put_again(stream, monkeypatch):
@@ -430,9 +431,9 @@ def test_a_claim_an_aborted_put_left_may_be_put_with_other_bytes():
     c = Controller(n_units=1)
     sch = _row_schema(prompt=torch.zeros(2))
     a = c.reserve_shared(P, ["g"], sch, [{"prompt": "A"}], [16])
-    c.abort(P, a["index"], a["generation"])
+    c.abort(P, a.index, a.generation)
     b = c.reserve_shared(P, ["g"], sch, [{"prompt": "B"}], [16])
-    c.commit(P, b["index"], b["generation"], sch)
+    c.commit(P, b.index, b.generation, sch)
     assert c.stats()[P]["shared"]["entries"] == 1
 
 
@@ -444,20 +445,20 @@ def test_a_claim_of_a_row_freed_after_its_reserve_is_refused():
     c = Controller(n_units=1)
     row = _row_schema(r=torch.zeros(1))
     pl = c.reserve(P, ["keep"], row)
-    c.commit(P, pl["index"], pl["generation"], row)
+    c.commit(P, pl.index, pl.generation, row)
     sch = _row_schema(prompt=torch.zeros(2))
     a = c.reserve_shared(P, ["g"], sch, [{"prompt": "A"}], [16])
 
     def reserve_then_a_aborts(*args, **kw):
         out = c.reserve(*args, **kw)
-        c.abort(P, a["index"], a["generation"])  # A's store failed meanwhile
+        c.abort(P, a.index, a.generation)  # A's store failed meanwhile
         return out
 
     with pytest.raises(StateError):
         reserve_shared(c.lock, lambda p: c.book.part(p, create=True), reserve_then_a_aborts,
                        c.abort, P, ["g"], sch, [{"prompt": "A"}], [16], {})
     pl = c.reserve(P, ["x"], row)
-    c.commit(P, pl["index"], pl["generation"], row)
+    c.commit(P, pl.index, pl.generation, row)
     assert c.stats()[P]["rows"] == 2 and c.stats()[P]["shared"]["entries"] == 0
     c.register_task(P, "t", ["r"], batch_size=2)
     assert sorted(c.get_meta(P, "t", step=0, timeout=1)["keys"]) == ["keep", "x"]
@@ -470,16 +471,16 @@ def test_a_commit_that_fails_after_naming_an_entry_leaves_no_half_row():
     c = Controller(n_units=1)
     sch = _row_schema(prompt=torch.zeros(2))
     e = c.reserve_shared(P, ["g"], sch, [{"prompt": "d"}], [16])
-    c.commit(P, e["index"], e["generation"], sch)
+    c.commit(P, e.index, e.generation, sch)
     c.create_partition(P, consumers=["t"])
     c.register_task(P, "t", ["prompt", "response"], batch_size=1)
     fl = schemas_of({"response": torch.zeros(1)})
     it = schemas_of({"response": torch.zeros(1, dtype=torch.int64)})
     a, b = c.reserve(P, ["a"], fl), c.reserve(P, ["b"], it)  # two first puts of "response"
-    c.commit(P, a["index"], a["generation"], fl)
+    c.commit(P, a.index, a.generation, fl)
     with pytest.raises(SchemaError):
-        c.commit(P, b["index"], b["generation"], it, shared=["g"])
-    c.abort(P, b["index"], b["generation"])  # what the Writer does
+        c.commit(P, b.index, b.generation, it, shared=["g"])
+    c.abort(P, b.index, b.generation)  # what the Writer does
     assert c.stats()[P]["rows"] == 1 and c.stats()[P]["shared"]["refs"] == 0
 
 
@@ -551,10 +552,10 @@ def test_a_row_put_and_a_first_shared_put_of_one_field_cannot_both_commit():
     sch = _row_schema(x=torch.zeros(2))
     row = c.reserve(P, ["r"], sch)  # a row put of "x" in flight
     e = c.reserve_shared(P, ["g"], sch, [{"x": "d"}], [16])
-    c.commit(P, e["index"], e["generation"], sch)
+    c.commit(P, e.index, e.generation, sch)
     with pytest.raises(SchemaError, match="'x'"):
-        c.commit(P, row["index"], row["generation"], sch)
-    c.abort(P, row["index"], row["generation"])
+        c.commit(P, row.index, row.generation, sch)
+    c.abort(P, row.index, row.generation)
     assert c.stats()[P]["rows"] == 0
 
 
@@ -564,17 +565,17 @@ def test_an_aborted_claim_and_a_cleared_partition_forget_shared_field_names():
     c = Controller(n_units=1)
     sch = _row_schema(x=torch.zeros(2))
     e = c.reserve_shared(P, ["g"], sch, [{"x": "d"}], [16])
-    c.abort(P, e["index"], e["generation"])  # its store failed
+    c.abort(P, e.index, e.generation)  # its store failed
     c.create_partition(P)
     pl = c.reserve(P, ["r"], sch)  # "x" may be a row field now
-    c.commit(P, pl["index"], pl["generation"], sch)
+    c.commit(P, pl.index, pl.generation, sch)
     c.clear(P)
     y = _row_schema(y=torch.zeros(2))
     e = c.reserve_shared(P, ["g"], y, [{"y": "d"}], [16])
-    c.commit(P, e["index"], e["generation"], y)
+    c.commit(P, e.index, e.generation, y)
     c.clear(P)
     pl = c.reserve(P, ["r"], y)  # a cleared partition forgot its shared fields
-    c.commit(P, pl["index"], pl["generation"], y)
+    c.commit(P, pl.index, pl.generation, y)
     assert c.stats()[P]["rows"] == 1
 
 
@@ -584,9 +585,9 @@ def test_write_times_and_stats_ages_read_the_controller_s_clock():
     c = Controller(n_units=1, clock=lambda: 1000.0)
     sch = _row_schema(x=torch.zeros(2))
     p = c.reserve("p", ["a"], sch, spare=1)
-    c.commit("p", p["index"], p["generation"], sch)
-    s = p["spare"]
-    assert c.commit_new("p", ["b"], [int(s["index"][0])], [int(s["generation"][0])], sch)["ok"]
+    c.commit("p", p.index, p.generation, sch)
+    s = p.spare
+    assert c.commit_new("p", ["b"], [int(s.index[0])], [int(s.generation[0])], sch).ok
     c.register_task("p", "t", ["x"], batch_size=1)
     stats = c.stats()["p"]["tasks"]["t"]
     assert stats["oldest_ready_age"] == 0.0 and stats["at"] == 1000.0
@@ -603,5 +604,5 @@ def test_a_claim_whose_reservation_lapsed_leaves_no_shared_field():
                      timeout=1.0)  # its producer dies before the commit
     now[0] = 100.0
     pl = c.reserve(P, ["r"], sch)  # aborts the lapsed reservation first
-    c.commit(P, pl["index"], pl["generation"], sch)
+    c.commit(P, pl.index, pl.generation, sch)
     assert c.stats()[P]["rows"] == 1 and c.stats()[P]["shared"]["entries"] == 0

@@ -230,9 +230,9 @@ def test_frees_that_fail_any_number_of_times_are_all_retried():
     failed = set()
     for i in range(5000):
         r = ctrl.reserve("p", [f"k{i}"], schema)
-        failed.update(int(s) for s in r["slot"])
-        ctrl.abort("p", r["index"], r["generation"])
+        failed.update(int(s) for s in r.slot)
+        ctrl.abort("p", r.index, r.generation)
     down[0] = False
     r = ctrl.reserve("p", ["last"], schema)
-    ctrl.abort("p", r["index"], r["generation"])  # the next free retries every failed one
+    ctrl.abort("p", r.index, r.generation)  # the next free retries every failed one
     assert failed <= set(freed)

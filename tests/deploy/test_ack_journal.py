@@ -51,7 +51,7 @@ def _filled(path: str, n: int = 12, batch_size: int = 2) -> ControllerService:
     ctrl.register_task(P, "t", ["x"], batch_size=batch_size)
     keys = [f"k{i}" for i in range(n)]
     place = ctrl.reserve(P, keys, SCHEMA)
-    ctrl.commit(P, place["index"], place["generation"], SCHEMA)
+    ctrl.commit(P, place.index, place.generation, SCHEMA)
     return ctrl
 
 
@@ -241,10 +241,10 @@ def test_replayed_acks_free_rows_and_the_units_are_reconciled(tmp_path):
     a.create_partition(P, consumers=["t"])
     a.register_task(P, "t", ["x"], batch_size=2)
     place = a.reserve(P, ["k0", "k1", "k2", "k3"], SCHEMA)
-    tokens = occupancy(place["index"], place["generation"])
-    unit.call("put", {"partition": P, "slots": place["slot"], "columns": {"x": torch.ones(4, 3)},
+    tokens = occupancy(place.index, place.generation)
+    unit.call("put", {"partition": P, "slots": place.slot, "columns": {"x": torch.ones(4, 3)},
                       "generations": tokens})
-    a.commit(P, place["index"], place["generation"], SCHEMA)
+    a.commit(P, place.index, place.generation, SCHEMA)
     a.checkpoints.checkpointer.write_now()
     meta = _take(a, 0)
     _ack(a, meta)  # a declared consumer's ack frees the rows (in the unit too)
@@ -266,7 +266,7 @@ def test_replay_keeps_each_ranks_share_and_acks(tmp_path):
     a.create_partition(P, consumers=["t"])
     a.register_task(P, "t", ["x"], batch_size=2, dp_size=2)
     place = a.reserve(P, [f"k{i}" for i in range(8)], SCHEMA)
-    a.commit(P, place["index"], place["generation"], SCHEMA)
+    a.commit(P, place.index, place.generation, SCHEMA)
     a.checkpoints.checkpointer.write_now()
     r0 = a.get_meta(P, "t", step=0, dp_rank=0, timeout=2.0, session="s0")
     r1 = a.get_meta(P, "t", step=0, dp_rank=1, timeout=2.0, session="s1")
@@ -293,7 +293,7 @@ def test_replay_restores_an_end_step_and_its_tail_discard(tmp_path):
     a.create_partition(P, consumers=["t"])
     a.register_task(P, "t", ["x"], batch_size=2, drop_last=True)
     place = a.reserve(P, [f"k{i}" for i in range(5)], SCHEMA)
-    a.commit(P, place["index"], place["generation"], SCHEMA)
+    a.commit(P, place.index, place.generation, SCHEMA)
     a.checkpoints.checkpointer.write_now()
     acked = _drain(a, 0)  # 2 steps, the 5th row discarded as "tail", then the end
     assert len(acked) == 4
@@ -320,7 +320,7 @@ def test_replay_restores_a_share_formed_again_at_its_turn(tmp_path):
     a.set_version(P, "t", 0, at_step=0)
     for keys, v in ((["k0", "k1"], 0), (["k2", "k3"], 1)):
         place = a.reserve(P, keys, SCHEMA)
-        a.commit(P, place["index"], place["generation"], SCHEMA, tags=[{"version": v}] * 2)
+        a.commit(P, place.index, place.generation, SCHEMA, tags=[{"version": v}] * 2)
     a.checkpoints.checkpointer.write_now()
     assert _take(a, 0)["keys"] == ["k0", "k1"]  # formed for version 0
     a.set_version(P, "t", 1, at_step=0)
@@ -348,7 +348,7 @@ def test_a_step_replayed_from_the_journal_is_checked_against_the_version_set_aft
     a.set_version(P, "t", 0, at_step=0)
     for keys, v in ((["k0", "k1"], 0), (["k2", "k3"], 1)):
         place = a.reserve(P, keys, SCHEMA)
-        a.commit(P, place["index"], place["generation"], SCHEMA, tags=[{"version": v}] * 2)
+        a.commit(P, place.index, place.generation, SCHEMA, tags=[{"version": v}] * 2)
     a.checkpoints.checkpointer.write_now()
     assert _take(a, 0)["keys"] == ["k0", "k1"]  # formed for version 0, journaled
     b = _controller(path, attach=False)
@@ -371,7 +371,7 @@ def test_a_takeover_before_the_checkpoint_still_refuses_the_late_ack_after_a_res
     a.create_partition(P, consumers=["t"])
     a.register_task(P, "t", ["x"], batch_size=2, lease_timeout=0.2)
     place = a.reserve(P, ["k0", "k1"], SCHEMA)
-    a.commit(P, place["index"], place["generation"], SCHEMA)
+    a.commit(P, place.index, place.generation, SCHEMA)
     old = a.get_meta(P, "t", step=0, timeout=2.0, session="a")
     time.sleep(0.5)  # "a" stops renewing: its claim lapses
     assert a.get_meta(P, "t", step=0, timeout=2.0, session="b")["keys"] == old["keys"]

@@ -60,7 +60,7 @@ def test_the_pid_of_a_restarted_unit_is_the_new_process_when_the_watch_saw_it_fi
 
 def _put(ctrl: ControllerService, partition: str, keys: list[str]) -> dict:
     place = ctrl.reserve(partition, keys, SCHEMA, session="s")
-    ctrl.commit(partition, place["index"], place["generation"], SCHEMA)
+    ctrl.commit(partition, place.index, place.generation, SCHEMA)
     return place
 
 
@@ -72,16 +72,16 @@ def test_a_grant_a_dead_unit_does_not_take_is_bounded_undone_and_placed_elsewher
     ctrl, units = _controller()
     units[1].down = True
     place = _put(ctrl, P, [f"k{i}" for i in range(8)])
-    assert place["unit"].tolist() == [0] * 8
+    assert place.unit.tolist() == [0] * 8
     grants = [t for m, t in units[1].calls if m == "grant"]
     assert grants and all(t is not None and t <= 5.0 for t in grants)
     assert ctrl.stats()[P]["rows"] == 8 and len(ctrl.list_rows(P)) == 8
     before = len(units[1].calls)
-    assert _put(ctrl, "q", ["a", "b"])["unit"].tolist() == [0, 0]  # known silent:
+    assert _put(ctrl, "q", ["a", "b"]).unit.tolist() == [0, 0]  # known silent:
     assert len(units[1].calls) == before  # not called again
     units[1].down = False
     ctrl.unit_answered(1, 11)  # the watch hears it again: rows go there again
-    assert 1 in _put(ctrl, "r", ["a", "b"])["unit"].tolist()
+    assert 1 in _put(ctrl, "r", ["a", "b"]).unit.tolist()
 
 
 def test_a_put_fails_once_every_unit_refuses_its_grant_and_leaves_nothing():

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from tq_stream.deploy.unit_watch import UnitWatch
+from tq_stream.messages.unit import UnitPing
 
 
 class _Service:
@@ -35,7 +36,7 @@ class _ReplacedUnit:
         self.release = threading.Event()
         self.answer = threading.Event()
 
-    def call(self, method: str, args: Any = None, timeout: float = 0.0) -> dict[str, Any]:
+    def call(self, rpc: Any, request: Any = None, timeout: float = 0.0) -> UnitPing:
         self.pings += 1
         if self.pings == 1:
             self.pinging.set()
@@ -44,7 +45,7 @@ class _ReplacedUnit:
             raise ConnectionError("connection reset by peer")
         if not self.answer.is_set():
             raise TimeoutError("the new process is still starting")
-        return {"pid": 2}
+        return UnitPing(pid=2, host="", nbytes=0)
 
 
 def test_a_ping_of_the_old_process_failing_after_its_replacement_does_not_silence_the_new():
@@ -92,7 +93,7 @@ class _Counting(_Service):
 
 
 class _Dead:
-    def call(self, method: str, args: Any = None, timeout: float = 0.0) -> dict[str, Any]:
+    def call(self, rpc: Any, request: Any = None, timeout: float = 0.0) -> UnitPing:
         raise ConnectionRefusedError("no process serves the unit")
 
 

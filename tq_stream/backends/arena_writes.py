@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tq_stream.backends.slabs import Alloc, MultiRaggedArena, RaggedArena, Store
+from tq_stream.backends.alloc import Alloc
+from tq_stream.backends.slabs import MultiRaggedArena, RaggedArena, Store
 from tq_stream.columns import Column, Ragged, dtype_from_name, dtype_name
 from tq_stream.errors import ConfigError
 from tq_stream.multiragged import MultiRagged
@@ -72,10 +73,12 @@ class ArenaWrite:
         """The values of ``column`` (the one this write was made ``of``) to copy."""
         if isinstance(column, Ragged):
             lo = int(column.offsets[0])
-            return column.values[lo : lo + self.total]
-        return column.values
+            values: torch.Tensor = column.values[lo : lo + self.total]
+        else:
+            values = column.values
+        return values
 
-    def wire(self) -> list:
+    def wire(self) -> list[object]:
         return [self.kind, dtype_name(self.dtype), list(self.shape), self.sizes]
 
     @staticmethod

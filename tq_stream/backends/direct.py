@@ -22,16 +22,19 @@ in a segment that was already replaced.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import threading
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
+from tq_stream.backends.alloc import Alloc
 from tq_stream.backends.arena_writes import ArenaWrite
+from tq_stream.backends.partition_store import PartitionStore
 from tq_stream.backends.slabs import DenseSlab, MultiRaggedArena, RaggedArena, Store
 from tq_stream.backends.spill import least_dense
 from tq_stream.columns import dtype_from_name, dtype_name
@@ -42,16 +45,31 @@ TICKET_TTL = 60.0  # seconds an open ticket blocks growth before it is dropped
 GROWTH_WAIT = 30.0  # seconds a growth waits for open tickets
 
 
-class DirectWrites:
-    """Mixin of ShmUnit (needs ``_lock``, ``_parts``, ``_alloc_for``, ``_describe``,
-    ``_check_put``)."""
+@dataclass(frozen=True)
+class UnitStores:
+    """What ``DirectWrites`` is handed of its unit: the unit's lock, its partitions (the
+    same dict, guarded by that lock), and the unit's calls it makes with the lock held."""
 
-    def _init_direct(self) -> None:
-        self._wcond = threading.Condition(self._lock)  # type: ignore[attr-defined]
+    lock: threading.RLock
+    parts: Mapping[str, PartitionStore]
+    check_put: Callable[[str, Mapping[str, int], int], None]  # (partition, need, rows)
+    new_partition: Callable[[str], PartitionStore]
+    alloc_for: Callable[[str, str, str], Alloc]  # (partition, field, part)
+    describe: Callable[[torch.Tensor], dict[str, Any] | None]  # a segment's layout
+
+
+class DirectWrites:
+    """The open direct writes of one ``ShmUnit``: their tickets, and the condition (on
+    the unit's lock) that growths and checkpoints wait on until they close."""
+
+    def __init__(self, unit: UnitStores) -> None:
+        self._unit = unit
+        self.cond = threading.Condition(unit.lock)
         self._tickets: dict[int, tuple[str, np.ndarray, np.ndarray | None, float]] = {}
         self._ticket_ids = itertools.count(1)
 
-    def _open_on(self, partition: str) -> bool:
+    def open_on(self, partition: str) -> bool:
+        """True while a write ticket of ``partition`` is open (expired ones dropped)."""
         now = time.monotonic()
         for t in [t for t, v in self._tickets.items() if v[3] < now]:
             del self._tickets[t]  # its writer died: its slots stay UNSET (unreadable)
@@ -59,13 +77,13 @@ class DirectWrites:
 
     def _must_grow(self, partition: str, slots: np.ndarray, fields: Collection[str],
                    appends: Mapping[str, int]) -> bool:
-        part = self._parts.get(partition)  # type: ignore[attr-defined]
+        part = self._unit.parts.get(partition)
         if part is None or not len(slots):
             return False
         return _moves(part.fields, int(slots.max()), fields, appends)
 
-    def _wait_growth(self, partition: str, slots: np.ndarray, fields: Collection[str],
-                     appends: Mapping[str, int]) -> None:
+    def wait_growth(self, partition: str, slots: np.ndarray, fields: Collection[str],
+                    appends: Mapping[str, int]) -> None:
         """Called with the lock held: wait until growing these slabs (to hold ``slots``
         of ``fields``) and arenas (by ``appends`` values) moves no open write.
 
@@ -74,53 +92,55 @@ class DirectWrites:
                 that thread must stay free to run the ``finish_write`` that ends the wait.
         """
         deadline = time.monotonic() + GROWTH_WAIT
-        while self._must_grow(partition, slots, fields, appends) and self._open_on(partition):
+        while self._must_grow(partition, slots, fields, appends) and self.open_on(partition):
             if not may_block():
                 raise WouldBlock
             left = deadline - time.monotonic()
             if left <= 0:
                 raise WaitTimeout(f"a slab of partition {partition!r} must grow, but direct "
                                   f"writes stayed open for {GROWTH_WAIT}s")
-            self._wcond.wait(min(left, 1.0))
+            self.cond.wait(min(left, 1.0))
 
-    def _writes_open(self, partition: str) -> bool:
-        return self._open_on(partition)
-
-    def _quiesce(self, partition: str, slots: np.ndarray) -> None:
+    def quiesce(self, partition: str, slots: np.ndarray) -> None:
         """Called with the lock held: wait (bounded) until no open write covers ``slots``,
         so a checkpoint copies their finished rows (a row being written has no token)."""
         deadline = time.monotonic() + GROWTH_WAIT
-        while self._open_on(partition) and any(
+        while self.open_on(partition) and any(
                 v[0] == partition and np.isin(v[1], slots).any()
                 for v in self._tickets.values()):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise WaitTimeout(f"a checkpoint of partition {partition!r} waited "
                                   f"{GROWTH_WAIT}s for direct writes to its rows to finish")
-            self._wcond.wait(min(left, 1.0))
+            self.cond.wait(min(left, 1.0))
 
-    def prepare_write(self, partition: str, slots: np.ndarray, generations: Any,
-                      fields: Mapping[str, Any],
-                      arenas: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def prepare(self, partition: str, slots: np.ndarray, generations: np.ndarray | None,
+                fields: Mapping[str, Sequence[Any]],
+                arenas: Mapping[str, object] | None = None) -> dict[str, Any]:
         """Ready dense slabs of ``fields`` (name -> [dtype, shape]) for ``slots``, and
         place their rows of ragged fields ``arenas`` (name -> ``ArenaWrite.wire()``).
+        The unit collects the segments a growth left behind afterwards.
 
         Returns:
             ``{"ticket", "fields": {name: layout}, "arenas": {name: layout plus "at"}}``.
         """
+        unit = self._unit
         slots = np.asarray(slots, dtype=np.int64)
         writes = {name: ArenaWrite.parse(name, raw, len(slots))
                   for name, raw in (arenas or {}).items()}
-        with self._wcond:
-            self._check_put(partition, {  # type: ignore[attr-defined]
+        with self.cond:
+            unit.check_put(partition, {
                 f: least_dense(len(slots), tuple(shape), dtype_from_name(dtype))
                 for f, (dtype, shape) in fields.items()}, len(slots))
-            self._wait_growth(partition, slots, fields,
-                              {name: w.total for name, w in writes.items()})
-            part = self._parts.get(partition)  # type: ignore[attr-defined]
+            self.wait_growth(partition, slots, fields,
+                             {name: w.total for name, w in writes.items()})
+            part = unit.parts.get(partition)
             if part is None:
-                part = self._new_partition(partition)  # type: ignore[attr-defined]
-            alloc_for = functools.partial(self._alloc_for, partition)  # type: ignore[attr-defined]
+                part = unit.new_partition(partition)
+
+            def alloc_for(name: str, kind: str = "") -> Alloc:
+                return unit.alloc_for(partition, name, kind)
+
             dense: list[DenseSlab] = []
             for name, (dtype, shape) in fields.items():
                 store = part.fields.get(name)
@@ -148,8 +168,8 @@ class DirectWrites:
             layout: dict[str, Any] = {}
             for name in (*fields, *writes):
                 store = part.fields[name]
-                desc = self._describe(  # type: ignore[attr-defined]
-                    store.data if isinstance(store, DenseSlab) else store.values)
+                desc = unit.describe(store.data if isinstance(store, DenseSlab)
+                                     else _arena_values(name, store))
                 if desc is None:
                     raise ConfigError(f"field {name!r} has no shared-memory slab")
                 layout[name] = desc
@@ -161,24 +181,31 @@ class DirectWrites:
             tokens = None if generations is None else np.asarray(generations, np.int64)
             self._tickets[ticket] = (partition, slots, tokens,
                                      time.monotonic() + TICKET_TTL)
-        self._collect()  # type: ignore[attr-defined]  # a grown slab's old segment goes
         return {"ticket": ticket, "fields": {f: layout[f] for f in fields},
                 "arenas": {f: {**layout[f], "at": at[f]} for f in writes}}
 
-    def _close_ticket(self, partition: str, ticket: int,
-                      ok: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    def close(self, partition: str, ticket: int,
+              ok: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """Publish (``ok``) or abandon the rows of ``ticket``; wakes waiting growths.
         Returns the ticket's slots and tokens."""
-        with self._wcond:
+        with self.cond:
             entry = self._tickets.pop(int(ticket), None)
-            self._wcond.notify_all()
+            self.cond.notify_all()
             if entry is None:
                 raise StateError(f"write ticket {ticket} of partition {partition!r} must "
                                  f"be open to finish, but it expired (> {TICKET_TTL}s)")
-            part = self._parts.get(partition)  # type: ignore[attr-defined]
+            part = self._unit.parts.get(partition)
             if ok and part is not None:
                 part.gen.end(entry[1], entry[2])
         return entry[1], entry[2]
+
+
+def _arena_values(name: str, store: Store) -> torch.Tensor:
+    """The values tensor of an arena store (a write placed rows of ``name`` in it)."""
+    if not isinstance(store, RaggedArena | MultiRaggedArena):
+        raise ConfigError(f"field {name!r} must be a dense slab or an arena to be "
+                          f"written directly, got {type(store).__name__}")
+    return store.values
 
 
 def _moves(stores: Mapping[str, Store], top: int, fields: Collection[str],

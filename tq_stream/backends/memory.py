@@ -11,18 +11,12 @@ import numpy as np
 import torch
 
 from tq_stream.backends import unit_files
+from tq_stream.backends.alloc import Alloc, heap_alloc
 from tq_stream.backends.base import StorageUnit
+from tq_stream.backends.generations import stale_rows
+from tq_stream.backends.partition_store import PartitionStore
 from tq_stream.backends.row_bytes import held, row_bytes, written_slots
-from tq_stream.backends.slabs import (
-    _MIN_ROWS,
-    Alloc,
-    Generations,
-    Store,
-    fence,
-    heap_alloc,
-    stale_rows,
-    store_for,
-)
+from tq_stream.backends.slabs import Store, store_for
 from tq_stream.backends.spill import (
     Spill,
     bounded,
@@ -44,30 +38,6 @@ def _rows_in(slots: np.ndarray, column: Column,
     return slots[mask], take(column, torch.from_numpy(np.flatnonzero(mask)))
 
 
-class _PartitionStore:
-    """The stores of one partition; ``live`` marks written slots so an empty
-    partition can hand all of its memory back; ``gen`` holds each slot's token.
-    ``live`` comes from an allocator, like the slabs (see ``DenseSlab``)."""
-
-    def __init__(self, alloc: Alloc, live_alloc: Alloc | None = None) -> None:
-        self.fields: dict[str, Store] = {}
-        self._live_alloc = live_alloc or alloc
-        self.live_flags = self._live_alloc((_MIN_ROWS,), torch.bool)  # maybe more rows
-        self.live_flags.zero_()
-        self.live = self.live_flags.numpy()
-        self.gen = Generations(alloc)
-
-    def mark(self, slots: np.ndarray, value: bool) -> None:
-        top = int(slots.max()) + 1 if len(slots) else 0
-        cap = self.live.shape[0]
-        if top > cap:
-            new = self._live_alloc((max(top, 2 * cap),), torch.bool).zero_()
-            fence()  # as in DenseSlab.ensure
-            new[:cap].copy_(self.live_flags)
-            self.live_flags, self.live = new, new.numpy()
-        self.live[slots] = value
-
-
 class MemoryUnit(StorageUnit):
     """Column slabs on the heap, one lock per unit.
 
@@ -81,7 +51,7 @@ class MemoryUnit(StorageUnit):
     def __init__(self, alloc: Alloc = heap_alloc, spill_dir: str | None = None) -> None:
         self._alloc = alloc
         self._spill = Spill(spill_dir)  # budgets, cold fields, rows on disk (spill.py)
-        self._parts: dict[str, _PartitionStore] = {}
+        self._parts: dict[str, PartitionStore] = {}
         self._lock = threading.RLock()  # re-entered by ShmUnit's direct-write checks
         self._closed = False
 
@@ -145,7 +115,7 @@ class MemoryUnit(StorageUnit):
             self._to_disk(partition, part, {f: slots[held(part.fields[f], slots)]
                                             for f in fields if f in part.fields})
 
-    def _to_disk(self, partition: str, part: _PartitionStore,
+    def _to_disk(self, partition: str, part: PartitionStore,
                  rows: Mapping[str, np.ndarray]) -> None:
         """Move ``rows[field]`` of each field to disk (lock held); a store left without a
         row goes, unless a same-host write to the partition is open (a later call)."""
@@ -174,8 +144,8 @@ class MemoryUnit(StorageUnit):
     def _stores_went(self) -> None:  # noqa: B027 - a hook for ShmUnit
         """Called with the lock held after stores of a partition that holds rows went."""
 
-    def _new_partition(self, partition: str) -> _PartitionStore:
-        part = self._parts[partition] = _PartitionStore(
+    def _new_partition(self, partition: str) -> PartitionStore:
+        part = self._parts[partition] = PartitionStore(
             self._alloc_for(partition, ""), self._alloc_for(partition, "", "live"))
         return part
 
@@ -236,7 +206,7 @@ class MemoryUnit(StorageUnit):
                     part.gen.check(partition, slots, generations)
             return {name: self._read(partition, part, name, slots) for name in fields}
 
-    def _read(self, partition: str, part: _PartitionStore | None, name: str,
+    def _read(self, partition: str, part: PartitionStore | None, name: str,
               slots: np.ndarray) -> Column:
         """Rows ``slots`` of field ``name``, from memory or disk (lock held)."""
         store = part.fields.get(name) if part is not None else None
@@ -335,12 +305,12 @@ class MemoryUnit(StorageUnit):
             if not part.live.any():
                 self._emptied(partition, part)
 
-    def _emptied(self, partition: str, part: _PartitionStore) -> None:
+    def _emptied(self, partition: str, part: PartitionStore) -> None:
         """Called with the lock held when the last row of ``partition`` was freed: its
         stores go (all slab memory returned; ``ShmUnit`` may keep them for reuse)."""
         self._drop_store(partition, part)
 
-    def _drop_store(self, partition: str, part: _PartitionStore) -> bool:
+    def _drop_store(self, partition: str, part: PartitionStore) -> bool:
         """Drop the stores of ``partition`` if it holds no row (lock held); False if a
         same-host writer wrote a row into them meanwhile (they stay then)."""
         self._stores_may_go()
@@ -369,6 +339,12 @@ class MemoryUnit(StorageUnit):
                 inside = slots < tokens.shape[0]
                 out[name] = {"slots": slots[inside], "tokens": tokens[slots[inside]].copy()}
             return out
+
+    @property
+    def stores(self) -> Mapping[str, PartitionStore]:
+        """The partitions this unit holds, by name (read them under no promise: a put or
+        a drop may change them meanwhile)."""
+        return self._parts
 
     def nbytes(self) -> int:
         """Bytes of the stores of partitions that hold rows (stores an emptied

@@ -24,7 +24,7 @@ class Segment:
         self.name = name
         # What a unit allocated it for (see ShmUnit): store key, dtype, shape, bytes and
         # an allocation sequence number.
-        self.key: tuple[str, str] | None = None
+        self.key: tuple[str, ...] | None = None
         self.dtype: torch.dtype | None = None
         self.shape: tuple[int, ...] = ()
         self.nbytes = size

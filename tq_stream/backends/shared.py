@@ -38,8 +38,8 @@ class SharedSlabs(Protocol):
         ...
 
     def prepare_write(self, partition: str, slots: np.ndarray, generations: np.ndarray | None,
-                      fields: Mapping[str, Any],
-                      arenas: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                      fields: Mapping[str, Sequence[Any]],
+                      arenas: Mapping[str, object] | None = None) -> dict[str, Any]:
         """Ready the slabs of ``fields`` (name -> [dtype, shape]) for ``slots``, and place
         the rows of ragged ``arenas`` (``tq_stream.backends.arena_writes``)."""
         ...

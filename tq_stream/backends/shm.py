@@ -6,7 +6,7 @@ out of the mapped segment: one copy, no socket for the bytes. A slab that grows 
 segment and the old one is unlinked; a reader that still maps it keeps a valid (older) view,
 which holds every row committed before its ``get_meta``. A ragged or multi-ragged arena grows in
 place instead: its segment's file is extended and mapped again, nothing is copied and no byte
-moves (``slabs.GrowsInPlace``), so growing it needs no wait for a same-host writer copying into
+moves (``alloc.GrowsInPlace``), so growing it needs no wait for a same-host writer copying into
 it. Slots are reused after a clear, so the layout also names the partition's token array
 (``Generations``, a seqlock word per slot): after copying, a reader checks that every slot still
 holds the token of the row it asked for (``ShmReader.current``) and otherwise reads through the
@@ -20,94 +20,34 @@ from __future__ import annotations
 
 import functools
 import itertools
-import mmap
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from tq_stream.backends.alloc import Alloc, fence
 from tq_stream.backends.arena_writes import appended
-from tq_stream.backends.direct import DirectWrites
+from tq_stream.backends.direct import DirectWrites, UnitStores
 from tq_stream.backends.memory import MemoryUnit
+from tq_stream.backends.partition_store import PartitionStore
 from tq_stream.backends.row_bytes import held
 from tq_stream.backends.segments import SHM_DIR, Segment
-from tq_stream.backends.slabs import DenseSlab, MultiRaggedArena, fence
+from tq_stream.backends.shm_sweep import EPOCH, PREFIX, shm_available, sweep_stale
+from tq_stream.backends.slabs import DenseSlab, MultiRaggedArena
 from tq_stream.columns import Column
 
-PREFIX = "tq_"
+# re-exported: where tests and deployments find them
+__all__ = ["EPOCH", "PREFIX", "SHM_DIR", "ShmUnit", "shm_available", "sweep_stale"]
+
 _COUNTER = itertools.count()  # per process, shared by its units: names never collide
-EPOCH = "epoch"  # names of layout-epoch segments: tq_<pid>_epoch_<n>
 STORES = 1  # index of the stores count in the epoch segment
 
 
-def shm_available() -> bool:
-    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
-
-
-def _pid_alive(pid: int) -> bool:
-    """True if ``pid`` runs; a zombie (dead, not yet reaped by its parent) does not."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return True  # no procfs: trust kill(0)
-
-
-def sweep_stale(pids: Sequence[int] | None = None) -> int:
-    """Remove segments of dead owners (or of ``pids``); returns how many were removed."""
-    removed = 0
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return 0
-    for name in names:
-        if not name.startswith(PREFIX):
-            continue
-        try:
-            pid = int(name.split("_")[1])
-        except (IndexError, ValueError):
-            continue
-        if (pids is not None and pid in pids) or (pids is None and not _pid_alive(pid)):
-            path = os.path.join(SHM_DIR, name)
-            if name.split("_")[2:3] == [EPOCH]:
-                _bump_epoch(path)
-            try:
-                os.unlink(path)
-                removed += 1
-            except OSError:
-                pass
-    return removed
-
-
-def _bump_epoch(path: str) -> None:
-    """Move the layout epoch of a dead unit, so readers that still map its segments
-    drop their cached layouts (and ask the unit that replaced it)."""
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except OSError:
-        return
-    try:
-        with mmap.mmap(fd, 8) as m:
-            epoch = np.frombuffer(m, dtype=np.int64, count=1)
-            epoch[0] += 1
-            del epoch
-    except (OSError, ValueError):
-        pass
-    finally:
-        os.close(fd)
-
-
-class ShmUnit(DirectWrites, MemoryUnit):
+class ShmUnit(MemoryUnit):
     """A MemoryUnit whose dense slabs live in shared memory (see module docstring).
 
     Args:
@@ -132,7 +72,7 @@ class ShmUnit(DirectWrites, MemoryUnit):
         sweep_stale()
         self.keep_bytes = keep_bytes
         self._segments: dict[int, Segment] = {}  # data_ptr of a slab -> its segment
-        self._idle: dict[tuple[str, str], Segment] = {}  # kept segments, oldest first
+        self._idle: dict[tuple[str, ...], Segment] = {}  # kept segments, oldest first
         self._idle_bytes = 0
         # Emptied partitions whose stores stay for their next rows, oldest first, and
         # their bytes (guarded by ``_lock``; see the class docstring).
@@ -148,9 +88,12 @@ class ShmUnit(DirectWrites, MemoryUnit):
         self._epoch = np.frombuffer(self._epoch_seg.map, dtype=np.int64, count=2)
         self._allocs = 0  # segments created so far (a put that made none needs no collect)
         super().__init__(alloc=self._alloc_dense, spill_dir=spill_dir)
-        self._init_direct()
+        self._direct = DirectWrites(UnitStores(
+            lock=self._lock, parts=self._parts, check_put=self._check_put,
+            new_partition=self._new_partition, alloc_for=self._alloc_for,
+            describe=self._describe))
 
-    def _raw_alloc(self, partition: str, field: str, part: str = "") -> Any:
+    def _raw_alloc(self, partition: str, field: str, part: str = "") -> Alloc:
         key = (partition, field, part) if part else (partition, field)
         return _SegmentAlloc(functools.partial(self._alloc_dense, key=key), self._grow_segment)
 
@@ -174,18 +117,18 @@ class ShmUnit(DirectWrites, MemoryUnit):
         self._epoch[STORES] += 1
         fence()
 
-    def _stored(self, key: tuple[str, str]) -> bool:
+    def _stored(self, key: tuple[str, ...]) -> bool:
         """True if the store of ``key`` exists (called with ``_lock`` held)."""
         part = self._parts.get(key[0])
         return part is not None and (key[1] == "" or key[1] in part.fields)
 
     def _alloc_dense(self, shape: tuple[int, ...], dtype: torch.dtype,
-                     key: tuple[str, str] | None = None) -> torch.Tensor:
+                     key: tuple[str, ...] | None = None) -> torch.Tensor:
         # Called with ``_lock`` held (from ``put``): ``_stored`` tells creation of a
         # store (which may reuse its kept segment) from growth (which never may).
         with self._seg_lock:
             seg = self._idle.pop(key, None) if key is not None else None
-            if seg is not None:
+            if seg is not None and key is not None:
                 self._idle_bytes -= seg.nbytes
                 if (not self._stored(key) and seg.dtype == dtype
                         and seg.shape[1:] == tuple(shape[1:]) and seg.shape[0] >= shape[0]):
@@ -224,14 +167,14 @@ class ShmUnit(DirectWrites, MemoryUnit):
         with self._lock, self._seg_lock:
             live = self._live_ptrs()
             dead = [self._segments.pop(p) for p in list(self._segments) if p not in live]
-            last: dict[tuple[str, str], Segment] = {}
+            last: dict[tuple[str, ...], Segment] = {}
             for seg in dead:
                 key = seg.key
                 if keep and key is not None and not self._stored(key) \
                         and seg.nbytes <= self.keep_bytes \
                         and (key not in last or seg.seq > last[key].seq):
                     last[key] = seg
-            gone = [seg for seg in dead if last.get(seg.key) is not seg]
+            gone = [seg for seg in dead if seg.key is None or last.get(seg.key) is not seg]
             for key, seg in last.items():
                 old = self._idle.pop(key, None)
                 if old is not None:
@@ -248,13 +191,13 @@ class ShmUnit(DirectWrites, MemoryUnit):
             if gone:
                 self._epoch[0] += 1
 
-    def put(self, partition: str, slots: np.ndarray, columns: Any,
+    def put(self, partition: str, slots: np.ndarray, columns: Mapping[str, Column],
             generations: np.ndarray | None = None) -> None:
         allocs = self._allocs
         try:
-            with self._wcond:  # growing a slab must not move a direct write in progress
-                self._wait_growth(partition, np.asarray(slots, dtype=np.int64), columns,
-                                  appended(columns))
+            with self._direct.cond:  # growing a slab must not move an open direct write
+                self._direct.wait_growth(partition, np.asarray(slots, dtype=np.int64),
+                                         columns, appended(columns))
                 super().put(partition, slots, columns, generations)
                 if partition in self._warm:  # it holds rows again
                     with self._lock:
@@ -263,11 +206,25 @@ class ShmUnit(DirectWrites, MemoryUnit):
             if self._allocs != allocs:  # a slab grew: its old segment is garbage now
                 self._collect()
 
+    def prepare_write(self, partition: str, slots: np.ndarray, generations: np.ndarray | None,
+                      fields: Mapping[str, Sequence[Any]],
+                      arenas: Mapping[str, object] | None = None) -> dict[str, Any]:
+        """Open a direct write (``DirectWrites.prepare``); a grown slab's old segment goes."""
+        reply = self._direct.prepare(partition, slots, generations, fields, arenas)
+        self._collect()
+        return reply
+
+    def _writes_open(self, partition: str) -> bool:
+        return self._direct.open_on(partition)
+
+    def _quiesce(self, partition: str, slots: np.ndarray) -> None:
+        self._direct.quiesce(partition, slots)
+
     def finish_write(self, partition: str, ticket: int, ok: bool = True,
                      columns: dict[str, Column] | None = None) -> None:
         """End a direct write (``tq_stream.backends.direct``), then put the rows' other
         fields ``columns`` (if ``ok``), as ``put`` would."""
-        slots, tokens = self._close_ticket(partition, ticket, ok)
+        slots, tokens = self._direct.close(partition, ticket, ok)
         if ok and columns:
             self.put(partition, slots, columns, tokens)
 
@@ -280,12 +237,12 @@ class ShmUnit(DirectWrites, MemoryUnit):
     def _stores_went(self) -> None:
         self._collect(keep=False)  # their segments go (a reader re-reads the layout)
 
-    def _drop_store(self, partition: str, part: Any) -> bool:
+    def _drop_store(self, partition: str, part: PartitionStore) -> bool:
         dropped = super()._drop_store(partition, part)
         self._garbage = self._garbage or dropped
         return dropped
 
-    def _emptied(self, partition: str, part: Any) -> None:
+    def _emptied(self, partition: str, part: PartitionStore) -> None:
         # Lock held. Keep the stores for the partition's next rows if they fit with the
         # kept segments; the oldest other warm partitions go to make room.
         nbytes = sum(s.nbytes() for s in part.fields.values()) + \
@@ -406,7 +363,7 @@ class ShmUnit(DirectWrites, MemoryUnit):
 
 class _SegmentAlloc:
     """A store's allocator in a ``ShmUnit``: new segments, and arenas grown in place by
-    extending theirs (``slabs.GrowsInPlace``)."""
+    extending theirs (``alloc.GrowsInPlace``)."""
 
     def __init__(self, alloc: Callable[[tuple[int, ...], torch.dtype], torch.Tensor],
                  grow: Callable[[torch.Tensor, int], torch.Tensor]) -> None:

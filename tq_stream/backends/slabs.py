@@ -6,80 +6,39 @@
   slot; freed space is reclaimed by compaction once it exceeds the live part.
 - ``MultiRaggedArena``: rows ragged in several dims; their elements in a
   ``RaggedArena`` of one dim, their shapes per slot.
-- ``ObjectSlots``: a numpy object array of plain Python values.
+- ``ObjectSlots`` (``object_slots.py``): a numpy object array of plain Python values.
 
 Every store grows by doubling, can report its bytes, and knows which slots hold a
 value: reading a slot that was never written (or was freed) raises
 KeyConflictError instead of returning stale bytes. An ``alloc`` callable
-(``alloc(shape, dtype) -> Tensor``) decides where slab memory comes from, so a
-shared-memory unit reuses the same stores. ``Generations`` holds the occupancy
-token of every slot of a partition (see ``tq_stream.backends.base.occupancy``).
+(``alloc(shape, dtype) -> Tensor``, ``alloc.py``) decides where slab memory comes from,
+so a shared-memory unit reuses the same stores. ``Generations`` (``generations.py``)
+holds the occupancy token of every slot of a partition (see
+``tq_stream.backends.base.occupancy``).
 """
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
-from typing import Protocol, runtime_checkable
-
 import numpy as np
 import torch
 
+from tq_stream.backends.alloc import (
+    MIN_ROWS,
+    Alloc,
+    GrowsInPlace,
+    check_written,
+    fence,
+    grown,
+    heap_alloc,
+)
+from tq_stream.backends.generations import UNSET as UNSET  # re-exported: same_host reads it
+from tq_stream.backends.object_slots import ObjectSlots
 from tq_stream.buffers import gather_rows, indexable, scatter_rows
-from tq_stream.columns import SCALARS, Column, Ragged, dtype_from_name, schema_of
-from tq_stream.errors import KeyConflictError, StateError
-from tq_stream.forksafe import ForkSafeLock
+from tq_stream.columns import Column, Ragged, dtype_from_name, schema_of
 from tq_stream.multiragged import MultiRagged
 
-Alloc = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
-_MIN_ROWS = 16
-
-
-@runtime_checkable
-class GrowsInPlace(Protocol):
-    """An allocator that also grows a tensor it made without moving or copying its bytes
-    (a shared-memory unit extends the segment's file: ``ShmUnit``); an arena grown so
-    keeps its memory, and a reader's or writer's mapping of it stays right."""
-
-    def __call__(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
-
-    def grow(self, tensor: torch.Tensor, rows: int) -> torch.Tensor:
-        """``tensor`` (as this allocator made it) with ``rows`` rows, the first ones its."""
-        ...
-
-
-def heap_alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype)
-
-
-def _grown(n: int, need: int) -> int:
-    while n < need:
-        n *= 2
-    return n
-
-
-def _check_written(written: np.ndarray, slots: np.ndarray) -> None:
-    """Raise KeyConflictError unless every slot in ``slots`` holds a value.
-
-    ``written`` is a per-slot bool mask, or the arena's length array (-1: empty).
-    """
-    inside = (slots >= 0) & (slots < written.shape[0])
-    ok = inside.copy()
-    ok[inside] = written[slots[inside]] if written.dtype == bool else \
-        written[slots[inside]] >= 0
-    if not ok.all():
-        bad = slots[~ok][:5].tolist()
-        raise KeyConflictError(f"slots must hold a value to be read, got slots {bad} that "
-                               f"were never written or were freed")
-
-
-def _mark(written: np.ndarray, slots: np.ndarray, value: bool) -> np.ndarray:
-    top = int(slots.max()) + 1 if len(slots) else 0
-    if top > written.shape[0]:
-        written = np.concatenate([written, np.zeros(_grown(max(written.shape[0], 1), top)
-                                                    - written.shape[0], dtype=bool)])
-    written[slots] = value
-    return written
+__all__ = ["UNSET", "DenseSlab", "MultiRaggedArena", "ObjectSlots", "RaggedArena", "Store",
+           "fence", "store_for"]
 
 
 class DenseSlab:
@@ -96,7 +55,7 @@ class DenseSlab:
                  flag_alloc: Alloc | None = None):
         self.dtype, self.shape, self._alloc = dtype, shape, alloc
         self._flag_alloc = flag_alloc or alloc
-        self.data = alloc((_MIN_ROWS, *shape), dtype)  # may be larger (a reused segment)
+        self.data = alloc((MIN_ROWS, *shape), dtype)  # may be larger (a reused segment)
         self.flags = self._new_flags(self.data.shape[0])
         self.written = self.flags.numpy()
 
@@ -109,7 +68,7 @@ class DenseSlab:
         cap = self.data.shape[0]
         if max_slot < cap:
             return
-        n = _grown(cap, max_slot + 1)
+        n = grown(cap, max_slot + 1)
         new = self._alloc((n, *self.shape), self.dtype)
         flags = self._new_flags(new.shape[0])
         # A new segment bumped the unit's layout epoch: past this fence a same-host
@@ -126,7 +85,7 @@ class DenseSlab:
         self.written[slots] = True
 
     def get(self, slots: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
-        _check_written(self.written, slots)
+        check_written(self.written, slots)
         return gather_rows(self.data, slots, out)
 
     def free(self, slots: np.ndarray) -> None:
@@ -147,16 +106,16 @@ class RaggedArena:
 
     def __init__(self, dtype: torch.dtype, tail: tuple[int, ...], alloc: Alloc = heap_alloc):
         self.dtype, self.tail, self._alloc = dtype, tail, alloc
-        self.values = alloc((_MIN_ROWS, *tail), dtype)
-        self.start = np.zeros(_MIN_ROWS, dtype=np.int64)
-        self.length = np.full(_MIN_ROWS, -1, dtype=np.int64)  # -1: slot empty
+        self.values = alloc((MIN_ROWS, *tail), dtype)
+        self.start = np.zeros(MIN_ROWS, dtype=np.int64)
+        self.length = np.full(MIN_ROWS, -1, dtype=np.int64)  # -1: slot empty
         self.end = 0
         self.live = 0
 
     def _ensure_slots(self, max_slot: int) -> None:
         cap = self.start.shape[0]
         if max_slot >= cap:
-            n = _grown(cap, max_slot + 1)
+            n = grown(cap, max_slot + 1)
             self.start = np.concatenate([self.start, np.zeros(n - cap, np.int64)])
             self.length = np.concatenate([self.length, np.full(n - cap, -1, np.int64)])
 
@@ -170,7 +129,7 @@ class RaggedArena:
             self._compact()
         cap = self.values.shape[0]
         if self.end + extra > cap:
-            rows = _grown(cap, self.end + extra)
+            rows = grown(cap, self.end + extra)
             if isinstance(self._alloc, GrowsInPlace):  # no byte copied, none moves
                 self.values = self._alloc.grow(self.values, rows)
                 return
@@ -232,7 +191,7 @@ class RaggedArena:
         self.values[at : at + vals.shape[0]].copy_(vals)
 
     def get(self, slots: np.ndarray) -> Ragged:
-        _check_written(self.length, slots)
+        check_written(self.length, slots)
         lengths = self.length[slots]
         offsets = np.zeros(len(slots) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
@@ -259,7 +218,7 @@ class MultiRaggedArena:
     def __init__(self, dtype: torch.dtype, dims: tuple[int, ...], alloc: Alloc = heap_alloc):
         self.elems = RaggedArena(dtype, (), alloc)
         self.dims = dims
-        self.shapes = np.zeros((_MIN_ROWS, len(dims)), dtype=np.int64)
+        self.shapes = np.zeros((MIN_ROWS, len(dims)), dtype=np.int64)
 
     @property
     def values(self) -> torch.Tensor:
@@ -301,7 +260,7 @@ class MultiRaggedArena:
         """Where the rows of ``slots`` lie in ``values``: their first elements and
         shapes (KeyConflictError for a slot that holds no row). Rows are appended and
         never moved in place, so a row's bytes stay where they are while it lives."""
-        _check_written(self.elems.length, slots)
+        check_written(self.elems.length, slots)
         return self.elems.start[slots], self.shapes[slots]
 
     def free(self, slots: np.ndarray) -> None:
@@ -311,155 +270,7 @@ class MultiRaggedArena:
         return self.elems.nbytes() + self.shapes.nbytes
 
 
-def _own(value: object) -> object:
-    """A copy of a mutable plain value (lists/dicts), so storage and callers never share it.
-
-    The exact plain containers are rebuilt here, much cheaper than ``deepcopy`` (a row
-    is copied on every put and get); anything else (a dict subclass) is deep-copied.
-    """
-    kind = type(value)
-    if kind in SCALARS:
-        return value
-    if kind is dict:
-        if set(map(type, value.values())) <= SCALARS:  # flat: one C-level copy
-            return dict(value)
-        return {k: _own(v) for k, v in value.items()}
-    if kind is list:
-        return list(value) if set(map(type, value)) <= SCALARS else [_own(v) for v in value]
-    if kind is tuple:
-        return value if set(map(type, value)) <= SCALARS else tuple(_own(v) for v in value)
-    return copy.deepcopy(value) if isinstance(value, list | dict | tuple) else value
-
-
-def _own_all(values: list) -> list:
-    """``[_own(v) for v in values]``, skipping the calls when every value is a scalar."""
-    return list(values) if set(map(type, values)) <= SCALARS else [_own(v) for v in values]
-
-
-class ObjectSlots:
-    """Plain Python values (str, numbers, bytes, lists/dicts) per slot.
-
-    Containers are copied on the way in and out: mutating a value passed to
-    ``put`` or returned by ``get`` never changes what is stored.
-    """
-
-    def __init__(self) -> None:
-        self.data = np.empty(_MIN_ROWS, dtype=object)
-        self.written = np.zeros(_MIN_ROWS, dtype=bool)
-
-    def put(self, slots: np.ndarray, values: list) -> None:
-        cap = self.data.shape[0]
-        top = int(slots.max())
-        if top >= cap:
-            self.data = np.concatenate([self.data, np.empty(_grown(cap, top + 1) - cap, object)])
-        if len(values) != len(slots):
-            raise ValueError(f"values must have one entry per slot ({len(slots)}), got "
-                             f"{len(values)}")
-        # fromiter keeps each value whole (an array built from nested lists would not)
-        self.data[slots] = np.fromiter(_own_all(values), dtype=object, count=len(values))
-        self.written = _mark(self.written, slots, True)
-
-    def get(self, slots: np.ndarray) -> list:
-        _check_written(self.written, slots)
-        return _own_all(self.data[slots].tolist())
-
-    def free(self, slots: np.ndarray) -> None:
-        slots = slots[slots < self.data.shape[0]]
-        self.data[slots] = None
-        self.written[slots[slots < self.written.shape[0]]] = False
-
-    def nbytes(self) -> int:
-        return self.data.nbytes
-
-
 Store = DenseSlab | RaggedArena | MultiRaggedArena | ObjectSlots
-
-UNSET = -1  # the token of a slot that is free, or being written right now
-_FENCE = ForkSafeLock()  # a writer in a forked child fences too
-
-
-def fence() -> None:
-    """A full memory barrier between the stores before and the loads after it.
-
-    Taking a lock is a locked read-modify-write, which orders every earlier store
-    before every later load on x86 (the memory model this package's seqlocks
-    assume, see ``Generations``). Used where one side stores then checks a value
-    the other side stores then checks (shared-memory writers and their unit).
-    """
-    with _FENCE:
-        pass
-
-
-class Generations:
-    """The occupancy token of each slot of one partition; a seqlock word per slot.
-
-    Invariants: a slot's token is ``UNSET`` while a put writes it (``begin`` ..
-    ``end``) and after it is freed; otherwise it is the token of the row whose
-    values the slot holds. Tokens are never reused within a partition, so a
-    reader that copied rows and *then* finds each slot's token equal to the one
-    it expects knows that no put touched those slots during its copy and that
-    they still hold its rows (a reader in another process does this on the
-    shared-memory slabs, see ``ShmReader.current``). A token array that is
-    replaced (growth) or discarded is first set to ``UNSET`` everywhere, so a
-    reader still mapping it never trusts it. Memory order: on x86 (TSO) stores
-    and loads are not reordered among themselves, which this relies on.
-    """
-
-    def __init__(self, alloc: Alloc = heap_alloc) -> None:
-        self._alloc = alloc
-        self.data = alloc((_MIN_ROWS,), torch.int64)
-        self.data.fill_(UNSET)
-
-    def begin(self, slots: np.ndarray) -> None:
-        """Mark ``slots`` as being written (growing the array to hold them)."""
-        cap = self.data.shape[0]
-        if int(slots.max()) >= cap:
-            new = self._alloc((_grown(cap, int(slots.max()) + 1),), torch.int64)
-            new.fill_(UNSET)
-            fence()  # as in DenseSlab.ensure: a new segment bumped the layout epoch
-            new[:cap].copy_(self.data)
-            self.retire()
-            self.data = new
-        self.data[torch.from_numpy(slots)] = UNSET
-
-    def end(self, slots: np.ndarray, tokens: np.ndarray | None) -> None:
-        """Publish the tokens of the rows just written (``None``: unknown, UNSET)."""
-        idx = torch.from_numpy(slots)
-        if tokens is None:
-            self.data[idx] = UNSET
-        else:
-            self.data[idx] = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
-
-    def free(self, slots: np.ndarray) -> None:
-        slots = slots[(slots >= 0) & (slots < self.data.shape[0])]
-        self.data[torch.from_numpy(slots)] = UNSET
-
-    def retire(self) -> None:
-        """Invalidate every slot (before the array is replaced or dropped)."""
-        self.data.fill_(UNSET)
-
-    def holds(self, slots: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        """Mask over ``slots``: the slot holds the row of its token."""
-        inside = (slots >= 0) & (slots < self.data.shape[0])
-        ok = inside.copy()
-        ok[inside] = self.data.numpy()[slots[inside]] == tokens[inside]
-        return ok
-
-    def check(self, partition: str, slots: np.ndarray, tokens: np.ndarray) -> None:
-        """Raise StateError unless every slot holds the row of its token."""
-        tokens = np.asarray(tokens, dtype=np.int64)
-        if tokens.shape != slots.shape:
-            raise StateError(f"generations must have one entry per slot ({len(slots)}), "
-                             f"got shape {tokens.shape}")
-        ok = self.holds(slots, tokens)
-        if not ok.all():
-            raise stale_rows(partition, slots[~ok])
-
-
-def stale_rows(partition: str, slots: np.ndarray) -> StateError:
-    return StateError(
-        f"rows must still exist to be read, but slots {slots[:5].tolist()} of partition "
-        f"{partition!r} were cleared (and may hold newer rows) since their metadata was read")
 
 
 def store_for(column: Column, alloc: Alloc = heap_alloc, flag_alloc: Alloc | None = None) -> Store:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from tq_stream.errors import ConfigError
@@ -11,7 +9,7 @@ from tq_stream.errors import ConfigError
 MAX_SLOT = 2**31  # slots are dense from 0 per unit; a larger one is a malformed request
 
 
-def check_slots(value: Any, what: str = "slots",
+def check_slots(value: object, what: str = "slots",
                 error: type[Exception] = ConfigError) -> np.ndarray:
     """``value`` as int64 slots, or raise ``error``: a 1-D array of ints in [0, MAX_SLOT)."""
     slots = np.asarray(value)

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from tq_stream import recordfile
-from tq_stream.backends.slabs import Alloc, GrowsInPlace
+from tq_stream.backends.alloc import Alloc, GrowsInPlace
 from tq_stream.columns import Column, Ragged, concat, take
 from tq_stream.errors import (
     ConfigError,

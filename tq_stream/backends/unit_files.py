@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from tq_stream import framefile, recordfile
@@ -58,7 +59,7 @@ class PutsRows(Protocol):
                    cold: Sequence[str] = ()) -> None: ...
 
 
-def check_file(file: Any, save: Any, unit: Any) -> None:
+def check_file(file: object, save: object, unit: object) -> None:
     """Raise ConfigError unless ``file`` is an absolute path named ``unit-<unit>-<save>.tq``
     (a unit reads and writes no other file on a client's word)."""
     if not (isinstance(save, str) and save.isalnum() and isinstance(unit, int)
@@ -68,7 +69,7 @@ def check_file(file: Any, save: Any, unit: Any) -> None:
                           f"got file {file!r}, unit {unit!r}, save {save!r}")
 
 
-def check_request(request: Any) -> Request:
+def check_request(request: object) -> Request:
     """A received request, checked: the file is named ``unit-<unit>-<save>.tq`` (so a
     request never overwrites other files) and every array fits its partition."""
     if not isinstance(request, dict) or set(request) != {"file", "save", "unit",
@@ -247,7 +248,8 @@ def read(path: str, save: str, unit: int) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint file {path!r} cannot be read: {exc}") from None
     with invalid_as_checkpoint_error(path):
         _check(data, save, unit)
-    return data
+    checked: dict[str, Any] = data
+    return checked
 
 
 @contextmanager
@@ -263,11 +265,11 @@ def invalid_as_checkpoint_error(path: str) -> Iterator[None]:
                               f"{type(exc).__name__}: {exc}") from None
 
 
-def _slots(value: Any, what: str) -> np.ndarray:
+def _slots(value: npt.ArrayLike, what: str) -> np.ndarray:
     return check_slots(value, what, CheckpointError)
 
 
-def _check(data: Any, save: str, unit: int) -> None:
+def _check(data: object, save: str, unit: int) -> None:
     bad = CheckpointError
     if not isinstance(data, dict) or set(data) != {"format", "save", "unit", "partitions"}:
         got = sorted(data) if isinstance(data, dict) else type(data).__name__
@@ -304,7 +306,16 @@ def _check_part(name: str, part: dict[str, Any]) -> None:
                       f"a bool per slot ({len(fslots)}), got {disk.dtype} {disk.shape}")
 
 
-def put_all(unit: Any, data: dict[str, Any]) -> dict[str, Any]:
+class _Loads(Protocol):
+    """What ``put_all`` needs of a storage unit."""
+
+    def put(self, partition: str, slots: np.ndarray, columns: Mapping[str, Column],
+            generations: np.ndarray | None = None) -> None: ...
+
+    def drop(self, partition: str) -> None: ...
+
+
+def put_all(unit: _Loads, data: dict[str, Any]) -> dict[str, Any]:
     """Store the rows of a checked unit file; returns ``{partition: [slots, tokens]}``.
 
     A put that fails drops the partitions put so far: nothing is left half loaded.

@@ -15,7 +15,10 @@ from __future__ import annotations
 import importlib
 import sys
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tq_stream.stream import Stream
 
 MODULE = "transfer_queue"
 # TransferQueue's submodules that clients import or patch, registered under its names so
@@ -42,7 +45,7 @@ def install(force: bool = True) -> ModuleType:
     return module
 
 
-def stream() -> Any:
+def stream() -> Stream:
     """The ``tq_stream.Stream`` behind the ``transfer_queue`` functions of this process
     (after ``init``), for tq_stream's own API on the same rows: loaders, samplers, stats.
 

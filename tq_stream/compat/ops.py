@@ -173,6 +173,7 @@ def batch_put(rt: Runtime, keys: list[str], partition: str, fields: Any,
         data, encoded = prepare(fields, len(keys))
         write(rt, keys, partition, data, encoded, tags)
     else:
+        assert tags is not None  # fields or tags: checked above
         try:  # keys that exist: merge the tags, nothing else
             stream.set_tags(partition, keys, tags)
         except KeyConflictError:  # some key (or the partition) is new
@@ -220,10 +221,10 @@ def list_partition(rt: Runtime, partition: str) -> dict[str, dict[str, Any]]:
     per-key dicts verl expects are built here, a column at a time.
     """
     d = rt.get().connection.controller().list_tags(partition=partition)
-    keys = d["keys"]
+    keys = d.keys
     out: dict[str, dict[str, Any]] = {k: {} for k in keys}
     rows = list(out.values())
-    for name, (pos, vals) in d["tags"].items():
+    for name, (pos, vals) in d.tags.items():
         if len(vals) == len(rows):  # every row has the tag: no positions to follow
             for row, v in zip(rows, vals, strict=True):
                 row[name] = v

@@ -76,6 +76,7 @@ from tq_stream.errors import StateError, WaitTimeout
 
 if TYPE_CHECKING:
     from tq_stream.client import Client
+    from tq_stream.stream import Stream
 
 ADDRESS_ENV = "TQ_STREAM_COMPAT_ADDRESS"
 EMBEDDED_ENV = "TQ_STREAM_COMPAT_EMBEDDED_PID"  # set by a driver whose deployment is embedded
@@ -119,7 +120,7 @@ class Runtime:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.stream: Any = None
+        self.stream: Stream | None = None
         self.conf: dict[str, Any] | None = None
         self.capacity: int | None = None
         self.polling = False
@@ -136,7 +137,7 @@ class Runtime:
         self._executor: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------ lifecycle
-    def init(self, conf: Any = None) -> dict[str, Any] | None:
+    def init(self, conf: object = None) -> dict[str, Any] | None:
         with self.lock:
             if self.stream is not None and self.pid != os.getpid():
                 self._forked()
@@ -174,6 +175,7 @@ class Runtime:
         docs/grafana plots) from this process; returns the endpoint."""
         from tq_stream.metrics import serve
 
+        assert self.stream is not None  # served once the stream is open
         try:
             self.metrics = serve(self.stream.connection, port)
         except BaseException:
@@ -213,6 +215,7 @@ class Runtime:
         """A forked child inherited this runtime: an embedded deployment is a copy (refused);
         a local or Ray one is attached to again from this process."""
         stream, self.stream = self.stream, None
+        assert stream is not None  # called for an inherited stream only
         self.owner, self._client, self._executor, self.metrics = False, None, None, None
         self.tasks.clear()
         self.task_names.clear()
@@ -260,7 +263,7 @@ class Runtime:
         import ray
 
         import tq_stream
-        from tq_stream.deploy.ray_deploy import controller_info
+        from tq_stream.deploy.ray_actor import controller_info
 
         deadline = time.monotonic() + wait
         while True:
@@ -318,7 +321,7 @@ class Runtime:
             if stream is not None:
                 stream.close()
 
-    def get(self, auto: bool = True) -> Any:
+    def get(self, auto: bool = True) -> Stream:
         """The Stream; with none yet and ``auto``, attach to a running deployment (as
         TransferQueue's functions do), never start one behind the caller's back.
 
@@ -337,6 +340,7 @@ class Runtime:
                     raise StateError("transfer_queue must be initialized first: call "
                                      "tq.init(conf) (found no running deployment)")
                 stream = self.stream
+        assert stream is not None  # attached above
         return stream
 
     # -------------------------------------------------------------- helpers

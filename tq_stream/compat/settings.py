@@ -49,7 +49,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def to_plain(conf: Any) -> dict[str, Any]:
+def to_plain(conf: object) -> dict[str, Any]:
     """A DictConfig (or any mapping) as nested plain dicts."""
     if conf is None:
         return {}

@@ -20,6 +20,7 @@ from typing import Any
 
 from tq_stream.errors import ConnectionLost, WaitTimeout
 from tq_stream.forksafe import ForkSafeLock
+from tq_stream.messages.admin import Ping
 
 INTERVAL = 1.0  # seconds between two pings of the controller for waiting unit calls
 PING_TIMEOUT = 5.0  # seconds such a ping may take (no answer: no news, the call waits on)
@@ -35,7 +36,7 @@ class LostUnits:
         interval: seconds between two pings (the news in between is the last ping's).
     """
 
-    def __init__(self, ping: Callable[[float], dict[str, Any]],
+    def __init__(self, ping: Callable[[float], Ping],
                  units: Callable[[], Sequence[dict[str, Any]]],
                  check_owner: Callable[[], None], interval: float = INTERVAL) -> None:
         self._ping = ping
@@ -71,12 +72,12 @@ class LostUnits:
             self._asked = time.monotonic()
             try:
                 info = self._ping(PING_TIMEOUT)
-                epoch = info.get("units_epoch")
+                epoch = info.units_epoch
                 if epoch != self._epoch:
                     self._where = [(u["address"], u.get("local")) for u in self._units()]
                     self._epoch = epoch
             except WaitTimeout:
                 return  # the controller is slow or restarting: no news
-            self._dead = frozenset(int(u) for u in info.get("dead_units", ()))
+            self._dead = frozenset(int(u) for u in info.dead_units)
         finally:
             self._lock.release()

@@ -57,9 +57,8 @@ def processes(conn: Connection) -> list[ProcessInfo]:
             ProcessInfo("unit", i, pid, here, None, None) for i in range(n)]
     ctrl = _served(conn)
     ping = ctrl.ping()
-    local = ping.get("local")
-    out = [ProcessInfo("controller", 0, int(ping["pid"]), str(ping["host"]), conn.address,
-                       _folder(local) or _folder(conn.address))]
+    out = [ProcessInfo("controller", 0, ping.pid, ping.host, conn.address,
+                       _folder(ping.local) or _folder(conn.address))]
     for i, u in enumerate(ctrl.units()):
         out.append(ProcessInfo("unit", i, int(u["pid"]), str(u["host"]), u["address"],
                                _folder(u.get("local")) or _folder(u["address"])))
@@ -67,7 +66,7 @@ def processes(conn: Connection) -> list[ProcessInfo]:
 
 
 def _unit_stats(i: int, unit: StorageUnit, timeout: float) -> UnitStats:
-    from tq_stream.connection.proxies import RemoteUnit
+    from tq_stream.connection.remote_unit import RemoteUnit
     from tq_stream.connection.same_host import SameHostUnit
 
     try:

@@ -8,9 +8,9 @@ and put the rows back in batch order with one copy per field.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -42,7 +42,11 @@ def _groups(unit: np.ndarray) -> list[tuple[int, np.ndarray]]:
     return [(int(u), np.flatnonzero(unit == u)) for u in units.tolist()]
 
 
-def _map(fn: Any, items: list) -> list:
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def _map(fn: Callable[[_T], _R], items: list[_T]) -> list[_R]:
     if len(items) == 1:
         return [fn(items[0])]
     return list(_pool().map(fn, items))

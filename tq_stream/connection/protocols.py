@@ -5,8 +5,8 @@ a deployment (``Backend``: in process, or over sockets).
 Both the in-process ``Controller`` (embedded mode) and ``RemoteController`` (its
 RPC stand-in in local and Ray mode) provide these methods with these keyword
 arguments; the client layers are typed against this protocol, not against either.
-Row indices and generations are int64 numpy arrays; metas and placements are plain
-dicts (see ``BatchMeta.from_dict``).
+Row indices and generations are int64 numpy arrays; placements are typed replies
+(``tq_stream.messages``), metas still plain dicts (see ``BatchMeta.from_dict``).
 """
 
 from __future__ import annotations
@@ -17,10 +17,13 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from tq_stream.backends.base import StorageUnit
+from tq_stream.messages.puts import Committed, Placement
+from tq_stream.messages.reads import TagColumns
 from tq_stream.stats import PartitionStats
 
 if TYPE_CHECKING:
     from tq_stream.connection.spares import SparePool
+    from tq_stream.samplers.base import Sampler
 
 
 @runtime_checkable
@@ -37,7 +40,7 @@ class ControllerAPI(Protocol):
                 unit: int = -1, timeout: float = 60.0, expect: Any = None,
                 spare: int = 0, session: str = "", lease: float = ...,
                 holder: Mapping[str, Any] | None = None,
-                blocked: float = 0.0) -> dict[str, Any]: ...
+                blocked: float = 0.0) -> Placement: ...
 
     def commit(self, partition: str, index: np.ndarray, generation: np.ndarray,
                schemas: Mapping[str, Any], tags: list[dict[str, Any]] | None = None,
@@ -48,9 +51,17 @@ class ControllerAPI(Protocol):
                        digests: Sequence[Mapping[str, str]], nbytes: Sequence[int],
                        unit: int = -1,
                        timeout: float = 60.0, session: str = "",
-                       lease: float = ...) -> dict[str, Any]: ...
+                       lease: float = ...) -> Placement: ...
 
     def abort(self, partition: str, index: np.ndarray, generation: np.ndarray) -> None: ...
+
+    def commit_new(self, partition: str, keys: Sequence[str], index: Sequence[int],
+                   generation: Sequence[int], schemas: Mapping[str, Any],
+                   tags: list[dict[str, Any]] | None = None, unit: int = -1,
+                   spare: int = 0) -> Committed: ...
+
+    def release_spares(self, partition: str, index: np.ndarray,
+                       generation: np.ndarray) -> int: ...
 
     def media_hold(self, partition: str, keys: Sequence[str], session: str, holder: str,
                    lease: float, producer: bool, pending: float = 0.0,
@@ -65,7 +76,7 @@ class ControllerAPI(Protocol):
 
     def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
                       dp_size: int = 1, replicas: int = 1, lease_timeout: float = 300.0,
-                      drop_last: bool = False, sampler: Any = None) -> None: ...
+                      drop_last: bool = False, sampler: Sampler | None = None) -> None: ...
 
     def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
                  timeout: float = 60.0, replica: int | None = None, session: str = "",
@@ -97,11 +108,15 @@ class ControllerAPI(Protocol):
     def list_rows(self, partition: str,
                   keys: Sequence[str] | None = None) -> list[dict[str, Any]]: ...
 
-    def list_tags(self, partition: str) -> dict[str, Any]: ...
+    def list_tags(self, partition: str) -> TagColumns: ...
 
     def keys_of(self, partition: str, index: Sequence[int]) -> list[str]: ...
 
     def partitions(self) -> list[str]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     def set_tags(self, partition: str, keys: Sequence[str],
                  tags: list[dict[str, Any]]) -> None: ...

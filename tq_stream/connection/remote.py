@@ -19,6 +19,8 @@ from tq_stream.connection.lost_units import LostUnits
 from tq_stream.connection.owner_watch import OwnerWatch, check_folder
 from tq_stream.errors import ConfigError
 from tq_stream.forksafe import ForkSafeLock
+from tq_stream.messages.admin import PING
+from tq_stream.messages.reads import Nothing
 
 if TYPE_CHECKING:
     from tq_stream.backends.base import StorageUnit
@@ -94,9 +96,9 @@ class RemoteBackend:
         rpc = self._rpc(self.address)
         if self.address.startswith("unix://") or self._curve is not None:
             return rpc
-        info = rpc.call("ping", {})
-        self.owner_watch.learn(info.get("owner"))
-        local = hosts.nearest({"address": self.address, **info})
+        info = PING.decode(rpc.call(PING.name, PING.args(Nothing())))
+        self.owner_watch.learn(info.owner)
+        local = hosts.nearest({"address": self.address, "host": info.host, "local": info.local})
         if local == self.address:
             return rpc
         rpc.close()
@@ -112,7 +114,7 @@ class RemoteBackend:
         return self._units
 
     def _unit_client(self, i: int, info: dict[str, Any]) -> StorageUnit:
-        from tq_stream.connection.proxies import RemoteUnit
+        from tq_stream.connection.remote_unit import RemoteUnit
         from tq_stream.connection.same_host import SameHostUnit
 
         address = info["address"] if self._curve is not None else hosts.nearest(info)
@@ -206,5 +208,5 @@ def open_backend(address: str, config: StreamConfig,
         from tq_stream.transport.zmq_handshake import check_handshake
 
         check_handshake(address, curve_server_key, min(config.timeout, HANDSHAKE_WINDOW))
-    backend.owner_watch.learn(backend.controller().ping().get("owner"))
+    backend.owner_watch.learn(backend.controller().ping().owner)
     return backend

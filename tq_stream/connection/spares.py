@@ -35,6 +35,7 @@ from tq_stream.connection import placement
 from tq_stream.convert import schemas_of
 from tq_stream.errors import StateError, TQError, WaitTimeout
 from tq_stream.forksafe import ForkSafeLock
+from tq_stream.messages.puts import Rows
 from tq_stream.schemas import FieldSchema
 
 _FIELDS = ("index", "unit", "slot", "generation")  # of each spare row, from the controller
@@ -98,11 +99,13 @@ class SparePool:
                 return 0
             return max(0, self.target - len(self))
 
-    def add(self, spare: dict[str, Any] | None) -> None:
+    def add(self, spare: Rows | None) -> None:
         """Take spare rows handed out by the controller."""
-        if spare is None or not len(spare["index"]):
+        if spare is None or not len(spare.index):
             return
-        new = {f: np.asarray(spare[f], np.int64) for f in _FIELDS}
+        new = {f: np.asarray(a, np.int64) for f, a in
+               zip(_FIELDS, (spare.index, spare.unit, spare.slot, spare.generation),
+                   strict=True)}
         new["token"] = occupancy(new["index"], new["generation"])
         rows = _split(new)
         with self._lock:
@@ -201,11 +204,11 @@ class SparePool:
                 raise  # the rows are dropped: a write may still be in flight
             self._release(units, rows)
             return False
-        if done["ok"]:
+        if done.ok:
             self._schemas.update(schemas)
-            self.add(done.get("spare"))
+            self.add(done.spare)
             return True
-        if done["reason"] == "exists":
+        if done.reason == "exists":
             with self._lock:
                 self._cooldown = self.COOLDOWN
         self._release(units, rows)

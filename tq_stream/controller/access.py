@@ -18,6 +18,7 @@ from tq_stream.controller.report import add_measurements
 from tq_stream.controller.task import TaskState
 from tq_stream.controller.timings import Timings
 from tq_stream.errors import KeyConflictError, StateError
+from tq_stream.messages.reads import TagColumns
 
 
 def lookup(part: PartitionMeta, keys: Sequence[str],
@@ -96,13 +97,8 @@ def list_rows(part: PartitionMeta, keys: Sequence[str] | None = None) -> list[di
             for r, t in zip(rows.tolist(), tags, strict=True)]
 
 
-def list_tags(part: PartitionMeta) -> dict[str, Any]:
-    """Keys and tags of every row, oldest first, as columns (cheap to send).
-
-    Returns:
-        ``{"keys": [...], "tags": {name: [positions, values]}}``: row
-        ``keys[positions[j]]`` has tag ``name`` = ``values[j]``.
-    """
+def list_tags(part: PartitionMeta) -> TagColumns:
+    """Keys and tags of every row, oldest first, as columns (cheap to send)."""
     rows = part.oldest_first(part.shared.rows(np.flatnonzero(part.used)))
     tags = part.tags
     cols: dict[str, list[Any]] = {}
@@ -111,7 +107,7 @@ def list_tags(part: PartitionMeta) -> dict[str, Any]:
         if present.any():
             pos = np.flatnonzero(present)
             cols[name] = [pos, tags.values(name, rows[pos])]
-    return {"keys": part.keys[rows].tolist(), "tags": cols}
+    return TagColumns(keys=part.keys[rows].tolist(), tags=cols)
 
 
 def keys_of(part: PartitionMeta, index: Sequence[int]) -> list[str]:

@@ -1,10 +1,9 @@
 """Controller: keys, readiness, leases and steps of every partition — metadata only.
 
-Every public method takes and returns plain values (str, int, float, bool,
-lists, dicts, numpy arrays), so the same object serves in-process callers and
-remote ones behind a transport. One lock guards all metadata; one condition
-variable wakes waiters (consumers waiting for ready rows, writers waiting for
-capacity) whenever rows are committed, acked, released or cleared.
+Public methods take and return plain values and numpy arrays, or the reply structs
+of ``tq_stream.messages`` (a server serves them by its service's table,
+``deploy/services.py``). One lock guards all metadata; one condition variable wakes
+waiters whenever rows are committed, acked, released or cleared.
 
 It hands each concern to a part, all working on one ``Book`` (partitions, tasks,
 the condition): ``Writes`` (reserve, commit, abort), ``Spares`` (puts on spare
@@ -23,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from tq_stream.controller import access, counts, registration, rpc_surface
+from tq_stream.controller import access, counts, registration
 from tq_stream.controller.admission import Admission
 from tq_stream.controller.book import Book, Journal
 from tq_stream.controller.consuming import Consuming
@@ -40,14 +39,10 @@ from tq_stream.controller.timings import Timings
 from tq_stream.controller.units import Units
 from tq_stream.controller.waiters import Waiters
 from tq_stream.controller.writes import Writes
-from tq_stream.errors import (
-    ConfigError,
-    StateError,
-    check_consumers,
-    check_name,
-    check_positive,
-)
+from tq_stream.errors import ConfigError, StateError, check_consumers, check_name, check_positive
 from tq_stream.handling import Reply
+from tq_stream.messages.puts import Committed, Placement
+from tq_stream.messages.reads import TagColumns
 from tq_stream.samplers.base import Sampler, check_sampler
 from tq_stream.samplers.sequential import SequentialSampler
 
@@ -66,10 +61,6 @@ class Controller:
         clock: wall-clock seconds of leases, reservations and write times (a test's
             fake clock moves them on; waits are bounded by ``time.monotonic``).
     """
-
-    # what a server may call, and how (``rpc_surface.py``)
-    RPC_METHODS, RPC_INLINE = rpc_surface.METHODS, rpc_surface.INLINE
-    RPC_WAITS, RPC_REPLIES = rpc_surface.WAITS, rpc_surface.REPLIES
 
     def __init__(self, n_units: int = 1, free: FreeFn = no_free,
                  timings: Timings | None = None, clock: Clock = time.time,
@@ -156,7 +147,7 @@ class Controller:
         with self._cond:
             return access.list_rows(self._book.part(partition), keys)
 
-    def list_tags(self, partition: str) -> dict[str, Any]:
+    def list_tags(self, partition: str) -> TagColumns:
         """Keys and tags of every row as columns (``access.list_tags``)."""
         with self._cond:
             return access.list_tags(self._book.part(partition))
@@ -236,7 +227,7 @@ class Controller:
                 unit: int = -1, timeout: float = 60.0,
                 expect: Sequence[int] | None = None, spare: int = 0, session: str = "",
                 lease: float = DEFAULT_WRITE_LEASE,
-                holder: Mapping[str, Any] | None = None, blocked: float = 0.0) -> dict[str, Any]:
+                holder: Mapping[str, Any] | None = None, blocked: float = 0.0) -> Placement:
         """``Writes.reserve``: validate a put and place its rows; new rows wait for
         capacity."""
         return self._writes.reserve(partition, keys, schemas, unit, timeout, expect, spare,
@@ -245,7 +236,7 @@ class Controller:
     def reserve_shared(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
                        digests: Sequence[Mapping[str, str]], nbytes: Sequence[int],
                        unit: int = -1, timeout: float = 60.0, session: str = "",
-                       lease: float = DEFAULT_WRITE_LEASE) -> dict[str, Any]:
+                       lease: float = DEFAULT_WRITE_LEASE) -> Placement:
         """``shared_puts.reserve_shared`` (the other arguments as in ``reserve``)."""
         return reserve_shared(self._cond, lambda p: self._book.part(p, create=True, by_put=True),
                               self.reserve, self.abort, partition, keys, schemas, digests,
@@ -264,10 +255,10 @@ class Controller:
         """``Writes.abort``: undo ``reserve`` for rows that no field was committed to."""
         self._writes.abort(partition, index, generation)
 
-    def commit_new(self, partition: str, keys: Sequence[str], index: np.ndarray,
-                   generation: np.ndarray, schemas: Mapping[str, Any],
+    def commit_new(self, partition: str, keys: Sequence[str], index: Sequence[int] | np.ndarray,
+                   generation: Sequence[int] | np.ndarray, schemas: Mapping[str, Any],
                    tags: list[dict[str, Any]] | None = None, unit: int = -1,
-                   spare: int = 0) -> dict[str, Any]:
+                   spare: int = 0) -> Committed:
         """``Spares.commit_new``: create rows for new ``keys`` on spare rows whose bytes
         are stored, and commit them."""
         return self._spares.commit_new(partition, keys, index, generation, schemas, tags,

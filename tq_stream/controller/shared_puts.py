@@ -12,13 +12,16 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from tq_stream.checks import check_keys
 from tq_stream.controller.partition import PartitionMeta, parse_schemas
 from tq_stream.controller.shared_entries import entry_key
 from tq_stream.errors import ConfigError
+from tq_stream.messages.puts import Placement
 
 PartOf = Callable[[str], PartitionMeta]
-Reserve = Callable[..., dict[str, Any]]
+Reserve = Callable[..., Placement]
 Abort = Callable[[str, Any, Any], None]
 
 
@@ -36,12 +39,12 @@ def check_digests(digests: object, keys: Sequence[str],
 def reserve_shared(lock: threading.Condition, part_of: PartOf, reserve: Reserve,
                    abort: Abort, partition: str, keys: Sequence[str],
                    schemas: Mapping[str, Any], digests: Sequence[Mapping[str, str]],
-                   nbytes: Sequence[int], place: Mapping[str, Any]) -> dict[str, Any]:
+                   nbytes: Sequence[int], place: Mapping[str, Any]) -> Placement:
     """Place the shared entries ``keys`` whose fields are not all stored yet.
 
     Returns:
-        ``{"pos": []}`` if every entry holds these bytes already; else ``reserve``'s
-        reply for the entries to store, plus ``pos`` (their positions in ``keys``).
+        ``reserve``'s reply for the entries to store (none if every entry holds these
+        bytes already), plus ``pos`` (their positions in ``keys``).
     Raises:
         ConfigError: a field was stored with other bytes; SchemaError: a field is a
         field of the partition's rows.
@@ -58,20 +61,22 @@ def reserve_shared(lock: threading.Condition, part_of: PartOf, reserve: Reserve,
         part.shared.check_fields(part, names, schemas_)
         pos = [i for i, k in enumerate(keys) if part.shared.to_write(part, k, digests_[i])]
     if not pos:
-        return {"pos": []}
+        none = np.zeros(0, dtype=np.int64)
+        return Placement(index=none, unit=none, slot=none, generation=none,
+                         new=np.zeros(0, dtype=bool), schemas={}, pos=[])
     out = reserve(partition, [names[i] for i in pos], schemas, **place)
     try:
         with lock:
             part = part_of(partition)
             for j, i in enumerate(pos):
-                part.shared.claim(part, int(out["index"][j]), int(out["generation"][j]),
+                part.shared.claim(part, int(out.index[j]), int(out.generation[j]),
                                   keys[i], digests_[i], int(nbytes[i]))
     except BaseException:
-        new = out["new"]
+        new = out.new
         if new.any():
-            abort(partition, out["index"][new], out["generation"][new])
+            abort(partition, out.index[new], out.generation[new])
         raise
-    out["pos"] = pos
+    out.pos = pos
     return out
 
 

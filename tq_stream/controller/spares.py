@@ -26,6 +26,7 @@ from tq_stream.checks import check_tags
 from tq_stream.controller.book import Book
 from tq_stream.controller.partition import PartitionMeta, parse_schemas
 from tq_stream.errors import ClosedError, ConfigError, KeyConflictError, StateError
+from tq_stream.messages.puts import Committed, Rows
 from tq_stream.schemas import FieldSchema
 
 MAX_SPARE = 1024  # spare rows one reserve may ask for
@@ -43,7 +44,7 @@ def check_spare(spare: Any) -> int:
 
 
 def _refusal(part: PartitionMeta, keys: list[str],
-             schemas_: dict[str, Any]) -> dict[str, Any] | None:
+             schemas_: dict[str, Any]) -> Committed | None:
     """Why ``commit_new`` cannot take new rows ``keys`` as they are (None: it can).
 
     Raises:
@@ -55,19 +56,19 @@ def _refusal(part: PartitionMeta, keys: list[str],
                           f"{keys[:5]}")
     if any(part.schemas.get(f, s) != s for f, s in schemas_.items()) or \
             not part.shared.fields.isdisjoint(schemas_):  # reserve refuses a shared field
-        return {"ok": False, "reason": "schema"}
+        return Committed(ok=False, reason="schema")
     if any(k in part.key_index for k in keys):
-        return {"ok": False, "reason": "exists"}
+        return Committed(ok=False, reason="exists")
     if part.lost and part.lost.gone(keys, schemas_):
-        return {"ok": False, "reason": "lost"}  # reserve skips those rows (lost.py)
+        return Committed(ok=False, reason="lost")  # reserve skips those rows (lost.py)
     if part.capacity is not None and part.live + len(keys) > part.capacity:
-        return {"ok": False, "reason": "capacity"}
+        return Committed(ok=False, reason="capacity")
     if any(f not in part.schemas for f in schemas_):
         part.check_schemas(schemas_)  # before the bind: a new field must fit the others
     return None
 
 
-PlaceSpares = Callable[[PartitionMeta, int, int], dict[str, np.ndarray]]
+PlaceSpares = Callable[[PartitionMeta, int, int], Rows]
 MarkWritten = Callable[[PartitionMeta, np.ndarray, dict[str, FieldSchema], list[Any] | None], None]
 
 
@@ -81,10 +82,10 @@ class Spares:
         self._mark_written = mark_written  # ``Writes.mark_written``
         self._rows_ready = rows_ready  # ``Consuming.rows_ready``
 
-    def commit_new(self, partition: str, keys: Sequence[str], index: np.ndarray,
-                   generation: np.ndarray, schemas: Mapping[str, Any],
+    def commit_new(self, partition: str, keys: Sequence[str], index: Sequence[int] | np.ndarray,
+                   generation: Sequence[int] | np.ndarray, schemas: Mapping[str, Any],
                    tags: list[dict[str, Any]] | None = None, unit: int = -1,
-                   spare: int = 0) -> dict[str, Any]:
+                   spare: int = 0) -> Committed:
         """Create rows for new ``keys`` on spare rows whose bytes are stored, and commit
         them: a put in one call after the bytes (``reserve`` gave out the spares).
 
@@ -99,8 +100,8 @@ class Spares:
             unit, spare: place this many new spare rows (in ``unit``, -1: spread) for
                 the caller's next puts, as ``reserve`` does.
         Returns:
-            ``{"ok": True}`` (plus ``"spare"`` rows with ``spare``), or
-            ``{"ok": False, "reason": str}``.
+            ``Committed(ok=True)`` (plus ``spare`` rows with ``spare``), or
+            ``Committed(ok=False, reason=str)``.
         Raises:
             StateError: the rows are not (any more) spare rows of these generations.
             ClosedError: the partition is closed. ConfigError, KeyConflictError.
@@ -143,7 +144,7 @@ class Spares:
             return self._committed(part, unit, spare)
 
     def _commit_row(self, partition: str, key: str, i: int, gen: int,
-                    schemas_: dict[str, Any], unit: int, spare: int) -> dict[str, Any]:
+                    schemas_: dict[str, Any], unit: int, spare: int) -> Committed:
         """``commit_new`` of one row with fields and without tags: the same checks and
         changes on one int row, no numpy array indexing (cold, each costs tens of µs;
         design.md)."""
@@ -174,12 +175,10 @@ class Spares:
                 task.offer_row(i)
         self._rows_ready(part)
 
-    def _committed(self, part: PartitionMeta, unit: int, spare: int) -> dict[str, Any]:
+    def _committed(self, part: PartitionMeta, unit: int, spare: int) -> Committed:
         """The reply of a commit that took its rows, with new spare rows if asked."""
-        out: dict[str, Any] = {"ok": True}
-        if spare:
-            out["spare"] = self._place_spares(part, unit, spare if part.capacity is None else 0)
-        return out
+        return Committed(ok=True, spare=self._place_spares(
+            part, unit, spare if part.capacity is None else 0) if spare else None)
 
     def release_spares(self, partition: str, index: np.ndarray, generation: np.ndarray) -> int:
         """Take back spare rows a writer no longer needs; returns how many were spare.

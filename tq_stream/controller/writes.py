@@ -35,6 +35,7 @@ from tq_stream.controller.timings import Timings
 from tq_stream.controller.units import Units
 from tq_stream.errors import ClosedError, ConfigError, check_timeout
 from tq_stream.handling import WouldBlock, may_block
+from tq_stream.messages.puts import Lost, Placement, Rows
 from tq_stream.schemas import FieldSchema
 
 RowsReady = Callable[[PartitionMeta], None]
@@ -52,21 +53,20 @@ class Writes:
         self._rows_ready = rows_ready
         self._rr = 0  # the unit the next spread put starts at
 
-    def place_spares(self, part: PartitionMeta, unit: int, n: int) -> dict[str, np.ndarray]:
+    def place_spares(self, part: PartitionMeta, unit: int, n: int) -> Rows:
         """Place ``n`` spare rows (``spares.py``) in ``unit`` (-1: spread); lock held."""
         if n:
             idx = part.allocate_spares(self.place(unit, n))
             self._book.grow_tasks(part)
         else:
             idx = np.zeros(0, dtype=np.int64)
-        return {"index": idx, "unit": part.unit[idx], "slot": part.slot[idx],
-                "generation": part.generation[idx]}
+        return Rows(idx, part.unit[idx], part.slot[idx], part.generation[idx])
 
     def reserve(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
                 unit: int = -1, timeout: float = 60.0,
                 expect: Sequence[int] | None = None, spare: int = 0, session: str = "",
                 lease: float = DEFAULT_WRITE_LEASE,
-                holder: Mapping[str, Any] | None = None, blocked: float = 0.0) -> dict[str, Any]:
+                holder: Mapping[str, Any] | None = None, blocked: float = 0.0) -> Placement:
         """Validate a put and place its rows; new rows wait for capacity.
 
         A closed partition takes no new rows, but fields of its existing rows can
@@ -160,16 +160,16 @@ class Writes:
                 self._book.reservations.add(partition, idx[new], part.generation[idx[new]],
                                        session, lease, timeout, self._book.clock())
             fixed = {f: part.schemas[f].to_dict() for f in schemas_ if f in part.schemas}
-            out = {"index": idx, "unit": part.unit[idx], "slot": part.slot[idx],
-                   "generation": part.generation[idx], "new": new, "schemas": fixed}
-            if held_for is not None:  # the writer stores no byte after this many seconds
-                out["holder_left"] = held_for
+            # holder_left: the writer stores no byte after this many seconds
+            out = Placement(index=idx, unit=part.unit[idx], slot=part.slot[idx],
+                            generation=part.generation[idx], new=new, schemas=fixed,
+                            holder_left=held_for)
             if gone:
                 part.lost.skipped += len(gone)
-                out["lost"] = {"pos": list(gone), "unit": list(gone.values())}
+                out.lost = Lost(list(gone), list(gone.values()))
             if spare:
-                out["spare"] = self.place_spares(part, unit, spare if expect is None
-                                            and part.capacity is None else 0)
+                out.spare = self.place_spares(part, unit, spare if expect is None
+                                              and part.capacity is None else 0)
             return out
 
     def _check_holder(self, partition: str, held: tuple[Any, ...] | None) -> float | None:

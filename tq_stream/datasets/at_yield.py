@@ -13,6 +13,8 @@ the rank sets the same version and so asks again too: the peers get identical ro
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from tensordict import TensorDict
 
@@ -52,4 +54,32 @@ def recheck(dataset: StreamingDataset, batch: TensorDict,
     return attach_meta(td, again, loader_step(batch))
 
 
-__all__ = ["behind", "recheck"]
+class TrainerVersion:
+    """The trainer's version a loader of ``task`` set last, and the step it told the
+    controller its training loop waits for."""
+
+    def __init__(self, client: Client, partitions: Sequence[str], task: str) -> None:
+        self._client, self._partitions, self._task = client, partitions, task
+        self.version: int | None = None  # the version set last (``set_version``)
+        self._reported: int | None = None  # the step the controller knows we read
+
+    def reading(self, step: int) -> None:
+        """Tell the controller the training loop waits for ``step`` now, under the
+        version set last: a step formed ahead for a predicted version is then formed
+        for the real one (rows in time for it are never dropped on a prediction)."""
+        # every loader of the task says so, not only one that set the version itself: a
+        # fresh loader after one that did would otherwise leave steps held for a turn
+        if len(self._partitions) != 1 or step == self._reported:
+            return
+        self._client.reading(self._partitions[0], self._task, step)
+        self._reported = step
+
+    def set(self, version: int, at: int | None) -> None:
+        """Set ``version`` in effect from loader step ``at`` (None: a multi-partition
+        loader, whose steps are not the partitions' steps)."""
+        for p in self._partitions:
+            self._client.set_version(p, self._task, version, at_step=at)
+        self.version, self._reported = version, at
+
+
+__all__ = ["TrainerVersion", "behind", "recheck"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
@@ -85,7 +84,7 @@ def loader_step(batch: TensorDictBase) -> int:
     return _attached(batch).step
 
 
-def _take(key: str, value: Any, pos: torch.Tensor) -> Any:
+def _take(key: str, value: object, pos: torch.Tensor) -> torch.Tensor | TensorDictBase:
     if isinstance(value, torch.Tensor):
         if value.is_nested:
             rows = value.unbind()

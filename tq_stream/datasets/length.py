@@ -13,9 +13,11 @@ LengthUnknownError (a TypeError, as ``len()`` of an iterator does).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Protocol
 
 from tq_stream.client import Client
+from tq_stream.connection.connection import Connection
 from tq_stream.errors import LengthUnknownError
 
 
@@ -25,7 +27,26 @@ def steps_for_rows(rows: int, batch_size: int, dp_size: int, drop_last: bool) ->
     return full + (1 if left >= dp_size and not drop_last else 0)
 
 
-def epoch_steps(dataset: Any) -> int | None:
+class Steps(Protocol):
+    """What the step count needs of a dataset (``StreamingDataset`` has it)."""
+
+    @property
+    def connection(self) -> Connection: ...
+    @property
+    def partitions(self) -> Sequence[str]: ...
+    @property
+    def task(self) -> str: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def dp_size(self) -> int: ...
+    @property
+    def drop_last(self) -> bool: ...
+    @property
+    def rows_per_epoch(self) -> int | None: ...
+
+
+def epoch_steps(dataset: Steps) -> int | None:
     """Steps of one declared epoch (None without ``rows_per_epoch``)."""
     if dataset.rows_per_epoch is None:
         return None
@@ -35,13 +56,13 @@ def epoch_steps(dataset: Any) -> int | None:
     return steps
 
 
-def epoch_end(dataset: Any, start_step: int) -> int | None:
+def epoch_end(dataset: Steps, start_step: int) -> int | None:
     """The first step after the epoch ``start_step`` is in (None: no declared epoch)."""
     size = epoch_steps(dataset)
     return None if size is None else (start_step // size + 1) * size
 
 
-def known_steps(dataset: Any) -> int:
+def known_steps(dataset: Steps) -> int:
     """``len(dataset)`` (see the module docstring).
 
     Raises:

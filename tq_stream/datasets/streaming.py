@@ -6,7 +6,8 @@ every k-th of them), so the replicas of a rank get identical batches and
 different ranks disjoint ones. ``s`` is the first step this rank has not fully
 acked (``first_unfinished``), and later steps already acked are skipped, so a
 fresh or restarted loader resumes where the last one stopped. A background
-thread prefetches up to ``prefetch`` batches (metadata and bytes) ahead.
+thread prefetches up to ``prefetch`` batches (metadata and bytes) ahead
+(``datasets.prefetch``).
 
 Each iteration is one consumer session: its leases are renewed by the
 process's heartbeat (``tq_stream.leases``) for as long as it runs, and its
@@ -22,7 +23,6 @@ import collections
 import logging
 import queue
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -34,13 +34,22 @@ from tq_stream.config import DEFAULT_PREFETCH
 from tq_stream.connection.connection import Connection
 from tq_stream.convert import check_ragged, check_shared_read
 from tq_stream.datasets import exit_stop, worker_imports
-from tq_stream.datasets.batch import attach_meta, batch_meta, loader_step
+from tq_stream.datasets.batch import batch_meta, loader_step
 from tq_stream.datasets.length import epoch_end, known_steps
+from tq_stream.datasets.prefetch import (
+    END,
+    STOP_CHECK,
+    Failure,
+    Item,
+    ReadSpec,
+    StepReader,
+    drain,
+    produce,
+)
 from tq_stream.errors import (
     ConfigError,
     LeaseError,
     StateError,
-    TurnNotReached,
     WaitTimeout,
     check_name,
     check_positive,
@@ -48,7 +57,6 @@ from tq_stream.errors import (
     check_timeout,
     format_seconds,
 )
-from tq_stream.meta import BatchMeta
 from tq_stream.samplers.base import Sampler
 from tq_stream.samplers.partition import PartitionSampler
 
@@ -56,24 +64,15 @@ if TYPE_CHECKING:
     from tq_stream.client import Client
     from tq_stream.stream import Stream
 
-_END = object()
 # Batches a DataLoader worker keeps unacked: the default prefetch_factor (2) + 1, so a
 # batch is acked only after the training loop asked for the one after it.
 WORKER_ACK_LAG = 3
 STATE_KEYS = ("partition", "task", "dp_rank", "replica", "yielded")
-_LOST = object()  # a step whose share for this rank died with its storage unit
 # Seconds the iterator waits for its prefetch thread beyond ``timeout`` (whose own waits
 # each end within ``timeout``): so a live iterator, in a DataLoader worker too, hands
 # over a batch or an error within ``timeout + RELAY``.
 RELAY = 5.0
 logger = logging.getLogger(__name__)
-
-
-class _Failure:
-    """An exception raised in the prefetch thread, re-raised in the consumer."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
 
 
 class StreamingDataset(IterableDataset[TensorDict]):
@@ -121,7 +120,7 @@ class StreamingDataset(IterableDataset[TensorDict]):
         >>> for batch in tq.StreamingDataLoader(ds): ...
     """
 
-    STOP_CHECK = 0.2  # seconds: how soon a stopped prefetch thread notices
+    STOP_CHECK = STOP_CHECK  # seconds: how soon a stopped prefetch thread notices
 
     def __init__(self, stream: Stream | Connection, partition: str | list[str] | None, task: str,
                  fields: Sequence[str], batch_size: int,
@@ -238,140 +237,6 @@ class StreamingDataset(IterableDataset[TensorDict]):
                 position += 1
             step += 1
 
-    def _wait_meta(self, client: Client, partition: str, step: int,
-                   stop: threading.Event) -> BatchMeta | None:
-        """get_meta for ``step``: one wait of up to ``timeout`` seconds, ended early
-        (None) when the iterator stops and cancels its session."""
-        deadline = time.monotonic() + self.timeout
-        timeout = self.timeout  # the caller's, as WaitTimeout names it; less on a retry
-        while True:
-            if stop.is_set():
-                return None
-            try:
-                return client.get_meta(partition, self.task, step, self.dp_rank, timeout,
-                                       replica=self.replica)
-            except TurnNotReached:
-                # a step fetched ahead waits for the trainer to reach it: its own wait of
-                # ``timeout`` starts again. Bounded: the controller says so only while
-                # the trainer is alive and acked (or read) a batch within the timeout;
-                # a trainer that stopped gets the WaitTimeout naming the turn instead
-                deadline = time.monotonic() + self.timeout
-                timeout = self.timeout
-                continue
-            except WaitTimeout:
-                # Before the deadline, a timeout is a broken connection, not a wait that
-                # ran out: the controller died and may be restarting. Ask again.
-                if time.monotonic() >= deadline - self.STOP_CHECK:
-                    raise
-                logger.warning("waiting for step %d of task %r (rank %d) broke off; asking "
-                               "again", step, self.task, self.dp_rank)
-                stop.wait(self.STOP_CHECK)
-                timeout = max(0.001, deadline - time.monotonic())
-
-    def _fetch(self, client: Client, step: int,
-               stop: threading.Event) -> TensorDict | object | None:
-        if self._router is None:
-            meta = self._wait_meta(client, self.partitions[0], step, stop)
-        else:
-            meta = self._routed_meta(client, step, stop)
-        if meta is None or meta.end:
-            return None
-        if not len(meta):
-            return _LOST
-        meta, td = self._read(client, meta, stop)
-        if meta is None or meta.end:
-            return None
-        if td is None:
-            return _LOST
-        return attach_meta(td, meta, step)
-
-    def _read(self, client: Any, meta: BatchMeta,
-              stop: threading.Event) -> tuple[BatchMeta | None, TensorDict | None]:
-        """get_data of ``meta``. A read that fails because a row's storage unit died
-        asks for the same step again (up to ``timeout`` seconds more): once the
-        controller declared the unit lost, the share holds the surviving rows only
-        (``(meta, None)`` if none survived)."""
-        deadline = None
-        while True:
-            try:
-                return meta, client.get_data(meta, self.fields, self.ragged, self.shared)
-            except (StateError, WaitTimeout) as exc:
-                now = time.monotonic()
-                deadline = now + self.timeout if deadline is None else deadline
-                if stop.is_set() or now >= deadline:
-                    raise
-                logger.warning("reading step %d of task %r (rank %d) failed (%s); asking "
-                               "for the step again", meta.step, self.task, self.dp_rank, exc)
-                stop.wait(self.STOP_CHECK)
-                again = client.get_meta(meta.partition, self.task, meta.step, self.dp_rank,
-                                        self.timeout, replica=self.replica)
-                if again is None or again.end:
-                    return again, None
-                if not len(again):
-                    return again, None
-                meta = again
-
-    def _routed_meta(self, client: Any, step: int, stop: threading.Event) -> BatchMeta | None:
-        """The meta of loader ``step`` of a multi-partition loader (None at its end)."""
-        assert self._router is not None
-        while True:
-            route = self._router.route(step, self._ends)
-            if route is None:
-                return None
-            meta = self._wait_meta(client, route[0], route[1], stop)
-            if meta is None or not meta.end:
-                return meta
-            self._ends[route[0]] = meta.step  # ended there for every rank: route again
-
-    def _producer(self, out: queue.Queue[Any], stop: threading.Event,
-                  room: threading.Semaphore, client: Any,
-                  plan: tuple[int, frozenset[int]]) -> None:
-        try:
-            for step in self._steps(plan):
-                # fetch (and lease) a step only when the queue has room for it, so at
-                # most `prefetch` batches wait ahead of the one being consumed
-                while not room.acquire(timeout=0.1):
-                    if stop.is_set():
-                        return
-                try:
-                    item = self._fetch(client, step, stop)
-                except LeaseError:
-                    if self.plan is not None or get_worker_info() is None:
-                        raise
-                    room.release()  # acked meanwhile (a loaded state's batch): skip it
-                    continue
-                if item is _LOST:  # nothing to train on: the next step instead
-                    room.release()
-                    continue
-                if not self._offer(out, stop, _END if item is None else item):
-                    if isinstance(item, TensorDict):  # nobody will read it: hand it back
-                        client.release(batch_meta(item))
-                    return
-                if item is None:
-                    return
-            self._offer(out, stop, _END)  # the declared epoch is over
-        except BaseException as exc:  # travels to the consumer as a value
-            self._offer(out, stop, _Failure(exc))
-
-    @staticmethod
-    def _offer(out: queue.Queue[Any], stop: threading.Event, item: object) -> bool:
-        while not stop.is_set():
-            try:
-                out.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _drain(self, out: queue.Queue[Any], client: Client) -> None:
-        while True:
-            try:
-                item = out.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(item, TensorDict):
-                client.release(batch_meta(item))
-
     # -- the torchdata Stateful protocol
     def state_dict(self) -> dict[str, Any]:
         """Who this dataset reads for, and the batches it yielded and has not acked (a
@@ -420,14 +285,20 @@ class StreamingDataset(IterableDataset[TensorDict]):
 
     def __iter__(self) -> Iterator[TensorDict]:
         self.register()
-        out: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch + 1)
+        out: queue.Queue[Item] = queue.Queue(maxsize=self.prefetch + 1)
         stop = threading.Event()
         room = threading.Semaphore(self.prefetch)
         client = Client(self.connection, session=self.session)  # one session per iteration
         self.ack_saved(client)  # before the plan: those steps are done
         plan = self.plan if self.plan is not None else self.resume_plan()
-        thread = threading.Thread(target=self._producer, args=(out, stop, room, client, plan),
-                                  daemon=True, name=f"tq-prefetch-{self.task}-{self.dp_rank}")
+        reader = StepReader(ReadSpec(self.task, self.dp_rank, self.replica, self.timeout,
+                                     self.fields, self.ragged, self.shared),
+                            client, self.partitions, self._router, self._ends)
+        skip_acked = self.plan is None and get_worker_info() is not None
+        thread = threading.Thread(
+            target=produce, args=(reader, client, self._steps(plan), out, stop, room,
+                                  skip_acked),
+            daemon=True, name=f"tq-prefetch-{self.task}-{self.dp_rank}")
         thread.start()
         exit_stop.track(stop, thread, client.cancel)  # not inside torch at exit
         single = get_worker_info() is None
@@ -450,12 +321,13 @@ class StreamingDataset(IterableDataset[TensorDict]):
                         f"{format_seconds(self.timeout)} (+{format_seconds(RELAY)}) from the "
                         f"prefetch thread") from None
                 room.release()
-                if item is _END:
+                if item is END:
                     finished = True
                     return
-                if isinstance(item, _Failure):
+                if isinstance(item, Failure):
                     finished = True
                     raise item.exc
+                assert isinstance(item, TensorDict)  # the rest are batches (``produce``)
                 if self.auto_ack:  # else the loader acks it, and alone keeps it till then
                     pending.append(item)
                 if single:
@@ -473,7 +345,7 @@ class StreamingDataset(IterableDataset[TensorDict]):
                 pass
             pending.clear()
 
-    def _stop(self, client: Any, out: queue.Queue[Any], thread: threading.Thread,
+    def _stop(self, client: Client, out: queue.Queue[Item], thread: threading.Thread,
               done: list[TensorDict], cancel: bool = True) -> None:
         """End an iteration: ack its last batch (when iterated directly), cancel the
         prefetch thread's wait, hand back what it fetched ahead. Runs when a generator
@@ -487,11 +359,11 @@ class StreamingDataset(IterableDataset[TensorDict]):
                 client.ack(batch_meta(batch))
             if cancel:
                 client.cancel()
-            self._drain(out, client)
+            drain(out, client)
             # the thread ends within one get_data once cancelled; joining it means no
             # stale prefetch can claim a step a new iterator reads
             thread.join(timeout=self.STOP_CHECK + 30.0)
-            self._drain(out, client)
+            drain(out, client)
         except Exception as exc:
             logger.debug("stopping the iterator of task %r rank %d: %s", self.task,
                          self.dp_rank, exc)

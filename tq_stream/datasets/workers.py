@@ -17,9 +17,16 @@ from __future__ import annotations
 
 import multiprocessing
 import warnings
+from collections.abc import Iterator
 from multiprocessing.context import BaseContext
 
-from tq_stream.errors import ConfigError, check_timeout, format_seconds
+from tq_stream.errors import (
+    ConfigError,
+    StateError,
+    WorkerStalled,
+    check_timeout,
+    format_seconds,
+)
 
 
 class SpawnStartWarning(UserWarning):
@@ -89,3 +96,33 @@ def stall_timeout(timeout: float | None, bound: float, method: str) -> float:
 def stalled(exc: BaseException) -> bool:
     """True if ``exc`` is torch's "DataLoader timed out" (no batch within ``timeout``)."""
     return isinstance(exc, RuntimeError) and str(exc).startswith(_TORCH_TIMED_OUT)
+
+
+def worker_failure(exc: BaseException, task: str, rank: int,
+                   timeout: float) -> StateError | WorkerStalled:
+    """The error a loader of ``task`` (``rank``) raises for its workers' ``exc``: a
+    stall (no batch within ``timeout``) or a failure (a worker died or raised)."""
+    if stalled(exc):
+        return WorkerStalled(
+            f"no batch from the DataLoader workers of task {task!r} "
+            f"(rank {rank}) within timeout="
+            f"{format_seconds(timeout)}, although they "
+            f"live: a worker is stuck (e.g. on a lock or an import a "
+            f"thread of this process held when it was forked); they were "
+            f"stopped: iterate the loader again to resume at the first "
+            f"unfinished step (acked batches are not read again)")
+    return StateError(
+        f"a DataLoader worker of task {task!r} (rank {rank}) "
+        f"failed ({type(exc).__name__}: {exc}); iterate the loader again "
+        f"to resume at the first unfinished step (acked batches are not "
+        f"read again)")
+
+
+def stop_workers(batches: Iterator[object]) -> None:
+    """Shut a torch DataLoader iterator's workers down now (one of them died)."""
+    shutdown = getattr(batches, "_shutdown_workers", None)
+    if shutdown is not None:
+        try:
+            shutdown()
+        except Exception:  # noqa: BLE001 — best effort: the error is raised anyway
+            pass

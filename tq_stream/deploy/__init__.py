@@ -168,6 +168,10 @@ def connect(address: str | None = None, config: StreamConfig | None = None,
 
     if address is None:
         address, curve_server_key = _by_name(name, namespace, curve_server_key)
+    elif address.startswith("embedded://"):  # a MediaRef's address of an embedded deployment
+        raise ConfigError(f"address must be a local or Ray deployment's, got {address!r}: an "
+                          "embedded deployment lives inside that process and no other can "
+                          "join it; start it with mode='local' or 'ray' to share it")
     backend = open_backend(address, config, curve_server_key)
     lease = (backend.owner_watch.owner or {}).get("lease_timeout")
     if not own_lease and isinstance(lease, int | float) and lease > 0:
@@ -192,7 +196,7 @@ class _SocketsOwner:
 
 def _by_name(name: str, namespace: str, key: bytes | None) -> tuple[str, bytes | None]:
     """The address and CURVE public key of the Ray deployment ``name``."""
-    from tq_stream.deploy.ray_deploy import controller_info
+    from tq_stream.deploy.ray_actor import controller_info
 
     info = controller_info(name, namespace)
     known = (info.get("curve_server_key") or "").encode() or None

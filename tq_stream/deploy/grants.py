@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import numpy as np
 
 from tq_stream.errors import ConfigError, StateError, check_name
+from tq_stream.messages.puts import Placement
 
 MAX_SLOT = 2**31  # slots are dense from 0 per unit; a larger one is a malformed request
 MIN_GRANT = 64  # the first grant of a partition covers at least this many slots
@@ -136,8 +136,8 @@ class SlotGrants:
             self._granted.clear()
 
 
-def placed(reserve: Callable[[], dict[str, Any]], grant: Callable[[dict[str, Any]], None],
-           undo: Callable[[dict[str, Any]], None], attempts: int) -> dict[str, Any]:
+def placed(reserve: Callable[[], Placement], grant: Callable[[Placement], None],
+           undo: Callable[[Placement], None], attempts: int) -> Placement:
     """``reserve()``'s placement once ``grant`` covered it. A unit that did not take its
     grant (``GrantFailed``) gets nothing of it: ``undo`` takes the placement back and
     it is made again, at most ``attempts`` times (the placement skips the units in

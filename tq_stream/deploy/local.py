@@ -11,16 +11,12 @@ controller drops the rows that lived there (counted as discarded, "unit_lost").
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
-import select
-import selectors
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -30,14 +26,13 @@ from tq_stream.backends.kinds import storage_or_shm
 from tq_stream.backends.spill import check_spill_dir
 from tq_stream.config import DEFAULT_LEASE_TIMEOUT
 from tq_stream.connection.owner_watch import owner_of_this_process
+from tq_stream.deploy.children import Child, await_ready
 from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT
 from tq_stream.errors import (
     ConfigError,
     StateError,
-    WaitTimeout,
     check_positive,
     check_timeout,
-    format_seconds,
 )
 
 if TYPE_CHECKING:
@@ -51,125 +46,6 @@ INSECURE_TCP = ("transport='tcp' without curve: any process on this host can con
                 "admin calls still need the owner's token. Use transport='unix' (a private "
                 "folder) or curve=True")
 _SCHEME = {"unix": "unix://", "ipc": "ipc://", "tcp": "tcp://"}
-logger = logging.getLogger(__name__)
-
-
-_LIFELINES: set[int] = set()  # write ends held by this process; a forked child closes them
-
-
-class _Child:
-    """One server process, started by fork (fast: modules are already imported) or by
-    running a fresh interpreter ("spawn"). Either way its settings never appear in the
-    process table and it exits when its lifeline pipe closes."""
-
-    def __init__(self, settings: dict[str, Any], start_method: str) -> None:
-        self.settings = settings
-        read_end, self.lifeline = os.pipe()
-        _LIFELINES.add(self.lifeline)
-        settings = {**settings, "parent_fd": read_end}
-        if start_method == "fork":
-            self._fork(settings, read_end)
-        else:
-            self._spawn(settings, read_end)
-        os.close(read_end)
-        self.info: dict[str, Any] | None = None
-
-    def _spawn(self, settings: dict[str, Any], read_end: int) -> None:
-        self.proc: Any = subprocess.Popen(
-            [sys.executable, "-X", "faulthandler", "-m", "tq_stream.deploy.server"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(read_end,), close_fds=True)
-        assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps(settings) + "\n").encode())
-        self.proc.stdin.close()
-        self.stdout = self.proc.stdout
-
-    def _fork(self, settings: dict[str, Any], read_end: int) -> None:
-        ready_r, ready_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns
-            code = 1
-            try:
-                os.close(ready_r)
-                for fd in _LIFELINES:
-                    os.close(fd)
-                from tq_stream.deploy.server import run_child
-
-                code = run_child(settings, os.fdopen(ready_w, "w"))
-            finally:
-                os._exit(code)
-        os.close(ready_w)
-        self.proc = _ForkedProcess(pid)
-        self.stdout = os.fdopen(ready_r, "rb")
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-
-class _ForkedProcess:
-    """The subset of Popen that close() uses, for a child made by os.fork."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float) -> int:
-        """Wait for the exit, woken by the kernel (a pidfd becomes readable when the
-        process ends); raises TimeoutExpired after ``timeout`` seconds."""
-        if self.poll() is not None:
-            assert self.returncode is not None
-            return self.returncode
-        try:
-            fd = os.pidfd_open(self.pid)
-        except ProcessLookupError:
-            fd = -1  # already gone: reap below
-        if fd >= 0:
-            try:
-                select.select([fd], [], [], timeout)
-            finally:
-                os.close(fd)
-        if self.poll() is None:
-            raise subprocess.TimeoutExpired(str(self.pid), timeout)
-        assert self.returncode is not None
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        try:
-            os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-
-def _await_ready(children: Sequence[_Child], timeout: float) -> None:
-    sel = selectors.DefaultSelector()
-    for c in children:
-        sel.register(c.stdout, selectors.EVENT_READ, c)
-    deadline = time.monotonic() + timeout
-    waiting = len(children)
-    while waiting:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise WaitTimeout(f"tq_stream servers did not start within {format_seconds(timeout)}")
-        for key, _ in sel.select(timeout=left):
-            child: _Child = key.data
-            line = key.fileobj.readline()  # type: ignore[union-attr]
-            sel.unregister(key.fileobj)
-            if not line:
-                raise StateError(f"a tq_stream server (pid {child.pid}) exited during start "
-                                 f"with code {child.proc.wait(timeout=5)}")
-            child.info = json.loads(line)
-            waiting -= 1
-    sel.close()
 
 
 class LocalDeployment:
@@ -269,7 +145,7 @@ class LocalDeployment:
                 "owner_token": self.owner_token, "max_message": max_message,
                 "owner": self.owner,  # units spill under the deployment's folder by default
                 "spill_dir": spill_dir or self._ipc_dir or None}
-        self._children: list[_Child] = []
+        self._children: list[Child] = []
         self._start_method = start_method
         self._closed = False
         self._backend: Any = None
@@ -280,17 +156,17 @@ class LocalDeployment:
             for i in range(n_units):
                 addr = f"{_SCHEME[transport]}{self._ipc_dir}/unit{i}" if self._ipc_dir \
                     else address
-                self._children.append(_Child({**base, "role": "unit", "address": addr},
+                self._children.append(Child({**base, "role": "unit", "address": addr},
                                               start_method))
             addr = f"{_SCHEME[transport]}{self._ipc_dir}/controller" if self._ipc_dir \
                 else address
-            self._children.append(_Child({**base, "role": "controller", "address": addr,
+            self._children.append(Child({**base, "role": "controller", "address": addr,
                                           "units": n_units, "unit_timeout": unit_timeout,
                                           "checkpoint_path": checkpoint_path,
                                           "checkpoint_interval": checkpoint_interval,
                                           "sampler_modules": list(sampler_modules)},
                                          start_method))
-            _await_ready(self._children, start_timeout)
+            await_ready(self._children, start_timeout)
         except BaseException:
             self.close()
             raise
@@ -350,14 +226,14 @@ class LocalDeployment:
             old.proc.kill()
             old.proc.wait(timeout=10)
             started = time.monotonic()
-            self._forget(old)
-            new = _Child({**old.settings, "address": old.info["address"]},  # type: ignore[index]
+            old.forget()
+            new = Child({**old.settings, "address": old.info["address"]},  # type: ignore[index]
                          self._start_method)
             self._children[-1] = new
-            _await_ready([new], timeout)
+            await_ready([new], timeout)
             ctrl = self._backend.controller()
             ctrl.attach_units([c.info for c in self._children[:-1]])
-            info = {"recovery": ctrl.ping().get("recovery", {}),
+            info = {"recovery": ctrl.ping().recovery,
                     "seconds": time.monotonic() - started}
             self.restarts.append(info)
             logger.warning("the controller died and was restarted: %s", info)
@@ -389,23 +265,17 @@ class LocalDeployment:
         # there meanwhile (it would be dropped with the old ones).
         ctrl = self._backend.controller()
         dropped = ctrl.unit_lost(i)
-        self._forget(old)
+        old.forget()
         from tq_stream.backends.shm import sweep_stale
 
         sweep_stale([old.pid])
-        new = _Child({**old.settings, "address": old.info["address"]},  # type: ignore[index]
+        new = Child({**old.settings, "address": old.info["address"]},  # type: ignore[index]
                      self._start_method)
         self._children[i] = new
-        _await_ready([new], timeout)
+        await_ready([new], timeout)
         for name, n in ctrl.drop_unit(i, new.info).items():  # also takes it back
             dropped[name] = dropped.get(name, 0) + n
         return dropped
-
-    @staticmethod
-    def _forget(child: _Child) -> None:
-        os.close(child.lifeline)
-        _LIFELINES.discard(child.lifeline)
-        child.stdout.close()
 
     def save(self, path: str) -> None:
         from tq_stream.deploy import snapshot
@@ -432,7 +302,7 @@ class LocalDeployment:
             except subprocess.TimeoutExpired:
                 c.proc.kill()
                 c.proc.wait(timeout=5)
-            self._forget(c)
+            c.forget()
         from tq_stream.backends.shm import sweep_stale
 
         sweep_stale(self.pids)

@@ -32,15 +32,15 @@ from typing import Any
 import numpy as np
 
 from tq_stream.backends.base import occupancy
+from tq_stream.connection.unit_client import UnitClient
 from tq_stream.controller import Controller
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task_config import TaskConfig
 from tq_stream.controller.units import Units
 from tq_stream.deploy.ack_journal import AckJournal, journal_files, read_records, rows_of
 from tq_stream.errors import StateError, check_timeout
+from tq_stream.messages import unit as um
 from tq_stream.serialization import decode, encode
-from tq_stream.transport.base import Transport
-from tq_stream.transport.dispatch import OWNER_ARG
 
 MAGIC = b"TQMETA1\n"
 _LEN = struct.Struct("<Q")
@@ -142,19 +142,19 @@ class Recovery:
 
     Handed the controller (its state, registrations, journal replay and lost units go
     through its methods), its condition, its partitions (read to reconcile them with
-    the units), its ``Units`` (which drop the rows whose bytes are gone) and the owner
-    token the units' admin calls need. ``start`` restores from ``path`` if a
+    the units) and its ``Units`` (which drop the rows whose bytes are gone); the units'
+    clients (``reconcile``) carry the owner token their admin calls need. ``start``
+    restores from ``path`` if a
     checkpoint is there, then checkpoints every ``interval`` seconds.
     """
 
     def __init__(self, controller: Controller, cond: threading.Condition,
-                 parts: Mapping[str, PartitionMeta], units: Units, owner_token: str | None,
+                 parts: Mapping[str, PartitionMeta], units: Units,
                  path: str | None, interval: float | None) -> None:
         self._controller = controller
         self._cond = cond
         self._parts = parts
         self._units = units
-        self._owner_token = owner_token
         self._path, self._interval = path, interval
         self.journal: AckJournal | None = None
         self._registrations: dict[tuple[str, str], dict[str, Any]] = {}
@@ -215,7 +215,7 @@ class Recovery:
         logger.warning("controller restarted from checkpoint %r (%d partitions)", path,
                        len(saved["controller"]["partitions"]))
 
-    def reconcile(self, clients: Sequence[Transport]) -> None:
+    def reconcile(self, clients: Sequence[UnitClient]) -> None:
         """After a restart: keep the rows the units still hold, drop the rest, free what
         the units hold that the checkpoint does not know (see the module docstring)."""
         if not self._restored:
@@ -225,7 +225,7 @@ class Recovery:
         lost = orphaned = 0
         for unit, client in enumerate(clients):
             try:
-                held = client.call("held", {OWNER_ARG: self._owner_token}, timeout=30.0)
+                held = client.call(um.HELD, um.Nothing(), timeout=30.0)
             except Exception as exc:  # noqa: BLE001 — a unit that does not answer is lost
                 logger.warning("unit %d did not answer after the restart: %s", unit, exc)
                 lost += sum(self._controller.unit_lost(unit).values())
@@ -242,10 +242,10 @@ class Recovery:
                 unknown = [n for n in held if n not in self._parts]
             self._units.free_pending()  # rows elsewhere that named a lost entry
             for name, slots in frees:
-                client.call("free", {"partition": name, "slots": slots})
+                client.call(um.FREE, um.Slots(partition=name, slots=slots))
                 orphaned += len(slots)
             for name in unknown:
-                client.call("drop", {"partition": name, OWNER_ARG: self._owner_token})
+                client.call(um.DROP, um.Partition(partition=name))
                 orphaned += len(held[name]["slots"])
         self.found.update(rows_lost=lost, slots_freed=orphaned,
                           reconcile_seconds=time.perf_counter() - started)

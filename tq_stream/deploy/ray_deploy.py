@@ -12,7 +12,8 @@ any Ray task or actor can ``tq.connect()`` (which looks the controller up by
 name) or simply receive the picklable Stream. The controller's ``info`` also carries
 the driver's ``annotations`` (text, e.g. tq_stream.compat's shared settings) to every
 process that finds the deployment by name, on any node. Dead actors are re-created by this
-driver (``restart_units``, ``restart_controller``: ``deploy.ray_recovery``); a
+driver (``restart_units``, ``restart_controller``: ``deploy.ray_recovery``); the
+actors' body and the look-up by name are in ``deploy.ray_actor``; a
 client connected to Ray stops waiting with DeploymentGone once nothing will
 (``connection.ray_owner``).
 """
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import glob
 import logging
 import os
 import secrets
@@ -39,6 +39,7 @@ from tq_stream.config import DEFAULT_LEASE_TIMEOUT
 from tq_stream.connection import ray_owner
 from tq_stream.connection.owner_watch import owner_of_this_process
 from tq_stream.deploy import ray_recovery
+from tq_stream.deploy.ray_actor import DEFAULT_NAME, DEFAULT_NAMESPACE, FOLDER, RayService
 from tq_stream.errors import ConfigError, StateError, WaitTimeout, check_positive, check_timeout
 
 if TYPE_CHECKING:
@@ -46,25 +47,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_NAME = "tq_stream"
-DEFAULT_NAMESPACE = "tq_stream"
 STOP_TIMEOUT = 10.0  # seconds close() waits for the actors to stop before killing them
-_FOLDER = "tq_ray_"  # prefix of an actor's socket folder: tq_ray_<pid>_<random>
-
-
-def sweep_folders() -> int:
-    """Remove the socket folders of tq_stream actors on this node whose process is gone
-    (an actor killed with its driver cannot remove its own); returns how many."""
-    from tq_stream.backends.shm import _pid_alive
-
-    removed = 0
-    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{_FOLDER}*")):
-        pid = os.path.basename(path)[len(_FOLDER):].split("_", 1)[0]
-        if not pid.isdigit() or _pid_alive(int(pid)):
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed += 1
-    return removed
 
 
 def check_annotations(annotations: Mapping[str, str] | None) -> dict[str, str]:
@@ -76,60 +59,6 @@ def check_annotations(annotations: Mapping[str, str] | None) -> dict[str, str]:
         raise ConfigError(f"annotations must map str to str (text the deployment tells "
                           f"the processes that find it by name), got {annotations!r}")
     return dict(annotations)
-
-
-class _Service:
-    """The body of every tq_stream actor: serve one role in this process (zmq for
-    other nodes, a unix socket for this one)."""
-
-    def __init__(self, role: str, units: int, sampler_modules: Sequence[str], storage: str,
-                 curve_secret: str, curve_server: str, owner_token: str,
-                 max_message: int | None, loopback: bool,
-                 unit_timeout: float | None = None, address: str | None = None,
-                 local_dir: str | None = None,
-                 checkpoint: tuple[str | None, float | None] = (None, None),
-                 owner: dict[str, Any] | None = None,
-                 annotations: dict[str, str] | None = None,
-                 spill_dir: str | None = None) -> None:
-        """``address``: the zmq address to bind (default: a free port); ``local_dir``:
-        the folder of the unix socket (default: a new one); ``checkpoint``: the
-        controller's (path, interval), see ``deploy.meta_checkpoint``; ``owner``: the
-        deployment's owner record, which the controller's ``ping`` tells clients;
-        ``annotations``: the driver's text that ``info`` tells (``RayDeployment``)."""
-        import ray
-
-        from tq_stream import hosts
-        from tq_stream.deploy.server import serve
-
-        sweep_folders()
-        ip = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
-        # Clients on this node reach the service over a unix socket (lower latency
-        # than zmq); the folder is private to this user. Not with CURVE: unencrypted.
-        self._dir = None
-        if not curve_secret and local_dir is not None:
-            os.makedirs(local_dir, mode=0o700, exist_ok=True)
-            self._dir = local_dir
-        elif not curve_secret:
-            self._dir = tempfile.mkdtemp(prefix=f"{_FOLDER}{os.getpid()}_")
-        self._server, self._stop, local = serve(
-            role, address or f"tcp://{ip}:0", units, tuple(sampler_modules), storage,
-            curve_secret.encode() or None, curve_server.encode() or None,
-            local_dir=self._dir, owner_token=owner_token, max_message=max_message,
-            allow_insecure=True,  # RayDeployment checked the bind (see its Args)
-            unit_timeout=unit_timeout, checkpoint=checkpoint, owner=owner,
-            spill_dir=spill_dir)
-        self._info = {"address": self._server.address, "pid": os.getpid(), "host": hosts.host_id(),
-                      "node": ray.get_runtime_context().get_node_id(), "local": local,
-                      "curve_server_key": curve_server,  # public: lets tq.connect() by name
-                      "annotations": dict(annotations or {})}
-
-    def info(self) -> dict[str, Any]:
-        return self._info
-
-    def stop(self) -> None:
-        self._stop()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
 
 
 class RayDeployment:
@@ -237,7 +166,7 @@ class RayDeployment:
             logger.warning("tq_stream Ray mode without curve: any process that reaches the "
                            "servers' tcp ports can read and write rows%s",
                            "" if loopback else " (allow_insecure_tcp: on every node)")
-        actor = ray.remote(num_cpus=0, max_concurrency=4)(_Service)
+        actor = ray.remote(num_cpus=0, max_concurrency=4)(RayService)
         args = (storage, secret, server, self.owner_token, max_message, loopback)
         self._name, self._namespace, self._actor_class = name, namespace, actor
         self._unit_args = ("unit", 1, (), *args)
@@ -320,7 +249,7 @@ class RayDeployment:
             path = os.path.join(folder, "controller.tqmeta")
         kwargs: dict[str, Any] = {"checkpoint": (path, interval)}
         if not curve:
-            kwargs["local_dir"] = tempfile.mkdtemp(prefix=f"{_FOLDER}{os.getpid()}_")
+            kwargs["local_dir"] = tempfile.mkdtemp(prefix=f"{FOLDER}{os.getpid()}_")
         return kwargs, pinned, folder
 
     def attach(self, backend: RemoteBackend) -> None:
@@ -390,7 +319,7 @@ class RayDeployment:
             serving = time.monotonic() - begun  # a new Ray worker, imports, the load
             ctrl = self._backend.controller()
             ctrl.attach_units(self.unit_infos)
-            info = {"recovery": ctrl.ping().get("recovery", {}), "start_seconds": serving,
+            info = {"recovery": ctrl.ping().recovery, "start_seconds": serving,
                     "seconds": time.monotonic() - begun}
             self.restarts.append(info)
             logger.warning("the controller actor died and was re-created: %s", info)
@@ -450,23 +379,3 @@ def _close_open_deployments() -> None:
     for deployment in list(_OPEN):
         with contextlib.suppress(Exception):
             deployment.close()
-
-
-def controller_address(name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE) -> str:
-    """The zmq address of a Ray deployment's controller, looked up by actor name."""
-    return controller_info(name, namespace)["address"]
-
-
-def controller_info(name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE
-                    ) -> dict[str, Any]:
-    """What the controller actor of a Ray deployment tells about itself, looked up by
-    actor name: ``address``, ``curve_server_key`` (its public key, z85 text; "" without
-    CURVE) and ``annotations`` (its driver's, see ``RayDeployment``), among others."""
-    import ray
-
-    try:
-        actor = ray.get_actor(f"{name}_controller", namespace=namespace)
-    except ValueError:
-        raise ConfigError(f"name must be that of a running Ray deployment in namespace "
-                          f"{namespace!r}, got {name!r}") from None
-    return ray.get(actor.info.remote(), timeout=30)

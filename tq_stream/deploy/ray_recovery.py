@@ -34,9 +34,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tq_stream.errors import WaitTimeout, format_seconds
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +110,7 @@ def create(actor_class: Any, name: str, namespace: str, node: str, args: tuple[A
             time.sleep(0.1)
 
 
-def started(actor: Any, what: str, timeout: float) -> dict[str, Any]:
+def started(actor: ActorHandle[Any], what: str, timeout: float) -> dict[str, Any]:
     """The new ``actor``'s info once it serves; killed and WaitTimeout after ``timeout``."""
     import ray
 
@@ -124,7 +127,7 @@ def started(actor: Any, what: str, timeout: float) -> dict[str, Any]:
         raise
 
 
-def kill(actor: Any) -> None:
+def kill(actor: ActorHandle[Any]) -> None:
     import ray
 
     with contextlib.suppress(Exception):  # a dead actor is already gone

@@ -27,9 +27,13 @@ import select
 import signal
 import sys
 import threading
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any, TextIO
 
 from tq_stream.config import DEFAULT_TIMEOUT
+
+if TYPE_CHECKING:
+    from tq_stream.transport.base import Transport
 
 STOP_GRACE = 1.0  # seconds a stopping server waits for handlers still running
 EXIT_GRACE = 10.0  # seconds the whole stop may take before the process exits anyway
@@ -66,7 +70,7 @@ def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = 
         return UnitService(unit), unit.close
     from tq_stream.transport.rpc import rpc_client
 
-    def client(address: str) -> Any:
+    def client(address: str) -> Transport:
         return rpc_client(address, timeout=timeout, curve_server_key=curve_server_key)
 
     from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT
@@ -158,7 +162,7 @@ def _remove_folder_if_empty(address: str) -> None:
                 os.rmdir(os.path.dirname(address[len(scheme):]))
 
 
-def _on_stop_signal(signum: int, frame: Any) -> None:
+def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
     """Python half of the SIGTERM/SIGINT handler: nothing. The C half has already
     written the wakeup byte ``_wait_for_stop`` polls; installing a handler at all
     keeps the default action (death without cleanup) away."""
@@ -199,7 +203,7 @@ def _die_with_parent() -> None:
         pass  # not Linux: the pipe watch still applies
 
 
-def run_child(cfg: dict[str, Any], out: Any) -> int:
+def run_child(cfg: dict[str, Any], out: TextIO) -> int:
     """Serve until SIGTERM/SIGINT or the parent's death; announce the address on ``out``."""
     wakeup_fd = _stop_signals()
     _die_with_parent()  # after the handlers: an early parent-death signal is not lost

@@ -1,12 +1,10 @@
 """The controller served over sockets (the storage unit's handler: ``unit_service.py``).
 
-Each exposes an explicit ``RPC_METHODS`` allowlist; arguments and results are
-plain data, numpy arrays and normalized columns (see ``tq_stream.columns``),
-all carried by ``tq_stream.serialization`` without pickle. ``RPC_ADMIN`` names
-the methods only the deployment's owner (and the processes it started) may
-call (``tq_stream.transport.dispatch``); the rest is the data plane of
-producers and consumers. A served unit stores rows only in slots the
-controller granted it (``tq_stream.deploy.grants``).
+Each serves the table of its RPCs (``RPC_TABLE``, from ``tq_stream.messages``: requests,
+replies, flags); arguments and results are plain data, numpy arrays, normalized columns
+and reply structs, carried by ``tq_stream.serialization`` without pickle. Admin RPCs
+are the deployment owner's only (``tq_stream.transport.dispatch``). A served unit
+stores rows only in slots the controller granted it (``tq_stream.deploy.grants``).
 """
 
 from __future__ import annotations
@@ -14,27 +12,34 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from tq_stream import hosts
+from tq_stream.connection.unit_client import UnitClient
 from tq_stream.controller import Controller
 from tq_stream.controller.reservations import DEFAULT_WRITE_LEASE
 from tq_stream.controller.task_config import TaskConfig
 from tq_stream.controller.units import UNIT_LOST  # noqa: F401  (re-exported)
 from tq_stream.deploy.grants import GrantFailed, SlotGrants, placed
 from tq_stream.deploy.meta_checkpoint import Recovery
+from tq_stream.deploy.unit_epoch import EpochReply, units_epoch
 from tq_stream.deploy.unit_service import UnitService as UnitService  # re-exported
 from tq_stream.deploy.unit_watch import DEFAULT_UNIT_TIMEOUT, UnitWatch, process_alive
 from tq_stream.errors import AuthError, ConfigError, StateError
 from tq_stream.handling import ANSWERED, Reply, WouldBlock, may_block
+from tq_stream.messages import admin, media, puts, reads
+from tq_stream.messages import unit as um
+from tq_stream.messages.admin import Ping
+from tq_stream.messages.puts import Committed, Placement, Rows
+from tq_stream.messages.rpc import Req, Rpc, RpcTable
 from tq_stream.samplers.base import Sampler
 from tq_stream.samplers.spec import from_spec
 from tq_stream.transport.answers import send_given
-from tq_stream.transport.dispatch import OWNER_ARG, rpc_stats
+from tq_stream.transport.base import Transport
+from tq_stream.transport.dispatch import rpc_stats
 
 logger = logging.getLogger(__name__)
 ATTACH_WAIT = 30.0  # seconds a call that needs the units waits for them to attach
@@ -46,28 +51,6 @@ def _count(value: Any) -> int:
     if isinstance(value, list | tuple):
         return len(value)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def units_epoch(units: Sequence[Mapping[str, Any]]) -> int:
-    """A number that changes when a unit moves to another address (CRC-32 of the
-    addresses, so a restarted controller gives the same number for the same units)."""
-    return zlib.crc32("\n".join(f"{u.get('address')} {u.get('local')}"
-                                for u in units).encode())
-
-
-class _EpochReply:
-    """The reply handle a ControllerService hands its Controller's ``get_meta``: a
-    reply a commit gives there names the units' epoch when it was formed."""
-
-    __slots__ = ("epoch", "reply")
-
-    def __init__(self, reply: Reply, epoch: Callable[[], int]) -> None:
-        self.reply = reply  # the request's own handle, from the server
-        self.epoch = epoch
-
-    def give(self, result: dict[str, Any], then: Callable[[], None] | None = None) -> bool:
-        result["units_epoch"] = self.epoch()  # a dict of this call's own
-        return self.reply.give(result, then)
 
 
 class ControllerService(Controller):
@@ -82,15 +65,14 @@ class ControllerService(Controller):
     (``deploy.meta_checkpoint``).
     """
 
-    RPC_METHODS = Controller.RPC_METHODS | frozenset({
-        "attach_units", "units", "ping", "state_dict", "load_state_dict", "drop_unit",
-        "server_stats", "clear_partition", "unit_lost"})
-    RPC_INLINE = Controller.RPC_INLINE | frozenset({"ping", "server_stats"})
-    RPC_ADMIN = frozenset({"attach_units", "drop_unit", "state_dict", "load_state_dict",
-                           "clear_partition", "unit_lost"})
+    # what a server may call, and how: one ``Rpc`` per method (``tq_stream.messages``)
+    RPC_TABLE = RpcTable(puts.RPCS, reads.RPCS, admin.RPCS, media.RPCS)
+    RPC_METHODS, RPC_INLINE, RPC_ADMIN = RPC_TABLE.methods, RPC_TABLE.inline, RPC_TABLE.admin
+    RPC_WAITS, RPC_REPLIES = RPC_TABLE.waits, RPC_TABLE.replies
 
     def __init__(self, n_units: int, sampler_modules: Sequence[str] = (),
-                 unit_client: Any = None, owner_token: str | None = None,
+                 unit_client: Callable[[str], Transport] | None = None,
+                 owner_token: str | None = None,
                  unit_timeout: float | None = DEFAULT_UNIT_TIMEOUT,
                  checkpoint_path: str | None = None,
                  checkpoint_interval: float | None = None,
@@ -102,7 +84,7 @@ class ControllerService(Controller):
         self._units_epoch = 0  # changes with the units' addresses (see ``units_epoch``)
         self._unit_timeout = unit_timeout
         self._watch: UnitWatch | None = None
-        self._unit_clients: list[Any] = []
+        self._unit_clients: list[UnitClient] = []
         self._make_client = unit_client
         self._owner_token = owner_token
         self._sampler_modules = tuple(sampler_modules)
@@ -112,7 +94,7 @@ class ControllerService(Controller):
         # (set by ``deploy.server.serve``; None when there is none).
         self.local_address: str | None = None
         # checkpoints and the restart from one (meta_checkpoint.py)
-        self._recovery = Recovery(self, self._cond, self._parts, self._units, owner_token,
+        self._recovery = Recovery(self, self._cond, self._parts, self._units,
                                   checkpoint_path, checkpoint_interval)
         self._recovery.start()
 
@@ -140,7 +122,7 @@ class ControllerService(Controller):
         answering = live[[not self._silent(u) for u in live.tolist()]]
         return answering if len(answering) else live
 
-    def _call_unit(self, unit: int, method: str, args: dict[str, Any]) -> None:
+    def _call_unit(self, unit: int, rpc: Rpc[Req, None], request: Req) -> None:
         """A call of this controller to ``unit``: at once StateError if it is lost, else
         within ``CALL_TIMEOUT`` (and the unit timeout) at most."""
         if unit in self._units.dead:
@@ -148,22 +130,22 @@ class ControllerService(Controller):
         if unit >= len(self._unit_clients):  # a restarted controller, units not back yet
             raise StateError(f"storage unit {unit} is not attached yet")
         timeout = min(self.CALL_TIMEOUT, self._unit_timeout or self.CALL_TIMEOUT)
-        self._unit_clients[unit].call(method, args, timeout=timeout)
+        self._unit_clients[unit].call(rpc, request, timeout=timeout)
 
     def _free_remote(self, unit: int, partition: str, slots: np.ndarray) -> None:
         """Free slots in a unit. A silent unit is not called (the free is retried
         later), so an ack never waits long for a dead unit."""
         if self._silent(unit):
             raise StateError(f"storage unit {unit} is not answering its heartbeat")
-        self._call_unit(unit, "free", {"partition": partition, "slots": slots})
+        self._call_unit(unit, um.FREE, um.Slots(partition=partition, slots=slots))
 
     def _may_spill_remote(self, unit: int, partition: str, slots: np.ndarray,
                           fields: list[str]) -> None:
         """Tell a unit that ``fields`` of ``slots`` may spill (``spill_hints.py``)."""
         if self._silent(unit):
             raise StateError(f"storage unit {unit} is not answering its heartbeat")
-        self._call_unit(unit, "may_spill", {"partition": partition, "slots": slots,
-                                            "fields": fields, OWNER_ARG: self._owner_token})
+        self._call_unit(unit, um.MAY_SPILL, um.MaySpill(partition=partition, slots=slots,
+                                                        fields=fields))
 
     def _send_grant(self, unit: int, partition: str, slots: int) -> None:
         # A restarted controller serves calls before its owner attached the units again
@@ -171,8 +153,7 @@ class ControllerService(Controller):
         if not self._attached.wait(timeout=ATTACH_WAIT):
             raise StateError(f"storage units must be attached before rows are placed; "
                              f"none were within {ATTACH_WAIT:g} s")
-        self._call_unit(unit, "grant", {"partition": partition, "slots": slots,
-                                        OWNER_ARG: self._owner_token})
+        self._call_unit(unit, um.GRANT, um.Grant(partition=partition, slots=slots))
 
     def attach_units(self, units: list[dict[str, Any]]) -> None:
         """Record the units' addresses (``[{"address", "host", "pid", "local"?}, ...]``;
@@ -180,7 +161,7 @@ class ControllerService(Controller):
         if len(units) != self.n_units:
             raise ConfigError(f"units must list {self.n_units} storage units, got {len(units)}")
         self._unit_addresses = list(units)
-        self._unit_clients = [self._make_client(hosts.nearest(u)) for u in units]
+        self._unit_clients = [self._client(u) for u in units]
         self._units_epoch = units_epoch(units)
         self._grants.forget_all()
         self._recovery.reconcile(self._unit_clients)  # after a restart from a checkpoint
@@ -188,6 +169,13 @@ class ControllerService(Controller):
         if self._watch is None and self._unit_timeout is not None:
             self._watch = UnitWatch(self, lambda: list(self._unit_clients),
                                     self._unit_timeout)
+
+    def _client(self, info: Mapping[str, Any]) -> UnitClient:
+        """A client of the unit ``info`` records, at its nearest address."""
+        if self._make_client is None:
+            raise ConfigError("this controller service was made without a unit_client: it "
+                              "cannot call storage units")
+        return UnitClient(self._make_client(hosts.nearest(info)), None, self._owner_token)
 
     def unit_may_be_dead(self, unit: int) -> bool:
         """False if ``unit``'s process runs on this host and is alive (only slow)."""
@@ -239,19 +227,19 @@ class ControllerService(Controller):
                 for u in range(self.n_units)]
         return self._grants.covers(partition, ends)
 
-    def _grant_placed(self, partition: str, *placed: dict[str, Any] | None) -> None:
+    def _grant_placed(self, partition: str, *placed: Rows | Placement | None) -> None:
         for rows in placed:
             if rows is not None:
-                self._grants.ensure(partition, rows["unit"], rows["slot"])
+                self._grants.ensure(partition, rows.unit, rows.slot)
 
     def reserve(self, partition: str, keys: Sequence[str], schemas: Mapping[str, Any],
                 unit: int = -1, timeout: float = 60.0,
                 expect: Sequence[int] | None = None, spare: int = 0, session: str = "",
                 lease: float = DEFAULT_WRITE_LEASE,
-                holder: Mapping[str, Any] | None = None, blocked: float = 0.0) -> dict[str, Any]:
+                holder: Mapping[str, Any] | None = None, blocked: float = 0.0) -> Placement:
         # On the IO thread, a reserve that could need a grant (a call to a unit) goes to
         # a worker; the lock keeps a worker's placements from racing the check.
-        def place() -> dict[str, Any]:
+        def place() -> Placement:
             with self._cond:
                 if not may_block() and not self._grants_cover(partition,
                                                               _count(keys) + _count(spare)):
@@ -260,37 +248,37 @@ class ControllerService(Controller):
                     partition, keys, schemas, unit, timeout, expect, spare, session, lease,
                     holder, blocked)
 
-        out = placed(place, lambda out: self._grant_placed(partition, out, out.get("spare")),
+        out = placed(place, lambda out: self._grant_placed(partition, out, out.spare),
                      lambda out: self._undo(partition, out), self.n_units)
-        return {**out, "units_epoch": self._units_epoch}
+        out.units_epoch = self._units_epoch  # a reply of this call's own
+        return out
 
-    def _undo(self, partition: str, out: dict[str, Any]) -> None:
+    def _undo(self, partition: str, out: Placement) -> None:
         """Take back a reserve's placement: the rows it created, its spare rows."""
-        new = out["new"]
+        new = out.new
         if new.any():
-            self.abort(partition, out["index"][new], out["generation"][new])
-        spare = out.get("spare")
-        if spare is not None:
-            self.release_spares(partition, spare["index"], spare["generation"])
+            self.abort(partition, out.index[new], out.generation[new])
+        if out.spare is not None:
+            self.release_spares(partition, out.spare.index, out.spare.generation)
 
-    def commit_new(self, partition: str, keys: Sequence[str], index: np.ndarray,
-                   generation: np.ndarray, schemas: Mapping[str, Any],
+    def commit_new(self, partition: str, keys: Sequence[str], index: Sequence[int] | np.ndarray,
+                   generation: Sequence[int] | np.ndarray, schemas: Mapping[str, Any],
                    tags: list[dict[str, Any]] | None = None, unit: int = -1,
-                   spare: int = 0) -> dict[str, Any]:
+                   spare: int = 0) -> Committed:
         with self._cond:
             if not may_block() and not self._grants_cover(partition, _count(spare)):
                 raise WouldBlock
             out = super().commit_new(partition, keys, index, generation, schemas, tags,
                                      unit, spare)
-        spare = out.get("spare")
+        spare = out.spare
         if spare is not None:
             send_given()  # the consumers it answered must not wait for a grant's call
             try:
                 self._grant_placed(partition, spare)
             except GrantFailed:  # the rows are committed; only the spares are taken back
-                self.release_spares(partition, spare["index"], spare["generation"])
-                del out["spare"]
-        out["units_epoch"] = self._units_epoch  # a dict of this call's own
+                self.release_spares(partition, spare.index, spare.generation)
+                out.spare = None
+        out.units_epoch = self._units_epoch  # a reply of this call's own
         return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -359,8 +347,7 @@ class ControllerService(Controller):
         old = self._unit_addresses[unit]
         self._unit_addresses[unit] = info
         if hosts.nearest(info) != hosts.nearest(old):
-            retired, self._unit_clients[unit] = (self._unit_clients[unit],
-                                                 self._make_client(hosts.nearest(info)))
+            retired, self._unit_clients[unit] = (self._unit_clients[unit], self._client(info))
             self._unit_clients = list(self._unit_clients)  # the watch reads a copy
             retired.close()
         if self._watch is not None:
@@ -372,7 +359,7 @@ class ControllerService(Controller):
                  consumer: str = "", reply: Reply | None = None) -> dict[str, Any] | None:
         """``Controller.get_meta``, whose reply (whichever thread formed it) names the
         units' epoch."""
-        stamped = None if reply is None else _EpochReply(reply, lambda: self._units_epoch)
+        stamped = None if reply is None else EpochReply(reply, lambda: self._units_epoch)
         meta = super().get_meta(partition, task, step, dp_rank, timeout, replica, session,
                                 consumer, stamped)
         if meta is not None and meta is not ANSWERED:
@@ -385,11 +372,11 @@ class ControllerService(Controller):
                              f"controller start")
         return list(self._unit_addresses)
 
-    def ping(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "host": hosts.host_id(), "units": len(self._unit_addresses),
-                "local": self.local_address, "recovery": self.recovery,
-                "dead_units": sorted(self._units.dead), "units_epoch": self._units_epoch,
-                "owner": self._owner}
+    def ping(self) -> Ping:
+        return Ping(pid=os.getpid(), host=hosts.host_id(), units=len(self._unit_addresses),
+                    local=self.local_address, recovery=self.recovery,
+                    dead_units=sorted(self._units.dead), units_epoch=self._units_epoch,
+                    owner=self._owner)
 
     def unit_back(self, unit: int) -> None:
         """A new, empty unit serves as ``unit``: it holds no grants yet."""

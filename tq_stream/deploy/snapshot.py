@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from tq_stream import framefile
-from tq_stream.backends.base import occupancy
+from tq_stream.backends.base import StorageUnit, occupancy
 from tq_stream.backends.unit_files import invalid_as_checkpoint_error
 from tq_stream.controller.checkpoint import for_new_deployment
 from tq_stream.errors import CheckpointError, ConfigError, StateError
@@ -46,7 +46,19 @@ CONTROLLER_FILE = "controller.tq"
 META_KEYS = {"format", "save", "units", "controller", "gone"}
 
 
-def save(path: str, controller: Any, units: Sequence[Any]) -> None:
+class Checkpointed(Protocol):
+    """What a checkpoint needs of the controller (its client, in every mode)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def partitions(self) -> list[str]: ...
+
+    def clear(self, partition: str, keys: Sequence[str] | None = None) -> int: ...
+
+
+def save(path: str, controller: Checkpointed, units: Sequence[StorageUnit]) -> None:
     """Checkpoint ``controller``'s metadata and every unit's rows into folder ``path``.
 
     Raises:
@@ -74,7 +86,8 @@ def save(path: str, controller: Any, units: Sequence[Any]) -> None:
             os.unlink(os.path.join(path, old))
 
 
-def _each(units: Sequence[Any], call: Callable[[int, Any], Any]) -> list[Any]:
+def _each(units: Sequence[StorageUnit],
+          call: Callable[[int, StorageUnit], dict[str, Any]]) -> list[dict[str, Any]]:
     """``call(i, unit)`` for every unit at once (units write their files in parallel)."""
     with ThreadPoolExecutor(max_workers=min(len(units), 16)) as pool:
         futures = [pool.submit(call, u, unit) for u, unit in enumerate(units)]
@@ -106,7 +119,7 @@ def _gone_keys(name: str, part: dict[str, Any], results: list[dict[str, Any]]) -
     return [k for k, g in zip(part["keys"], gone.tolist(), strict=True) if g]
 
 
-def restore(path: str, controller: Any, units: Sequence[Any]) -> None:
+def restore(path: str, controller: Checkpointed, units: Sequence[StorageUnit]) -> None:
     """Load the checkpoint folder ``path`` into an empty deployment, all or nothing.
 
     Every file is checked (checksums, bounds, the save it belongs to) before its
@@ -173,7 +186,7 @@ def _load_meta(meta_path: str, n_units: int) -> dict[str, Any]:
     return meta
 
 
-def _drop_all(units: Sequence[Any], partitions: Any) -> None:
+def _drop_all(units: Sequence[StorageUnit], partitions: Iterable[str]) -> None:
     """Undo a failed restore on every unit (best effort: the first error is the one
     worth reporting, and ``tq.init`` stops these units anyway)."""
     for unit in units:

@@ -1,9 +1,9 @@
 """UnitService: a storage unit served over sockets.
 
-An explicit ``RPC_METHODS`` allowlist; arguments and results are plain data, numpy
-arrays and normalized columns (``tq_stream.columns``), carried by
-``tq_stream.serialization`` without pickle. ``RPC_ADMIN`` names the methods only the
-deployment's owner may call (``tq_stream.transport.dispatch``). A served unit stores
+Its RPCs, their requests, replies and flags (inline, admin) are ``messages/unit.py``;
+arguments and results are plain data, numpy arrays and normalized columns
+(``tq_stream.columns``), carried by ``tq_stream.serialization`` without pickle; admin
+RPCs need the deployment owner's token (``tq_stream.transport.dispatch``). A served unit stores
 rows only in slots the controller granted it (``tq_stream.deploy.grants``).
 """
 
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from tq_stream import hosts
@@ -21,20 +22,23 @@ from tq_stream.backends.base import ListsRows, StorageUnit
 from tq_stream.backends.shared import SharedSlabs
 from tq_stream.backends.slots import check_slots
 from tq_stream.backends.spill import check_budget, check_cold
-from tq_stream.columns import Ragged
+from tq_stream.columns import Column, Ragged
 from tq_stream.deploy.grants import SlotLimits
 from tq_stream.errors import ConfigError, check_name
 from tq_stream.handling import WouldBlock, may_block
+from tq_stream.messages import unit as unit_messages
+from tq_stream.messages.rpc import RpcTable
+from tq_stream.messages.unit import UnitPing
 from tq_stream.multiragged import MultiRagged
 from tq_stream.transport.dispatch import rpc_stats
 
 
-def _slots(value: Any) -> np.ndarray:
+def _slots(value: object) -> np.ndarray:
     """Received slots as int64: a 1-D array of ints in [0, MAX_SLOT)."""
     return check_slots(value)
 
 
-def _tokens(value: Any, slots: np.ndarray) -> np.ndarray | None:
+def _tokens(value: object, slots: np.ndarray) -> np.ndarray | None:
     if value is None:
         return None
     tokens = np.asarray(value)
@@ -44,7 +48,7 @@ def _tokens(value: Any, slots: np.ndarray) -> np.ndarray | None:
     return tokens.astype(np.int64, copy=False)
 
 
-def _payload(columns: Any) -> int:
+def _payload(columns: object) -> int:
     """Bytes of the tensors in received columns (views of the request's frames)."""
     total = 0
     for col in columns.values() if isinstance(columns, dict) else ():
@@ -60,21 +64,9 @@ class UnitService:
     are checked to be 1-D int arrays (slots in ``[0, MAX_SLOT)``) before they reach it,
     and a write may name only slots the controller granted (``grant``, admin)."""
 
-    RPC_METHODS = frozenset({"put", "get", "free", "drop", "nbytes", "ping", "layout", "spans",
-                             "prepare_write", "finish_write", "save_rows", "load_rows", "stats",
-                             "grant", "held", "set_memory", "may_spill"})
-    # Owner-only: what changes placement or every row, and what touches files or lists
-    # every row (a client could otherwise read or write files of its choosing), or a
-    # partition's memory budget (the owner's bound) and what goes to disk.
-    RPC_ADMIN = frozenset({"drop", "grant", "save_rows", "load_rows", "held", "set_memory",
-                           "may_spill"})
-    # The unit's lock guards only copies, so every method may run on the server's IO
-    # thread; large transfers go to worker threads (``INLINE_BYTES``/``INLINE_ROWS``), so
-    # a bulk copy never delays small requests and several copies run in parallel.
-    # prepare_write may wait for open writes; save_rows / load_rows write / read files.
-    # set_memory and may_spill may move rows to disk.
-    RPC_INLINE = RPC_METHODS - {"prepare_write", "save_rows", "load_rows", "set_memory",
-                                "may_spill"}
+    # what a server may call, and how: one ``Rpc`` per method (``messages/unit.py``)
+    RPC_TABLE = RpcTable(unit_messages.RPCS)
+    RPC_METHODS, RPC_INLINE, RPC_ADMIN = RPC_TABLE.methods, RPC_TABLE.inline, RPC_TABLE.admin
     INLINE_BYTES = 1 << 20  # a put carrying more bytes than this runs on a worker
     INLINE_ROWS = 64  # a get of more rows than this runs on a worker
 
@@ -88,22 +80,22 @@ class UnitService:
         """Let writes use slots ``[0, slots)`` of ``partition`` (the controller placed them)."""
         self.limits.grant(partition, slots)
 
-    def put(self, partition: str, slots: Any, columns: dict[str, Any],
-            generations: Any = None) -> None:
+    def put(self, partition: str, slots: npt.ArrayLike, columns: dict[str, Column],
+            generations: npt.ArrayLike | None = None) -> None:
         slots = _slots(slots)
         self.limits.check(partition, slots)
         if not may_block() and _payload(columns) > self.INLINE_BYTES:
             raise WouldBlock
         self.unit.put(partition, slots, columns, _tokens(generations, slots))
 
-    def get(self, partition: str, slots: Any, fields: Sequence[str],
-            generations: Any = None) -> dict[str, Any]:
+    def get(self, partition: str, slots: npt.ArrayLike, fields: Sequence[str],
+            generations: npt.ArrayLike | None = None) -> dict[str, Column]:
         slots = _slots(slots)
         if not may_block() and len(slots) > self.INLINE_ROWS:
             raise WouldBlock
         return self.unit.get(partition, slots, list(fields), _tokens(generations, slots))
 
-    def free(self, partition: str, slots: Any) -> None:
+    def free(self, partition: str, slots: npt.ArrayLike) -> None:
         self.unit.free(partition, _slots(slots))
 
     def drop(self, partition: str) -> None:
@@ -131,9 +123,9 @@ class UnitService:
             return {}
         return self.shared.spans(partition, slots, list(fields), _tokens(generations, slots))
 
-    def ping(self) -> dict[str, Any]:
+    def ping(self) -> UnitPing:
         # the host is looked up per ping (a Ray test fakes nodes there)
-        return {"pid": os.getpid(), "host": hosts.host_id(), "nbytes": self.unit.nbytes()}
+        return UnitPing(pid=os.getpid(), host=hosts.host_id(), nbytes=self.unit.nbytes())
 
     def save_rows(self, request: dict[str, Any]) -> dict[str, Any]:
         """Write this unit's checkpoint file (see ``tq_stream.backends.unit_files``)."""
@@ -162,9 +154,9 @@ class UnitService:
         """The unit's ``stats()`` plus its process id and the RPC calls it served."""
         return {**self.unit.stats(), "pid": os.getpid(), "rpc": rpc_stats()}
 
-    def prepare_write(self, partition: str, slots: Any, generations: Any,
-                      fields: dict[str, Any],
-                      arenas: dict[str, Any] | None = None) -> dict[str, Any]:
+    def prepare_write(self, partition: str, slots: npt.ArrayLike,
+                      generations: npt.ArrayLike | None, fields: dict[str, Sequence[Any]],
+                      arenas: dict[str, object] | None = None) -> dict[str, Any]:
         """Start a same-host direct write (see ``tq_stream.backends.direct``)."""
         shared = self._shared_slabs()
         slots = _slots(slots)

@@ -18,13 +18,32 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from tq_stream.errors import check_timeout
+from tq_stream.messages import unit as um
+from tq_stream.messages.rpc import Rpc
 
 DEFAULT_UNIT_TIMEOUT = 10.0  # seconds without an answer before a unit is lost
 logger = logging.getLogger(__name__)
+
+
+class Pinged(Protocol):
+    """A unit's client, as the watch pings it (``UnitClient``)."""
+
+    def call(self, rpc: Rpc[um.Nothing, um.UnitPing], request: um.Nothing,
+             timeout: float | None = None) -> um.UnitPing: ...
+
+
+class Watcher(Protocol):
+    """What the watch tells of units (``ControllerService``)."""
+
+    def unit_may_be_dead(self, unit: int) -> bool: ...
+
+    def unit_lost(self, unit: int) -> object: ...
+
+    def unit_answered(self, unit: int, pid: int) -> None: ...
 
 
 class UnitWatch:
@@ -37,7 +56,7 @@ class UnitWatch:
         timeout: seconds without an answer before a unit is declared lost.
     """
 
-    def __init__(self, service: Any, clients: Callable[[], list[Any]],
+    def __init__(self, service: Watcher, clients: Callable[[], Sequence[Pinged]],
                  timeout: float = DEFAULT_UNIT_TIMEOUT) -> None:
         self.timeout = check_timeout("unit_timeout", timeout)
         self._service = service
@@ -61,12 +80,12 @@ class UnitWatch:
                     return
                 self._check(i, client, interval)
 
-    def _check(self, unit: int, client: Any, interval: float) -> None:
+    def _check(self, unit: int, client: Pinged, interval: float) -> None:
         now = time.monotonic()
         last = self._last_ok.setdefault(unit, now)
         serving = self._serving.get(unit, 0)
         try:
-            info = client.call("ping", timeout=max(0.05, min(interval, 2.0)))
+            info = client.call(um.PING, um.Nothing(), timeout=max(0.05, min(interval, 2.0)))
         except Exception as exc:  # noqa: BLE001 — any failure is a missed heartbeat
             if self._serving.get(unit, 0) != serving:
                 return  # the old process missed it; a new one serves since
@@ -85,7 +104,7 @@ class UnitWatch:
         self._silent.discard(unit)
         self._lost.discard(unit)
         try:
-            self._service.unit_answered(unit, int(info.get("pid", -1)))
+            self._service.unit_answered(unit, info.pid)
         except Exception:
             logger.debug("recording unit %d's answer failed", unit, exc_info=True)
 

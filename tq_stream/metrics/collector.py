@@ -50,7 +50,7 @@ from prometheus_client.registry import Collector
 from tq_stream._version import __version__
 from tq_stream.connection.connection import Connection
 from tq_stream.connection.observe import deployment_stats
-from tq_stream.stats import HistogramStats, PartitionStats, RpcStats
+from tq_stream.stats import DeploymentStats, HistogramStats, PartitionStats, RpcStats
 
 logger = logging.getLogger(__name__)
 P = "tq_stream_"
@@ -197,7 +197,7 @@ def _unit_metrics(units: list[Any]) -> Iterator[Metric]:
     yield from (up, nbytes, fields, rows)
 
 
-def _rpc_metrics(servers: Any) -> Iterator[Metric]:
+def _rpc_metrics(servers: DeploymentStats) -> Iterator[Metric]:
     calls = CounterMetricFamily(P + "rpc_calls", "RPC calls a server ran, by method",
                                 labels=["server", "method"])
     errors = CounterMetricFamily(P + "rpc_errors", "RPC calls that raised, by error",

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from types import ModuleType
 
 from tq_stream.errors import ConfigError
 
 EXTRA_HINT = "pip install 'tq_stream[metrics]'"
 
 
-def require_prometheus() -> Any:
+def require_prometheus() -> ModuleType:
     """The ``prometheus_client`` module.
 
     Raises:
@@ -24,7 +24,7 @@ def require_prometheus() -> Any:
     return prometheus_client
 
 
-def check_port(port: Any) -> int:
+def check_port(port: object) -> int:
     """``port`` if it is a TCP port number or 0 (any free port), else ConfigError."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
         raise ConfigError(f"metrics_port must be an int in [0, 65536), got {port!r}")

@@ -301,7 +301,7 @@ def missing_mask(values: np.ndarray) -> np.ndarray:
     return np.zeros(values.shape[0], dtype=bool)
 
 
-def check_sampler(sampler: Any) -> Sampler:
+def check_sampler(sampler: object) -> Sampler:
     """Return ``sampler`` if it is a Sampler, or raise ConfigError naming it."""
     if not isinstance(sampler, Sampler):
         raise ConfigError(f"sampler must be a tq_stream.samplers.Sampler, got {sampler!r:.80}")

@@ -20,7 +20,11 @@ BUILTIN_PREFIX = "tq_stream.samplers."
 _PLAIN = (str, int, float, bool, type(None))
 
 
-def _encode(value: Any, where: str) -> Any:
+# Plain data as a sampler's spec carries it (a sampler becomes {"__sampler__": spec}).
+Spec = str | int | float | bool | None | list["Spec"] | dict[str, "Spec"]
+
+
+def _encode(value: object, where: str) -> Spec:
     if isinstance(value, Sampler):
         return {"__sampler__": to_spec(value)}
     if isinstance(value, _PLAIN):
@@ -49,7 +53,7 @@ def to_spec(sampler: Sampler) -> dict[str, Any]:
     }
 
 
-def _decode(value: Any, allowed: tuple[str, ...]) -> Any:
+def _decode(value: object, allowed: tuple[str, ...]) -> object:
     if isinstance(value, dict):
         if set(value) == {"__sampler__"}:
             return from_spec(value["__sampler__"], allowed)
@@ -84,8 +88,12 @@ def from_spec(spec: dict[str, Any], allowed_modules: Iterable[str] = ()) -> Samp
         raise ConfigError(f"sampler class {name!r} cannot be imported: {exc}") from None
     if not (isinstance(cls, type) and issubclass(cls, Sampler)):
         raise ConfigError(f"sampler class must subclass Sampler, got {name!r}")
-    sampler = cls(*_decode(spec.get("args", []), allowed),
-                  **_decode(spec.get("kwargs", {}), allowed))
+    args = _decode(spec.get("args", []), allowed)
+    kwargs = _decode(spec.get("kwargs", {}), allowed)
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise ConfigError(f"sampler spec of {name!r} must have a list of args and a dict "
+                          f"of kwargs, got {type(args).__name__} and {type(kwargs).__name__}")
+    sampler = cls(*args, **kwargs)
     state = spec.get("state")
     if state:
         sampler.load_state_dict(state)

@@ -146,6 +146,9 @@ class Dispatcher:
                 f"RPC_METHODS whose methods take a {REPLY_ARG!r} argument, got {replies!r}"
             )
         self.replies: frozenset[str] = replies
+        table = getattr(handler, "RPC_TABLE", None)  # typed messages (``tq_stream.messages``)
+        if table is not None:
+            table.check(handler)  # each method takes its request struct's fields
         self._owner = owner_token
         # (method, *argument names) that bound to the signature before; sets are safe to
         # share between threads under the GIL (an add racing a lookup only repeats a bind).

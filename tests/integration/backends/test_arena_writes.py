@@ -41,7 +41,7 @@ def direct_put(unit: ShmUnit, partition: str, slots: np.ndarray, cols: dict,
     plan = unit.prepare_write(partition, slots, tokens, {},
                               {f: w.wire() for f, w in writes.items()})
     for f, lay in plan["arenas"].items():
-        arena = unit._parts[partition].fields[f].values
+        arena = unit.stores[partition].fields[f].values
         arena[lay["at"] : lay["at"] + writes[f].total].copy_(writes[f].values(cols[f]))
     unit.finish_write(partition, plan["ticket"], True)
 
@@ -66,7 +66,7 @@ def test_rows_written_in_place_read_as_rows_put_through_the_unit(unit):
 
 def test_a_refused_arena_write_places_no_row(unit):
     unit.put("p", np.arange(4), {"r": ragged(4)}, np.arange(4))
-    store = unit._parts["p"].fields["r"]
+    store = unit.stores["p"].fields["r"]
     end = store.end
     wrong = ArenaWrite.of(ragged(4, dtype=torch.int32))
     with pytest.raises(ConfigError, match="'r' must be a ragged arena of int32\\[2\\]"):
@@ -88,7 +88,7 @@ def test_a_refused_arena_write_places_no_row(unit):
 def test_bad_arena_writes_are_refused_naming_the_field(unit, raw, rule):
     with pytest.raises(ConfigError, match=rf"arenas\['x'\].*{rule}"):
         unit.prepare_write("p", np.arange(2), None, {}, {"x": raw})
-    assert "p" not in unit._parts
+    assert "p" not in unit.stores
 
 
 def values_of(n: int, fill: int) -> Ragged:
@@ -98,7 +98,7 @@ def values_of(n: int, fill: int) -> Ragged:
 
 def test_an_arena_grows_in_place_under_an_open_write(unit):
     unit.put("p", np.arange(2), {"r": ragged(2)}, np.arange(2))
-    store = unit._parts["p"].fields["r"]
+    store = unit.stores["p"].fields["r"]
     name, cap = unit._describe(store.values)["shm"], store.values.shape[0]
     reader = ShmReader()
     old = reader.view(name, torch.int64, (cap, 2))  # a same-host reader's mapping
@@ -121,7 +121,7 @@ def test_an_arena_does_not_compact_under_an_open_write(unit):
     unit.put("p", np.array([0]), {"r": values_of(1, 1)}, np.array([1]))
     unit.put("p", np.array([1]), {"r": values_of(70_000, 2)}, np.array([5]))
     unit.free("p", np.array([1]))  # garbage beyond the live values: the next growth compacts
-    store = unit._parts["p"].fields["r"]
+    store = unit.stores["p"].fields["r"]
     plan = unit.prepare_write("p", np.array([2]), np.array([2]), {},
                               {"r": ArenaWrite.of(values_of(1, 3)).wire()})
     before = store.values
@@ -139,14 +139,14 @@ def test_an_arena_does_not_compact_under_an_open_write(unit):
 def spy_calls(units):
     calls: list[tuple[str, list[str]]] = []
     for u in units:
-        original = u._remote._rpc.call
+        original = u.remote.client.transport.call
 
         def spy(method, args=None, timeout=None, _orig=original):
             cols = sorted((args or {}).get("columns") or (args or {}).get("arenas") or [])
             calls.append((method, cols))
             return _orig(method, args, timeout=timeout)
 
-        u._remote._rpc.call = spy
+        u.remote.client.transport.call = spy
     return calls
 
 
@@ -172,7 +172,7 @@ def test_large_ragged_puts_write_straight_into_shared_memory(local_stream):
         assert same(got.get("tokens").tolist(), tokens)
     finally:
         for u in units:
-            del u._remote._rpc.call
+            del u.remote.client.transport.call
 
 
 def test_a_put_whose_copy_fails_leaves_nothing(local_stream, monkeypatch):

@@ -12,7 +12,7 @@ import pytest
 from tests.helpers.backend_contract import BackendContract
 from tq_stream.backends.memory import MemoryUnit
 from tq_stream.backends.shm import ShmUnit, shm_available
-from tq_stream.connection.proxies import RemoteUnit
+from tq_stream.connection.remote_unit import RemoteUnit
 from tq_stream.connection.same_host import SameHostUnit
 from tq_stream.deploy.grants import MAX_SLOT
 from tq_stream.deploy.unit_service import UnitService

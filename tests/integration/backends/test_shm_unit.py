@@ -67,7 +67,7 @@ def test_a_store_made_again_from_a_kept_flags_segment_grows_with_its_slab():
         unit.put("p", slots, {"x": torch.arange(40.0).repeat_interleave(64).view(40, 64)})
         got = unit.get("p", slots, ["x"])["x"]
         assert torch.equal(got[:, 0], torch.arange(40.0))
-        store = unit._parts["p"].fields["x"]
+        store = unit.stores["p"].fields["x"]
         assert store.flags.shape[0] == store.data.shape[0]
         with pytest.raises(KeyConflictError):
             unit.get("p", one(41), ["x"])  # the kept flags were cleared: never written
@@ -214,7 +214,7 @@ def test_an_emptied_partition_keeps_its_stores_within_the_budget():
         stores = int(u._epoch[1])
         segs_a = set(segments_of([ME])) - before
         u.free("a", one(0))
-        assert "a" in u._parts and set(segments_of([ME])) - before == segs_a
+        assert "a" in u.stores and set(segments_of([ME])) - before == segs_a
         assert int(u._epoch[1]) == stores  # writers' layouts of "a" stay writable
         assert u.nbytes() == 0 and u.stats()["partitions"] == {}
         with pytest.raises(StateError):  # its freed slot holds nothing
@@ -226,14 +226,14 @@ def test_an_emptied_partition_keeps_its_stores_within_the_budget():
         # A larger partition (44 KiB) empties: both do not fit, the older one goes.
         u.put("b", one(0), {"y": torch.ones(1, 700)}, one(3))
         u.free("b", one(0))
-        assert "b" in u._parts and "a" not in u._parts
+        assert "b" in u.stores and "a" not in u.stores
         assert not set(segments_of([ME])) & segs_a or u._idle  # a's slabs: kept or gone
         u.drop("b")
-        assert "b" not in u._parts and not u._warm
+        assert "b" not in u.stores and not u._warm
         # A partition too large for the budget never stays.
         u.put("c", one(0), {"z": torch.ones(1, 40000)}, one(4))
         u.free("c", one(0))
-        assert "c" not in u._parts
+        assert "c" not in u.stores
     finally:
         u.close()
     assert set(segments_of([ME])) <= before

@@ -16,7 +16,7 @@ import torch
 from tests.helpers.tq_fixtures import local_stream, segments_of, start_local  # noqa: F401 - fixture
 from tq_stream.backends.base import occupancy
 from tq_stream.backends.shm import ShmUnit, shm_available
-from tq_stream.connection import same_host, spares
+from tq_stream.connection import shm_layout, spares
 from tq_stream.connection.same_host import SameHostUnit
 from tq_stream.errors import KeyConflictError, RemoteError, SchemaError, StateError
 from tq_stream.handling import WouldBlock, may_block
@@ -169,7 +169,7 @@ def test_small_puts_take_one_call_and_gets_one(local_stream, calls):  # noqa: F8
     meta = local_stream.kv.meta([f"k{i}" for i in range(10)], partition="one-call")
     for u in np.unique(meta.unit).tolist():
         rows_u = meta.unit == u
-        got = local_stream.connection.units()[u]._remote.get(
+        got = local_stream.connection.units()[u].remote.get(
             "one-call", meta.slot[rows_u], ["x"], occupancy(meta.index, meta.generation)[rows_u])
         want = torch.tensor([float(k[1:]) for k in np.asarray(meta.keys)[rows_u]])
         assert torch.equal(got["x"][:, 0], want)
@@ -191,8 +191,8 @@ def test_a_shared_write_that_races_a_slab_move_is_written_again_by_the_unit(
                 moved.append(1)
         real_fence()
 
-    real_fence = same_host.fence
-    monkeypatch.setattr(same_host, "fence", move_then_fence)
+    real_fence = shm_layout.fence
+    monkeypatch.setattr(shm_layout, "fence", move_then_fence)
     calls.clear()
     for i in range(6):
         w.put([f"k{i}"], {"x": torch.full((1, 4), float(i))})
@@ -408,11 +408,11 @@ def test_kept_segments_are_bounded_and_never_reused_by_another_field():
         unit.put("p", np.array([0]), {"a": torch.ones(1, 60), "b": torch.ones(1, 60)},
                  np.array([1]))
         unit.free("p", np.array([0]))
-        assert "p" not in unit._parts
+        assert "p" not in unit.stores
         kept = dict(unit._idle)
         assert kept and sum(s.nbytes for s in kept.values()) <= 4096
         unit.put("p", np.array([0]), {"b": torch.ones(1, 60)}, np.array([2]))
-        b = unit._segments[unit._parts["p"].fields["b"].data.data_ptr()]
+        b = unit._segments[unit.stores["p"].fields["b"].data.data_ptr()]
         assert all(b is not seg for key, seg in kept.items() if key != ("p", "b"))
         assert unit.get("p", np.array([0]), ["b"], np.array([2]))["b"].eq(1).all()
     finally:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.rpc_handler import wait_until
+from tests.helpers.served import Served
 from tq_stream.backends.memory import MemoryUnit
 from tq_stream.controller.controller import Controller
 from tq_stream.deploy.services import ControllerService, UnitService
@@ -43,7 +44,7 @@ def _served(ctrl, address: str, tmp_path) -> Iterator[tuple]:
     producer's and a consumer's client; closes everything after."""
     if address == "unix":
         address = f"unix://{tmp_path}/ctrl.sock"
-    srv = rpc_server(ctrl, address, workers=4, backlog=8)
+    srv = rpc_server(Served(ctrl), address, workers=4, backlog=8)
     try:
         with rpc_client(srv.address, timeout=10) as producer, \
                 rpc_client(srv.address, timeout=30) as consumer:
@@ -143,8 +144,8 @@ def test_a_waiting_consumer_is_answered_while_the_commit_grants_slots(tmp_path):
     ctrl.create_partition(P, consumers=["t"])
     ctrl.register_task(P, "t", ["x"], batch_size=1)
     placed = ctrl.reserve(P, ["k0"], X, spare=1)  # the producer's spare row
-    spare = placed["spare"]
-    srv = rpc_server(ctrl, f"unix://{tmp_path}/ctrl.sock", workers=4, backlog=8)
+    spare = placed.spare
+    srv = rpc_server(Served(ctrl), f"unix://{tmp_path}/ctrl.sock", workers=4, backlog=8)
     got: list = []
     try:
         with rpc_client(srv.address, timeout=30) as producer, \
@@ -153,8 +154,8 @@ def test_a_waiting_consumer_is_answered_while_the_commit_grants_slots(tmp_path):
             unit.granting.set()
             put = threading.Thread(target=producer.call, daemon=True, args=(
                 "commit_new", {"partition": P, "keys": ["k1"],
-                               "index": [int(spare["index"][0])],
-                               "generation": [int(spare["generation"][0])],
+                               "index": [int(spare.index[0])],
+                               "generation": [int(spare.generation[0])],
                                "schemas": X, "spare": 1000}))  # new spares need a grant
             put.start()
             try:
@@ -194,7 +195,7 @@ def test_a_pool_of_waiting_consumers_gets_every_row_exactly_once(address, tmp_pa
     seen: list[list[str]] = [[] for _ in range(n_consumers)]
     errors: list = []
     srv_address = f"unix://{tmp_path}/ctrl.sock" if address == "unix" else address
-    srv = rpc_server(ctrl, srv_address, workers=n_consumers + 3, backlog=16)
+    srv = rpc_server(Served(ctrl), srv_address, workers=n_consumers + 3, backlog=16)
 
     def consume(i: int) -> None:
         try:

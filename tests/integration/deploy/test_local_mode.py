@@ -33,7 +33,7 @@ from tests.helpers.tq_fixtures import (
     wait_until,
 )
 from tests.helpers.tq_workers import produce, values
-from tq_stream.connection.proxies import RemoteUnit
+from tq_stream.connection.remote_unit import RemoteUnit
 from tq_stream.connection.same_host import SameHostUnit
 from tq_stream.datasets.workers import SpawnStartWarning
 from tq_stream.errors import StateError
@@ -432,14 +432,14 @@ def test_large_dense_puts_write_straight_into_shared_memory(local_stream):
     assert all(isinstance(u, SameHostUnit) for u in units)
     calls: list[str] = []
     for u in units:
-        rpc = u._remote._rpc
+        rpc = u.remote.client.transport
         original = rpc.call
 
         def spy(method, args=None, timeout=None, _orig=original):
             calls.append(method)
             return _orig(method, args, timeout=timeout)
 
-        u._remote._rpc.call = spy
+        u.remote.client.transport.call = spy
     try:
         w = local_stream.writer("direct")
         for n in (64, 640):  # the second put grows the slabs under the first rows
@@ -457,7 +457,7 @@ def test_large_dense_puts_write_straight_into_shared_memory(local_stream):
         # uses the socket (with the finish_write).
         sent: list[list[str]] = []
         for u in units:
-            u._remote.finish_write = (lambda p, t, ok=True, cols=None, _o=u._remote.finish_write:
+            u.remote.finish_write = (lambda p, t, ok=True, cols=None, _o=u.remote.finish_write:
                                       sent.append(sorted(cols or {})) or _o(p, t, ok, cols))
         keys = [f"m{i}" for i in range(64)]
         dense = torch.randn(64, 8192)
@@ -470,8 +470,8 @@ def test_large_dense_puts_write_straight_into_shared_memory(local_stream):
         assert sent and all(cols == ["text"] for cols in sent)
     finally:
         for u in units:
-            del u._remote._rpc.call
-            u._remote.__dict__.pop("finish_write", None)
+            del u.remote.client.transport.call
+            u.remote.__dict__.pop("finish_write", None)
 
 
 def test_a_failed_start_raises_its_own_error_and_leaves_nothing(monkeypatch, tmp_path):
@@ -490,7 +490,7 @@ def test_a_failed_start_raises_its_own_error_and_leaves_nothing(monkeypatch, tmp
         started.extend(c.pid for c in children)
         raise StateError("a tq_stream server (pid 1) exited during start with code 1")
 
-    monkeypatch.setattr(local, "_await_ready", fail)
+    monkeypatch.setattr(local, "await_ready", fail)
     with pytest.raises(StateError, match="exited during start"):
         tq.init(mode="local", storage_units=2, checkpoint_interval=1.0)
     assert started and glob.glob(str(tmp_path / "tq_*")) == []

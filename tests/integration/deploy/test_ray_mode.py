@@ -81,8 +81,8 @@ def test_producer_and_consumer_on_different_nodes(ray_cluster):
         assert sorted(stream.owner.unit_nodes) == sorted(ray_cluster), "one unit per node"
         # This process shares the host with every actor: it calls them over unix sockets.
         assert stream.address.startswith("tcp://")
-        assert stream.connection.controller()._rpc.address.startswith("unix://")
-        assert all(u._remote._rpc.address.startswith("unix://")
+        assert stream.connection.controller().address.startswith("unix://")
+        assert all(u.remote.client.transport.address.startswith("unix://")
                    for u in stream.connection.units())
 
         stream.create_partition("train", consumers=["learner"])

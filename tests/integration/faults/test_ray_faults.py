@@ -16,7 +16,7 @@ import tq_stream as tq
 from tests.helpers.fault_kit import UNIT_TIMEOUT, Ledger, kill, wait_until
 from tests.helpers.fault_workers import values
 from tests.helpers.tq_fixtures import two_node_cluster_of
-from tq_stream.deploy.ray_deploy import controller_info
+from tq_stream.deploy.ray_actor import controller_info
 from tq_stream.errors import ConfigError
 
 ray = pytest.importorskip("ray")

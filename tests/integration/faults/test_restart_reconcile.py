@@ -39,15 +39,14 @@ def test_a_partition_created_after_the_checkpoint_is_dropped_from_the_units():
 
 def _owner_units(stream):
     """The units, asked directly with the owner's token (``held`` is owner-only)."""
-    from tq_stream.connection.proxies import OWNER_ARG
+    from tq_stream.messages import unit as um
 
     class Held:
         def __init__(self, unit):
             self._unit = getattr(unit, "_remote", unit)
 
         def held(self):
-            return self._unit._rpc.call("held", {OWNER_ARG: stream.owner.owner_token},
-                                        timeout=10)
+            return self._unit.client.call(um.HELD, um.Nothing(), timeout=10)
 
     return [Held(u) for u in stream.connection.units()]
 

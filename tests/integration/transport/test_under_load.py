@@ -82,7 +82,7 @@ def _aborter(load: Load, name: str) -> None:
     while not load.stop.is_set():
         keys = [f"{name}-{i + j}" for j in range(16)]
         place = ctrl.reserve(partition="load", keys=keys, schemas=schemas, timeout=30.0)
-        ctrl.abort(partition="load", index=place["index"], generation=place["generation"])
+        ctrl.abort(partition="load", index=place.index, generation=place.generation)
         i += 16
 
 
@@ -152,7 +152,7 @@ def test_a_put_that_waits_for_an_open_direct_write_does_not_block_the_unit():
         keys = [f"g_{i}" for i in range(100)]
         schemas = schemas_of({"x": torch.zeros(1, 3)})
         place = ctrl.reserve(partition="g", keys=keys, schemas=schemas)  # slots granted
-        slots = place["slot"]
+        slots = place.slot
         unit = ctrl.units()[0]["address"]
         with rpc_client(unit, timeout=20) as raw:
             raw.call("put", {"partition": "g", "slots": slots[:16],

@@ -34,7 +34,7 @@ __version__ = "0.1.11"  # the TransferQueue API this module implements
 
 
 # ------------------------------------------------------------------ lifecycle
-def init(conf: Any = None) -> Any:
+def init(conf: object = None) -> dict[str, Any] | None:
     """Start a deployment (``conf`` given, none running) or attach to the running one.
 
     Returns:

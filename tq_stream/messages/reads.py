@@ -1,0 +1,188 @@
+"""Messages of consumers and of rows by key: steps, acks, leases, tasks, lookups.
+
+Each RPC is its request struct (the method's keyword arguments, defaults included),
+its reply type and its flags (``rpc.py``). Replies still given as plain values are
+declared as such (a dict of the shape the controller method documents).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from tq_stream.config import DEFAULT_LEASE_TIMEOUT
+from tq_stream.messages.rpc import Rpc
+
+Plain = dict[str, Any]  # a reply given as a plain dict (shape: the controller method's)
+
+
+class GetMeta(msgspec.Struct, kw_only=True):
+    partition: str
+    task: str
+    step: int | None = None
+    dp_rank: int = 0
+    timeout: float = 60.0
+    replica: int | None = None
+    session: str = ""
+    consumer: str = ""
+
+
+class Ack(msgspec.Struct, kw_only=True):
+    partition: str
+    task: str
+    step: int
+    dp_rank: int
+    index: np.ndarray
+    generation: np.ndarray
+    replica: int = 0
+    session: str = ""
+
+
+class Renew(msgspec.Struct, kw_only=True):
+    partition: str
+    task: str
+    step: int | None = None
+    session: str = ""
+
+
+class FirstUnfinished(msgspec.Struct, kw_only=True):
+    partition: str
+    task: str
+    dp_rank: int = 0
+    replica: int | None = None
+
+
+class Cancel(msgspec.Struct, kw_only=True):
+    session: str
+
+
+class RegisterTask(msgspec.Struct, kw_only=True):
+    partition: str
+    task: str
+    fields: Sequence[str]
+    batch_size: int
+    dp_size: int = 1
+    replicas: int = 1
+    lease_timeout: float = DEFAULT_LEASE_TIMEOUT
+    drop_last: bool = False
+    sampler: dict[str, Any] | None = None  # a sampler spec (``samplers/spec.py``)
+
+
+class SetVersion(msgspec.Struct, kw_only=True):
+    partition: str
+    task: str
+    version: int
+    at_step: int | None = None
+
+
+class Reading(msgspec.Struct, kw_only=True):
+    partition: str
+    task: str
+    step: int
+
+
+class Admit(msgspec.Struct, kw_only=True):
+    partition: str
+    n: int
+    timeout: float = 60.0
+
+
+class SetAdmission(msgspec.Struct, kw_only=True):
+    partition: str
+    task: str
+    steps_per_version: int
+
+
+class OfPartition(msgspec.Struct, kw_only=True):
+    """A request naming only a partition."""
+
+    partition: str
+
+
+class OfTask(msgspec.Struct, kw_only=True):
+    """A request naming a partition and a task."""
+
+    partition: str
+    task: str
+
+
+class Clear(msgspec.Struct, kw_only=True):
+    partition: str
+    keys: Sequence[str] | None = None
+
+
+class Lookup(msgspec.Struct, kw_only=True):
+    partition: str
+    keys: Sequence[str]
+    fields: Sequence[str] | None = ()
+
+
+class Keys(msgspec.Struct, kw_only=True):
+    """A request naming a partition and keys."""
+
+    partition: str
+    keys: Sequence[str]
+
+
+class ListRows(msgspec.Struct, kw_only=True):
+    partition: str
+    keys: Sequence[str] | None = None
+
+
+class KeysOf(msgspec.Struct, kw_only=True):
+    partition: str
+    index: np.ndarray
+
+
+class TagColumns(msgspec.Struct, kw_only=True):
+    """Keys and tags of every row, oldest first, as columns: row ``keys[positions[j]]``
+    has tag ``name`` = ``values[j]`` for ``tags[name] == [positions, values]``."""
+
+    keys: list[str]
+    tags: dict[str, list[Any]]
+
+
+class SetTags(msgspec.Struct, kw_only=True):
+    partition: str
+    keys: Sequence[str]
+    tags: list[dict[str, Any]]
+
+
+class Nothing(msgspec.Struct, kw_only=True):
+    """A request without arguments."""
+
+
+# get_meta waits, and a sampler's discards free storage through the units; ack, clear,
+# release free storage through the units; list_rows and register_task take work in
+# proportion to the partition, or a sampler module's import: none of them run inline.
+GET_META: Rpc[GetMeta, Plain | None] = Rpc("get_meta", GetMeta, Plain | None,
+                                           waits="consume", answers=True)
+ACK: Rpc[Ack, int] = Rpc("ack", Ack, int)
+RELEASE = Rpc("release", Ack, None, inline=True)
+RENEW: Rpc[Renew, int] = Rpc("renew", Renew, int, inline=True)
+FIRST_UNFINISHED: Rpc[FirstUnfinished, Plain] = Rpc("first_unfinished", FirstUnfinished,
+                                                    Plain, inline=True)
+CANCEL = Rpc("cancel", Cancel, None, inline=True)
+REGISTER_TASK = Rpc("register_task", RegisterTask, None)
+SET_VERSION = Rpc("set_version", SetVersion, None, inline=True)
+READING = Rpc("reading", Reading, None, inline=True)
+ADMIT: Rpc[Admit, int] = Rpc("admit", Admit, int, inline=True, waits="produce")
+SET_ADMISSION = Rpc("set_admission", SetAdmission, None, inline=True)
+ADMISSION: Rpc[OfPartition, Plain] = Rpc("admission", OfPartition, Plain, inline=True)
+TASK_ROWS: Rpc[OfTask, Plain] = Rpc("task_rows", OfTask, Plain, inline=True)
+CLEAR: Rpc[Clear, int] = Rpc("clear", Clear, int)
+LOOKUP: Rpc[Lookup, Plain] = Rpc("lookup", Lookup, Plain, inline=True)
+LOCATE: Rpc[Keys, Plain] = Rpc("locate", Keys, Plain, inline=True)
+LIST_ROWS: Rpc[ListRows, list[Plain]] = Rpc("list_rows", ListRows, list[Plain])
+LIST_TAGS: Rpc[OfPartition, TagColumns] = Rpc("list_tags", OfPartition, TagColumns)
+KEYS_OF: Rpc[KeysOf, list[str]] = Rpc("keys_of", KeysOf, list[str], inline=True)
+SET_TAGS = Rpc("set_tags", SetTags, None, inline=True)
+STATS: Rpc[Nothing, Plain] = Rpc("stats", Nothing, Plain, inline=True)
+DEAD_UNITS: Rpc[Nothing, list[int]] = Rpc("dead_units", Nothing, list[int], inline=True)
+
+RPCS = (GET_META, ACK, RELEASE, RENEW, FIRST_UNFINISHED, CANCEL, REGISTER_TASK, SET_VERSION,
+        READING, ADMIT, SET_ADMISSION, ADMISSION, TASK_ROWS, CLEAR, LOOKUP, LOCATE, LIST_ROWS,
+        LIST_TAGS, KEYS_OF, SET_TAGS, STATS, DEAD_UNITS)
