@@ -42,8 +42,8 @@ def test_rows_written_but_not_committed_at_the_save_are_not_restored(tmp_path):
         stream.writer(P).put_shared("g1", {"image": image_col(1)})
         ctrl = stream.connection.controller()  # a put of rows naming g1, bytes stored
         place = ctrl.reserve(P, ["g1_0", "g1_1"], schemas_of(RESP))
-        placement.store(stream.connection.units(), P, place["unit"], place["slot"], RESP,
-                        occupancy(place["index"], place["generation"]))
+        placement.store(stream.connection.units(), P, place.unit, place.slot, RESP,
+                        occupancy(place.index, place.generation))
         stream.save(str(tmp_path / "c"))
     with tq.init(restore=str(tmp_path / "c")) as stream:
         check_only(stream, keys, 2)  # g1 was committed: kept, and rows may name it now
