@@ -46,8 +46,8 @@ def never_fits(part: PartitionMeta, n_new: int) -> ConfigError | None:
     held = int((t.entry & (t.refs == 0) & (t.holds == 0)).sum()) if t.count else 0
     if n_new + held <= cap:
         return None
-    beside = (f" leaves beside the {held} slot{'s' * (held != 1)} its shared entries that no row "
-              f"names yet take (each stays until the rows naming it are freed, or a clear; "
+    beside = (f" leaves beside the {held} slot{'s' * (held != 1)} taken by shared entries no "
+              f"row names yet (each stays until the rows naming it are freed, or a clear; "
               f"the capacity counts rows and entries)") if n_new <= cap else ""
     return ConfigError(f"a put must not add more rows than the capacity {cap} of partition "
                        f"{part.name!r}{beside}, got {n_new} new rows")
