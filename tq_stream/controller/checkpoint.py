@@ -141,8 +141,8 @@ def for_new_deployment(state: dict[str, Any],
 def _in_flight(part: Mapping[str, Any]) -> list[str]:
     """Keys of the rows of a partition's state no field was committed to (of their
     own, or of an entry they name): rows and shared entries of puts in flight."""
-    written = np.asarray(part["shared"]["named"] if "shared" in part else [], np.int64)
-    written = np.isin(np.asarray(part["rows"], dtype=np.int64), written)
+    named = np.asarray(part["shared"]["named"] if "shared" in part else [], np.int64)
+    written = np.isin(np.asarray(part["rows"], dtype=np.int64), named)
     for r in part["ready"].values():
         written |= np.asarray(r, dtype=bool)
     return [k for k, w in zip(part["keys"], written.tolist(), strict=True) if not w]
