@@ -145,25 +145,32 @@ class RemoteError(TQError):
         self.where = where
 
 
+def shown(value: object, limit: int = 120) -> str:
+    """``repr(value)`` as messages show it: at most ``limit`` characters (a list of
+    thousands of keys passed where a name goes would otherwise fill the screen)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def check_positive(name: str, value: object, *, allow_zero: bool = False) -> int:
     """Return ``value`` as an int, or raise ConfigError naming ``name``."""
     low = 0 if allow_zero else 1
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
+        raise ConfigError(f"{name} must be an int >= {low}, got {shown(value)}")
     return value
 
 
 def check_timeout(name: str, value: object) -> float:
     """Return a timeout in seconds (None = wait forever is not allowed)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
+        raise ConfigError(f"{name} must be a number of seconds > 0, got {shown(value)}")
     return float(value)
 
 
 def check_name(name: str, value: object) -> str:
     """Return ``value`` if it is a non-empty str (partition, task, field names)."""
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"{name} must be a non-empty str, got {value!r}")
+        raise ConfigError(f"{name} must be a non-empty str, got {shown(value)}")
     return value
 
 
@@ -172,7 +179,7 @@ def check_consumers(value: object) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, list | tuple) or not value or \
             not all(isinstance(v, str) and v for v in value) or len(set(value)) != len(value):
         raise ConfigError(f"consumers must be a non-empty list of distinct task names, "
-                          f"got {value!r}")
+                          f"got {shown(value)}")
     return tuple(value)
 
 
@@ -190,7 +197,7 @@ def check_replica(value: object, replicas: int) -> int:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < replicas:
         raise ConfigError(f"replica must be an int in [0, {replicas}) (replicas={replicas}), "
-                          f"got {value!r}")
+                          f"got {shown(value)}")
     return value
 
 

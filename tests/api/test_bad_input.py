@@ -118,6 +118,17 @@ def test_bad_field_name_and_empty_data(filled):
             lambda: filled.writer(W).put(["k0"], {"o": [{1, 2}]}))
 
 
+def test_a_huge_value_in_the_wrong_argument_is_shown_cut(filled):
+    """kv.clear(partition, keys) for kv.clear(keys, partition): the message names the
+    argument and shows the start of the value, not 2,000 keys."""
+    keys = [f"k{i}" for i in range(2000)]
+    with pytest.raises(ConfigError, match=r"partition must be a non-empty str, got \['k0', "
+                                          r"'k1'.*\.\.\. \(\d+ characters\)$") as got:
+        filled.kv.clear(W, keys)  # type: ignore[arg-type]
+    assert len(str(got.value)) < 200
+    assert filled.kv.get("k0", partition=W) is not None  # nothing cleared
+
+
 # --------------------------------------------------------------- partitions
 def test_unknown_partition_for_reads(filled):
     with pytest.raises(KeyConflictError, match="partition must exist, got 'nope'"):
