@@ -211,3 +211,38 @@ def test_rows_placed_on_a_unit_that_dies_before_their_bytes_come_are_not_lost():
         stream.owner.restart_unit(1)
     finally:
         check_no_leftovers(stream, pids + [p.pid for p in stream.processes()])
+
+
+def test_a_unit_that_dies_as_it_restarts_is_restarted_again(monkeypatch):
+    """The random kills above may hit a unit while the owner restarts it: that restart
+    failed ("exited during start"), and every later one too (its address was read from
+    the failed process's start message, None), each closing the lifeline fd again (by
+    then another socket of this process): the unit never came back."""
+    from tq_stream.deploy import local
+
+    real = local.await_ready
+    dying: list[int] = []
+
+    def dies_once(children, timeout):  # the first new process is killed as it starts
+        if not dying:
+            dying.extend(c.pid for c in children)
+            kill(dying[0])
+        return real(children, timeout)
+
+    stream = faulty_local(restart_units=True)
+    pids = list(stream.owner.pids)
+    try:
+        w = _writer(stream)
+        monkeypatch.setattr(local, "await_ready", dies_once)
+        kill(pids[1])
+        assert wait_until(lambda: len(dying) == 1 and stream.owner.pids[1] not in
+                          (pids[1], dying[0]) and alive(stream.owner.pids[1]), 30.0)
+        ctrl = stream.connection.controller()
+        assert wait_until(lambda: ctrl.dead_units() == [], 10 * UNIT_TIMEOUT)
+        keys = _keys("a", 8)
+        stream.writer(P, unit=1).put(keys, {"x": values(keys)})
+        w.put(keys, {"r": torch.ones(8)})
+        stream.close_partition(P)
+        assert sorted(_drain(stream)[0]) == sorted(keys)
+    finally:
+        check_no_leftovers(stream, pids + dying + [stream.owner.pids[1]])
