@@ -1,12 +1,17 @@
 """A storage unit lost or replaced, as the ControllerService sees it (in process, its
-units are fakes): the pid it reports for a restarted unit, and grants to a unit that
-does not answer (bounded, skipped once it is known silent, undone when they fail).
-The local-mode replays are in tests/integration/faults/test_model_unit_loss.py."""
+units are fakes): the pid it reports for a restarted unit, grants to a unit that
+does not answer (bounded, skipped once it is known silent, undone when they fail),
+and a put meant for a dead unit that reaches the one replacing it at its address.
+The local-mode replays are in tests/integration/faults/test_model_unit_loss.py and
+test_lost_between_puts.py."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import torch
 
+from tq_stream.backends.base import occupancy
 from tq_stream.backends.memory import MemoryUnit
 from tq_stream.deploy.services import ControllerService, UnitService
 from tq_stream.errors import StateError, Unreachable
@@ -28,6 +33,10 @@ class Unit(InprocTransport):
         super().__init__(UnitService(MemoryUnit()), name=address, owner_token=TOKEN)
         self.down = False
         self.calls: list[tuple[str, float | None]] = []
+
+    def restart(self) -> None:
+        """A new, empty unit process serves at this address."""
+        super().__init__(UnitService(MemoryUnit()), name=self.address, owner_token=TOKEN)
 
     def call(self, method, args=None, timeout=None):
         self.calls.append((method, timeout))
@@ -91,3 +100,43 @@ def test_a_put_fails_once_every_unit_refuses_its_grant_and_leaves_nothing():
     with pytest.raises(StateError, match="storage unit 1 did not take a grant"):
         ctrl.reserve(P, ["a", "b"], SCHEMA, session="s")
     assert ctrl.stats().get(P, {}).get("rows", 0) == 0
+
+
+def _store(unit: Unit, place: dict, rows: np.ndarray, value: float) -> None:
+    """The bytes of ``rows`` (positions in ``place``) to ``unit``, as a writer sends them."""
+    unit.call("put", {"partition": P, "slots": place["slot"][rows],
+                      "columns": {"x": torch.full((len(rows),), value)},
+                      "generations": occupancy(place["index"][rows],
+                                               place["generation"][rows])})
+
+
+def test_a_put_meant_for_a_replaced_unit_never_overwrites_rows_placed_on_its_successor():
+    """A unit client retries a refused connection for ``UNIT_CONNECT_WINDOW`` seconds,
+    and a local unit restarts at its address within it: a put to a unit that died,
+    of rows placed before it was declared lost, reached the new unit after the
+    controller had placed other rows in those very slots, and overwrote them. Those
+    rows then held another row's values (silently), or another row's token: every
+    read failed ("slots [4..7] were cleared since metadata was read") while the
+    controller handed them out again and again."""
+    ctrl, units = _controller()
+    old = ctrl.reserve(P, [f"a{i}" for i in range(8)], SCHEMA, session="s")
+    late = np.flatnonzero(old["unit"] == 1)  # their bytes are on their way to unit 1
+    ctrl.unit_lost(1)  # unit 1 died: the rows placed there are undone
+    units[1].restart()  # and a new process serves at its address
+    ctrl.drop_unit(1, {"address": "u1", "host": "", "pid": 21})
+    new = ctrl.reserve(P, [f"b{i}" for i in range(8)], SCHEMA, session="s")
+    mine = np.flatnonzero(new["unit"] == 1)
+    assert len(late) and set(new["slot"][mine]) >= set(old["slot"][late])  # reused
+    for u in (0, 1):
+        _store(units[u], new, np.flatnonzero(new["unit"] == u), 2.0)
+    ctrl.commit(P, new["index"], new["generation"], SCHEMA)
+
+    with pytest.raises(StateError, match="hold other rows"):  # the dead unit's put, late
+        _store(units[1], old, late, 1.0)
+
+    got = units[1].call("get", {"partition": P, "slots": new["slot"][mine], "fields": ["x"],
+                                "generations": occupancy(new["index"][mine],
+                                                         new["generation"][mine])})
+    assert got["x"].tolist() == [2.0] * len(mine)
+    with pytest.raises(StateError):  # the late put's own rows are gone: it puts again
+        ctrl.commit(P, old["index"], old["generation"], SCHEMA)

@@ -245,6 +245,20 @@ class BackendContract:
         with pytest.raises(StateError):
             unit.get("gone", slots(0), ["x"], generations=old)
 
+    def test_a_put_never_replaces_a_row_of_another_token(self, unit):
+        """A late put of rows cleared meanwhile (its slots hold newer rows now) is
+        refused and changes nothing; a put of a row's own token adds to it."""
+        live = occupancy(np.array([5, 6]), np.array([3, 3]))
+        unit.put("p", slots(0, 1), {"x": dense(2, base=9)}, generations=live)
+        late = occupancy(np.array([1, 2]), np.array([0, 0]))
+        with pytest.raises(StateError, match=r"slots \[1\] of partition 'p' hold other"):
+            unit.put("p", slots(2, 1), {"x": dense(2), "y": torch.ones(2)},
+                     generations=late)
+        got = unit.get("p", slots(0, 1), ["x"], generations=live)["x"]
+        assert torch.equal(got, dense(2, base=9))
+        unit.put("p", slots(1), {"y": torch.ones(1)}, generations=live[1:])
+        assert unit.get("p", slots(1), ["y"], generations=live[1:])["y"].item() == 1
+
     # ----------------------------------------------------------------- aliasing
     def test_results_do_not_alias_storage(self, unit):
         unit.put("p", slots(0, 1), {"x": dense(2), "r": ragged([2, 3]),

@@ -36,6 +36,7 @@ from tq_stream.backends.alloc import Alloc
 from tq_stream.backends.arena_writes import ArenaWrite
 from tq_stream.backends.partition_store import PartitionStore
 from tq_stream.backends.slabs import DenseSlab, MultiRaggedArena, RaggedArena, Store
+from tq_stream.backends.slots import check_unheld
 from tq_stream.backends.spill import least_dense
 from tq_stream.columns import dtype_from_name, dtype_name
 from tq_stream.errors import ConfigError, StateError, WaitTimeout
@@ -134,8 +135,11 @@ class DirectWrites:
                 for f, (dtype, shape) in fields.items()}, len(slots))
             self.wait_growth(partition, slots, fields,
                              {name: w.total for name, w in writes.items()})
+            tokens = None if generations is None else np.asarray(generations, np.int64)
             part = unit.parts.get(partition)
-            if part is None:
+            if part is not None:  # a put never replaces another row
+                check_unheld(partition, slots, part.gen.data.numpy(), tokens)
+            else:
                 part = unit.new_partition(partition)
 
             def alloc_for(name: str, kind: str = "") -> Alloc:
@@ -178,7 +182,6 @@ class DirectWrites:
             part.gen.begin(slots)
             part.mark(slots, True)
             ticket = next(self._ticket_ids)
-            tokens = None if generations is None else np.asarray(generations, np.int64)
             self._tickets[ticket] = (partition, slots, tokens,
                                      time.monotonic() + TICKET_TTL)
         return {"ticket": ticket, "fields": {f: layout[f] for f in fields},

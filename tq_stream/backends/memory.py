@@ -17,6 +17,7 @@ from tq_stream.backends.generations import stale_rows
 from tq_stream.backends.partition_store import PartitionStore
 from tq_stream.backends.row_bytes import held, row_bytes, written_slots
 from tq_stream.backends.slabs import Store, store_for
+from tq_stream.backends.slots import check_unheld
 from tq_stream.backends.spill import (
     Spill,
     bounded,
@@ -173,7 +174,9 @@ class MemoryUnit(StorageUnit):
             self._check_put(partition, {} if to_disk else {
                 n: least_bytes(c) for n, c in columns.items()}, len(slots))
             part = self._parts.get(partition)
-            if part is None:
+            if part is not None:  # a put never replaces another row
+                check_unheld(partition, slots, part.gen.data.numpy(), generations)
+            else:
                 part = self._new_partition(partition)
             part.gen.begin(slots)  # same-host readers of these slots now retry
             try:

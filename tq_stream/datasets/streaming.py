@@ -33,7 +33,7 @@ from tq_stream.client import Client
 from tq_stream.config import DEFAULT_PREFETCH
 from tq_stream.connection.connection import Connection
 from tq_stream.convert import check_ragged, check_shared_read
-from tq_stream.datasets import exit_stop, worker_imports
+from tq_stream.datasets import exit_stop, saved_state, worker_imports
 from tq_stream.datasets.batch import batch_meta, loader_step
 from tq_stream.datasets.length import epoch_end, known_steps
 from tq_stream.datasets.prefetch import (
@@ -48,7 +48,6 @@ from tq_stream.datasets.prefetch import (
 )
 from tq_stream.errors import (
     ConfigError,
-    LeaseError,
     StateError,
     WaitTimeout,
     check_name,
@@ -67,7 +66,6 @@ if TYPE_CHECKING:
 # Batches a DataLoader worker keeps unacked: the default prefetch_factor (2) + 1, so a
 # batch is acked only after the training loop asked for the one after it.
 WORKER_ACK_LAG = 3
-STATE_KEYS = ("partition", "task", "dp_rank", "replica", "yielded")
 # Seconds the iterator waits for its prefetch thread beyond ``timeout`` (whose own waits
 # each end within ``timeout``): so a live iterator, in a DataLoader worker too, hands
 # over a batch or an error within ``timeout + RELAY``.
@@ -177,6 +175,8 @@ class StreamingDataset(IterableDataset[TensorDict]):
         self.worker_ack_lag = WORKER_ACK_LAG
         self._pending: collections.deque[TensorDict] = collections.deque()
         self._saved_done: list[tuple[str, int]] = []  # yielded before a loaded state
+        self._session: str | None = None  # of the last iteration (its state names it)
+        self._predecessor: str | None = None  # the session of a loaded state
         self.plan: tuple[int, frozenset[int]] | None = None  # (first step, steps to skip)
         self._registered = False
 
@@ -237,30 +237,26 @@ class StreamingDataset(IterableDataset[TensorDict]):
                 position += 1
             step += 1
 
-    # -- the torchdata Stateful protocol
+    # -- the torchdata Stateful protocol (``datasets.saved_state``)
     def state_dict(self) -> dict[str, Any]:
-        """Who this dataset reads for, and the batches it yielded and has not acked (a
+        """Who this dataset reads for, the batches it yielded and has not acked (a
         ``StatefulDataLoader`` snapshots this in each worker with every batch it hands
         over; under a ``StreamingDataLoader``, which acks and keeps its batches itself,
-        none). No side effects."""
-        return {"partition": self.partition, "task": self.task, "dp_rank": self.dp_rank,
-                "replica": self.replica,
-                "yielded": [[m.partition, m.step] for m in map(batch_meta, self._pending)]}
+        none) and the session of its iteration. No side effects."""
+        return saved_state.saved(self._reader(), list(map(batch_meta, self._pending)),
+                                 self._session)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``: the batches it lists as yielded count as trained
-        (acked at the next iteration's start); the rest resumes at the first step this
-        rank has not acked, so nothing acked comes again and nothing leased is lost."""
-        if not isinstance(state, dict) or set(state) != set(STATE_KEYS):
-            got = sorted(state) if isinstance(state, dict) else type(state).__name__
-            raise ConfigError(f"state must have keys {sorted(STATE_KEYS)}, got {got}")
-        mine = (self.partition, self.task, self.dp_rank, self.replica)
-        theirs = (state["partition"], state["task"], state["dp_rank"], state["replica"])
-        if mine != theirs:
-            raise ConfigError(f"state must come from a dataset of (partition, task, dp_rank, "
-                              f"replica) {mine}, got {theirs}")
-        self._saved_done = [(str(p), int(s)) for p, s in state["yielded"]]
+        (acked at the next iteration's start), which first takes over from the session
+        that saved it (its claims end: ``saved_state``); the rest resumes at the first
+        step this rank has not acked, so nothing acked comes again and nothing leased
+        is lost."""
+        self._saved_done, self._predecessor = saved_state.loaded(self._reader(), state)
         self.plan = None
+
+    def _reader(self) -> saved_state.Reader:
+        return (self.partition, self.task, self.dp_rank, self.replica)
 
     def ack_saved(self, client: Client,
                   steps: Sequence[tuple[str, int]] | None = None) -> None:
@@ -274,14 +270,8 @@ class StreamingDataset(IterableDataset[TensorDict]):
         """
         todo = self._saved_done if steps is None else list(steps)
         self._saved_done = []
-        for partition, step in todo:
-            try:
-                meta = client.get_meta(partition, self.task, step, self.dp_rank,
-                                       timeout=self.timeout, replica=self.replica)
-                if meta is not None and not meta.end:
-                    client.ack(meta)
-            except LeaseError:
-                pass  # acked already
+        saved_state.ack_saved(client, self.task, self.dp_rank, self.replica, self.timeout,
+                              todo)
 
     def __iter__(self) -> Iterator[TensorDict]:
         self.register()
@@ -289,6 +279,8 @@ class StreamingDataset(IterableDataset[TensorDict]):
         stop = threading.Event()
         room = threading.Semaphore(self.prefetch)
         client = Client(self.connection, session=self.session)  # one session per iteration
+        saved_state.take_over(self.connection.controller(), self._predecessor, client.session)
+        self._predecessor, self._session = None, client.session
         self.ack_saved(client)  # before the plan: those steps are done
         plan = self.plan if self.plan is not None else self.resume_plan()
         reader = StepReader(ReadSpec(self.task, self.dp_rank, self.replica, self.timeout,

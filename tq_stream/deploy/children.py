@@ -76,9 +76,13 @@ class Child:
         return pid
 
     def forget(self) -> None:
-        """Close this side's pipes to the child (after it exited)."""
+        """Close this side's pipes to the child (after it exited), once: a restart whose
+        start failed forgets it again, when its fd may be another socket's."""
+        if self.lifeline < 0:
+            return
         os.close(self.lifeline)
         _LIFELINES.discard(self.lifeline)
+        self.lifeline = -1
         self.stdout.close()
 
 
@@ -118,7 +122,8 @@ class ForkedProcess:
 
     def send_signal(self, sig: int) -> None:
         try:
-            os.kill(self.pid, sig)
+            if self.poll() is None:  # once reaped, its pid may be another process's
+                os.kill(self.pid, sig)
         except ProcessLookupError:
             pass
 

@@ -227,9 +227,8 @@ class LocalDeployment:
             old.proc.wait(timeout=10)
             started = time.monotonic()
             old.forget()
-            new = Child({**old.settings, "address": old.info["address"]},  # type: ignore[index]
-                         self._start_method)
-            self._children[-1] = new
+            settings = {**old.settings, "address": (old.info or old.settings)["address"]}
+            new = self._children[-1] = Child(settings, self._start_method)
             await_ready([new], timeout)
             ctrl = self._backend.controller()
             ctrl.attach_units([c.info for c in self._children[:-1]])
@@ -269,10 +268,9 @@ class LocalDeployment:
         from tq_stream.backends.shm import sweep_stale
 
         sweep_stale([old.pid])
-        new = Child({**old.settings, "address": old.info["address"]},  # type: ignore[index]
-                     self._start_method)
-        self._children[i] = new
-        await_ready([new], timeout)
+        settings = {**old.settings, "address": (old.info or old.settings)["address"]}
+        new = self._children[i] = Child(settings, self._start_method)  # (a start that
+        await_ready([new], timeout)  # fails leaves it here: the next restart retries)
         for name, n in ctrl.drop_unit(i, new.info).items():  # also takes it back
             dropped[name] = dropped.get(name, 0) + n
         return dropped

@@ -52,7 +52,10 @@ def test_rows_written_in_place_read_as_rows_put_through_the_unit(unit):
     for step, slots in enumerate((np.arange(5), np.arange(5, 10), np.array([2, 7, 1, 0, 9]))):
         cols = {"r": ragged(5, seed=step), "img": imgs}
         tokens = slots + 100 * (step + 1)
-        direct_put(unit, "d", slots, cols, tokens)  # the last overwrites earlier rows
+        if step == 2:  # the last reuses slots of earlier rows, once freed (as placed)
+            unit.free("d", slots)
+            unit.free("s", slots)
+        direct_put(unit, "d", slots, cols, tokens)
         unit.put("s", slots, cols, tokens)
         held[slots] = tokens
     every = np.arange(10)
