@@ -15,6 +15,7 @@ from tq_stream.backends.base import occupancy
 from tq_stream.backends.memory import MemoryUnit
 from tq_stream.deploy.services import ControllerService, UnitService
 from tq_stream.errors import StateError, Unreachable
+from tq_stream.messages.puts import Placement
 from tq_stream.transport import InprocTransport
 
 P = "p"
@@ -102,12 +103,11 @@ def test_a_put_fails_once_every_unit_refuses_its_grant_and_leaves_nothing():
     assert ctrl.stats().get(P, {}).get("rows", 0) == 0
 
 
-def _store(unit: Unit, place: dict, rows: np.ndarray, value: float) -> None:
+def _store(unit: Unit, place: Placement, rows: np.ndarray, value: float) -> None:
     """The bytes of ``rows`` (positions in ``place``) to ``unit``, as a writer sends them."""
-    unit.call("put", {"partition": P, "slots": place["slot"][rows],
+    unit.call("put", {"partition": P, "slots": place.slot[rows],
                       "columns": {"x": torch.full((len(rows),), value)},
-                      "generations": occupancy(place["index"][rows],
-                                               place["generation"][rows])})
+                      "generations": occupancy(place.index[rows], place.generation[rows])})
 
 
 def test_a_put_meant_for_a_replaced_unit_never_overwrites_rows_placed_on_its_successor():
@@ -120,23 +120,23 @@ def test_a_put_meant_for_a_replaced_unit_never_overwrites_rows_placed_on_its_suc
     controller handed them out again and again."""
     ctrl, units = _controller()
     old = ctrl.reserve(P, [f"a{i}" for i in range(8)], SCHEMA, session="s")
-    late = np.flatnonzero(old["unit"] == 1)  # their bytes are on their way to unit 1
+    late = np.flatnonzero(old.unit == 1)  # their bytes are on their way to unit 1
     ctrl.unit_lost(1)  # unit 1 died: the rows placed there are undone
     units[1].restart()  # and a new process serves at its address
     ctrl.drop_unit(1, {"address": "u1", "host": "", "pid": 21})
     new = ctrl.reserve(P, [f"b{i}" for i in range(8)], SCHEMA, session="s")
-    mine = np.flatnonzero(new["unit"] == 1)
-    assert len(late) and set(new["slot"][mine]) >= set(old["slot"][late])  # reused
+    mine = np.flatnonzero(new.unit == 1)
+    assert len(late) and set(new.slot[mine]) >= set(old.slot[late])  # reused
     for u in (0, 1):
-        _store(units[u], new, np.flatnonzero(new["unit"] == u), 2.0)
-    ctrl.commit(P, new["index"], new["generation"], SCHEMA)
+        _store(units[u], new, np.flatnonzero(new.unit == u), 2.0)
+    ctrl.commit(P, new.index, new.generation, SCHEMA)
 
     with pytest.raises(StateError, match="hold other rows"):  # the dead unit's put, late
         _store(units[1], old, late, 1.0)
 
-    got = units[1].call("get", {"partition": P, "slots": new["slot"][mine], "fields": ["x"],
-                                "generations": occupancy(new["index"][mine],
-                                                         new["generation"][mine])})
+    got = units[1].call("get", {"partition": P, "slots": new.slot[mine], "fields": ["x"],
+                                "generations": occupancy(new.index[mine],
+                                                         new.generation[mine])})
     assert got["x"].tolist() == [2.0] * len(mine)
     with pytest.raises(StateError):  # the late put's own rows are gone: it puts again
-        ctrl.commit(P, old["index"], old["generation"], SCHEMA)
+        ctrl.commit(P, old.index, old.generation, SCHEMA)
