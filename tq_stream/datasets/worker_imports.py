@@ -22,6 +22,8 @@ WORKER_MODULES = (
     "numpy.ma",  # np.unique (placement, reads and writes) imports it on its first call
     "torch.nested._internal.ops",  # torch's jagged tensors (ragged fields), on first use
     "tq_stream.connection.same_host",  # same-host reads: made with a stream's first unit client
+    "tq_stream.connection.remote_unit",  # the unit clients behind them (RemoteUnit, UnitClient)
+    "tq_stream.connection.unit_client",
 )
 
 
