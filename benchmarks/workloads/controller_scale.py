@@ -33,7 +33,7 @@ def _fill(ctrl: Controller, n: int, fields: list[str]) -> None:
         lens = rng.integers(1, 4096, len(keys)).tolist()
         tags = [{"uid": (start + i) // 8, "version": 0, "seqlen": s}
                 for i, s in enumerate(lens)]
-        ctrl.commit("p", place["index"], place["generation"], schemas, tags)
+        ctrl.commit("p", place.index, place.generation, schemas, tags)
 
 
 SAMPLERS = {
