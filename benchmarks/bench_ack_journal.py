@@ -78,7 +78,7 @@ def bench_in_process(journal: bool, ops: int, batch: int) -> dict[str, float]:
         ctrl.create_partition(P, consumers=["t", "other"])
         ctrl.register_task(P, "t", ["x"], batch_size=batch)
         place = ctrl.reserve(P, [f"k{i}" for i in range(ops * batch)], SCHEMA)
-        ctrl.commit(P, place["index"], place["generation"], SCHEMA)
+        ctrl.commit(P, place.index, place.generation, SCHEMA)
         lat = []
         for step in range(ops):
             meta = ctrl.get_meta(P, "t", step=step, timeout=5.0, session="s")
@@ -107,7 +107,7 @@ def bench_replay(steps: int, batch: int) -> dict[str, float]:
         ctrl.create_partition(P, consumers=["t", "other"])
         ctrl.register_task(P, "t", ["x"], batch_size=batch)
         place = ctrl.reserve(P, [f"k{i}" for i in range(steps * batch)], SCHEMA)
-        ctrl.commit(P, place["index"], place["generation"], SCHEMA)
+        ctrl.commit(P, place.index, place.generation, SCHEMA)
         ctrl._recovery.checkpointer.write_now()
         for step in range(steps):
             meta = ctrl.get_meta(P, "t", step=step, timeout=5.0, session="s")

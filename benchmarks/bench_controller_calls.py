@@ -86,8 +86,8 @@ def bench(make: Callable[[Controller], Call], rounds: int, idle_s: float) -> dic
         step += 1
 
     placed = ctrl.reserve(partition="p", keys=[], schemas=schemas, spare=16, timeout=5)["spare"]
-    spares.extend((placed["index"][i:i + 1], placed["generation"][i:i + 1])
-                  for i in range(len(placed["index"])))
+    spares.extend((placed.index[i:i + 1], placed.generation[i:i + 1])
+                  for i in range(len(placed.index)))
     out: dict[str, dict] = {}
     for phase, idle in (("warmup", 0.0), ("warm", 0.0), ("cold", idle_s)):
         times: dict[str, list[float]] = {name: [] for name in CALLS}

@@ -69,7 +69,7 @@ def run(shapes: Shapes) -> list[Row]:
         tags = [{"uid": n + i // 8, "version": 0, "seqlen": 100} for i in range(1024)]
         place = ctrl.reserve("p", extra, {fields[0]: SCHEMA}, timeout=10)
         t = time.perf_counter()
-        ctrl.commit("p", place["index"], place["generation"], {fields[0]: SCHEMA}, tags)
+        ctrl.commit("p", place.index, place.generation, {fields[0]: SCHEMA}, tags)
         rows.append(Row("controller scale", f"mark 1024 rows ready, {n:,} rows",
                         "tq_stream controller", (time.perf_counter() - t) * 1e3, "ms",
                         {"fill_s": fill_s}))
