@@ -46,6 +46,7 @@ from tq_stream.client import Client
 from tq_stream.datasets import at_yield, loop_exit, worker_deaths
 from tq_stream.datasets.batch import batch_meta, copy_meta, loader_step
 from tq_stream.datasets.minibatch import minibatches
+from tq_stream.datasets.saved_state import saved_session, take_over
 from tq_stream.datasets.streaming import RELAY, StreamingDataset
 from tq_stream.datasets.unacked import UnackedBatches
 from tq_stream.datasets.workers import (
@@ -97,7 +98,7 @@ class StreamingDataLoader:
             given must exceed the dataset's timeout + 5 s.
     """
 
-    STATE_KEYS = ("partition", "task", "dp_rank", "step", "yielded")
+    STATE_KEYS = ("partition", "task", "dp_rank", "step", "yielded", "session")
 
     def __init__(self, dataset: StreamingDataset, num_workers: int = 0,
                  multiprocessing_context: str | None = None,
@@ -132,6 +133,7 @@ class StreamingDataLoader:
                                        len(dataset.partitions))
         self._yielded = False  # a batch was yielded (``_next_step`` is then the next one)
         self._saved_done: list[tuple[str, int]] = []  # yielded before a loaded state
+        self._predecessor: str | None = None  # the session of a loaded state's iteration
         self._rows: Counter[str] = Counter()  # rows yielded per partition
         self._versions = at_yield.TrainerVersion(self._client, dataset.partitions, dataset.task)
         self._live: Callable[[], Any] = lambda: None  # the open iteration, if any
@@ -181,11 +183,13 @@ class StreamingDataLoader:
     def _iterate(self) -> Iterator[TensorDict]:
         ds = self.dataset
         ds.register()
+        ds.session = uuid.uuid4().hex
+        take_over(ds.connection.controller(), self._predecessor, ds.session)
+        self._predecessor = None
         self._ack_saved()
         self.ack()  # batches whose ack failed as an earlier loop was left by a break
         self._released = False
         ds.start_step = self._next_step
-        ds.session = uuid.uuid4().hex
         ds.plan = ds.resume_plan()
         for p in ds.partitions:  # what workers fetched ahead and this process yields
             self._unacked.hold(ds.connection.keeper().hold(p, ds.task, ds.session,
@@ -357,18 +361,26 @@ class StreamingDataLoader:
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands (no side effects: nothing is acked). A loader
         resumed from it, however old, continues at the first step its rank has not
-        fully acked, skipping steps acked since it was saved."""
+        fully acked, skipping steps acked since it was saved.
+
+        Loading it is taking over: the resumed loader's first iteration ends the
+        session of the iteration that saved it (``session``), so the steps it held come
+        to the resumed loader at once, even if that iteration never ended (a trainer
+        that hung or was killed, whose lease would otherwise live ``lease_timeout``);
+        a predecessor still running is fenced (its acks raise ``LeaseTakenOver``)."""
         ds = self.dataset
         yielded = [[p, s] for p, s in self._saved_done] + [
             [m.partition, m.step] for m in (batch_meta(b) for b in self._unacked.batches)]
+        session = ds.session if self._live() is not None else None
         return {"partition": ds.partition, "task": ds.task, "dp_rank": ds.dp_rank,
-                "step": self._next_step, "yielded": yielded}
+                "step": self._next_step, "yielded": yielded, "session": session}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a saved state (see ``state_dict``)."""
-        if set(state) != set(self.STATE_KEYS):
-            raise ConfigError(f"state must have keys {sorted(self.STATE_KEYS)}, got "
-                              f"{sorted(state)}")
+        if not set(self.STATE_KEYS) - {"session"} <= set(state) <= set(self.STATE_KEYS):
+            raise ConfigError(f"state must have keys {sorted(self.STATE_KEYS)} (session "
+                              f"may be absent: an older state), got {sorted(state)}")
+        session = saved_session(state)
         ds = self.dataset
         mine = (ds.partition, ds.task, ds.dp_rank)
         theirs = (state["partition"], state["task"], state["dp_rank"])
@@ -378,6 +390,7 @@ class StreamingDataLoader:
         self._next_step = check_positive("state['step']", state["step"], allow_zero=True)
         self._unacked.batches = []
         self._saved_done = [(str(p), int(s)) for p, s in state["yielded"]]
+        self._predecessor = session
 
     def stats(self) -> dict[str, Any]:
         """This loader's task counters per partition (handed out, acked, discarded by

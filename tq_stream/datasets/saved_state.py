@@ -17,7 +17,7 @@ as before.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tq_stream.errors import ConfigError, LeaseError
@@ -53,11 +53,20 @@ def loaded(reader: Reader, state: object) -> tuple[list[tuple[str, int]], str | 
     if tuple(reader) != theirs:
         raise ConfigError(f"state must come from a dataset of (partition, task, dp_rank, "
                           f"replica) {tuple(reader)}, got {theirs}")
+    return [(str(p), int(s)) for p, s in state["yielded"]], saved_session(state)
+
+
+def saved_session(state: Mapping[str, object]) -> str | None:
+    """The session of the iteration that saved ``state`` (None: ended, or an older state).
+
+    Raises:
+        ConfigError: ``state['session']`` is neither None nor a non-empty str.
+    """
     session = state.get("session")
     if session is not None and (not isinstance(session, str) or not session):
         raise ConfigError(f"state['session'] must be the session id (a non-empty str) of "
                           f"the iteration that saved it, or None, got {session!r}")
-    return [(str(p), int(s)) for p, s in state["yielded"]], session
+    return session
 
 
 def take_over(controller: ControllerAPI, predecessor: str | None, session: str) -> None:
@@ -80,4 +89,4 @@ def ack_saved(client: Client, task: str, dp_rank: int, replica: int | None, time
             pass  # acked already
 
 
-__all__ = ["STATE_KEYS", "ack_saved", "loaded", "saved", "take_over"]
+__all__ = ["STATE_KEYS", "ack_saved", "loaded", "saved", "saved_session", "take_over"]

@@ -13,9 +13,11 @@ import pytest
 
 from tests.helpers.rpc_handler import wait_until
 from tests.helpers.served import Served
+from tests.helpers.stacks import stacks_on
 from tq_stream.backends.memory import MemoryUnit
 from tq_stream.controller.controller import Controller
 from tq_stream.deploy.services import ControllerService, UnitService
+from tq_stream.errors import WaitTimeout
 from tq_stream.handling import ANSWERED, may_block
 from tq_stream.samplers import Candidates, Sampler, Selection
 from tq_stream.transport import InprocTransport
@@ -218,7 +220,7 @@ def test_a_pool_of_waiting_consumers_gets_every_row_exactly_once(address, tmp_pa
         for th in threads:
             th.start()
         wait_until(lambda: len(ctrl.waiters) == n_consumers, timeout=10)
-        with rpc_client(srv.address, timeout=10) as producer:
+        with rpc_client(srv.address, timeout=10) as producer, stacks_on(WaitTimeout):
             for k in range(n_rows):
                 _put(producer, f"k{k}")
             producer.call("close_partition", {"partition": P})
