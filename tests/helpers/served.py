@@ -13,8 +13,7 @@ TABLE = RpcTable(puts.RPCS, reads.RPCS)
 class Served:
     """Serves ``controller``'s methods of ``TABLE`` with its flags."""
 
-    RPC_METHODS, RPC_INLINE, RPC_WAITS = TABLE.methods, TABLE.inline, TABLE.waits
-    RPC_REPLIES = TABLE.replies
+    RPC_TABLE = TABLE
 
     def __init__(self, controller: Controller) -> None:
         for name in TABLE.methods:

@@ -70,7 +70,7 @@ class LocalDeployment:
             controller, 4 GiB for a unit; see ``tq_stream.deploy.server.MAX_MESSAGE``).
 
     The owner token (``owner_token``, random per deployment) goes to the children
-    only; admin calls need it (``ControllerService.RPC_ADMIN``).
+    only; admin calls need it (the ``admin`` RPCs of ``ControllerService.RPC_TABLE``).
         unit_timeout: seconds the controller waits for a silent storage unit before
             its rows are lost and no new rows go there (``deploy.unit_watch``).
         restart_units: restart a storage unit whose process died (empty, at the same

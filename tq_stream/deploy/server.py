@@ -44,7 +44,7 @@ EXIT_GRACE = 10.0  # seconds the whole stop may take before the process exits an
 MAX_MESSAGE = {"controller": 64 << 20, "unit": 4 << 30}
 WORKERS = {"controller": 128, "unit": 16}  # threads running one server's requests (a waiting
 # consumer's get_meta is one long-poll that holds a controller worker for its whole wait)
-# Long-polls of each wait class (``ControllerService.RPC_WAITS``) that run at once: the
+# Long-polls of each wait class (``ControllerService.RPC_TABLE.waits``) that run at once: the
 # other 16 workers always serve calls that never wait (puts, acks), and more waiting
 # consumers than the cap are parked without a thread (``transport.wait_slots``).
 WAIT_CAPS = {"controller": {"consume": 96, "produce": 16}}

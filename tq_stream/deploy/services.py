@@ -67,8 +67,6 @@ class ControllerService(Controller):
 
     # what a server may call, and how: one ``Rpc`` per method (``tq_stream.messages``)
     RPC_TABLE = RpcTable(puts.RPCS, reads.RPCS, admin.RPCS, media.RPCS)
-    RPC_METHODS, RPC_INLINE, RPC_ADMIN = RPC_TABLE.methods, RPC_TABLE.inline, RPC_TABLE.admin
-    RPC_WAITS, RPC_REPLIES = RPC_TABLE.waits, RPC_TABLE.replies
 
     def __init__(self, n_units: int, sampler_modules: Sequence[str] = (),
                  unit_client: Callable[[str], Transport] | None = None,
