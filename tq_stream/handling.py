@@ -8,9 +8,9 @@ storage unit); neither imports the other, both import this:
   raises ``WouldBlock`` before changing anything; the server runs it again on a worker
   thread, where it may block.
 - ``Reply`` is where the reply of one waiting request goes. A method a handler names in
-  ``RPC_REPLIES`` is called with ``reply=`` its request's handle (None when no socket
-  server runs it: embedded mode, a direct call). A thread that ends that wait may call
-  ``reply.give(result, then)``; the waiting method, once its reply was given, returns
+  its ``RPC_TABLE``'s ``replies`` is called with ``reply=`` its request's handle (None
+  when no socket server runs it: embedded mode, a direct call). A thread that ends that
+  wait may call ``reply.give(result, then)``; the waiting method, once its reply was given, returns
   ``ANSWERED`` and its server sends nothing for it (``transport/answers.py``).
 """
 

@@ -32,6 +32,7 @@ from tq_stream.handling import WouldBlock, may_block
 from tq_stream.messages.puts import Committed, Rows
 from tq_stream.serialization import decode, encode
 from tq_stream.transport.dispatch import Dispatcher
+from tq_stream.transport.handler import Methods
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,8 +43,7 @@ SCHEMA = {"x": schema_of(torch.zeros(1, 4)).to_dict()}
 
 
 class Handler:
-    RPC_METHODS = frozenset({"probe", "slow"})
-    RPC_INLINE = frozenset({"probe"})
+    RPC_TABLE = Methods({"probe", "slow"}, inline={"probe"})
 
     def probe(self):
         return may_block()
@@ -62,8 +62,7 @@ def test_inline_methods_run_with_may_block_false_and_only_then():
 
 def test_inline_flag_is_reset_when_the_method_raises():
     class Raiser:
-        RPC_METHODS = frozenset({"go"})
-        RPC_INLINE = frozenset({"go"})
+        RPC_TABLE = Methods({"go"}, inline={"go"})
 
         def go(self):
             raise WouldBlock
@@ -73,14 +72,12 @@ def test_inline_flag_is_reset_when_the_method_raises():
     assert may_block() is True
 
 
-@pytest.mark.parametrize("inline", [{"probe"}, frozenset({"missing"}), ("probe",)])
-def test_rpc_inline_must_be_a_frozenset_within_rpc_methods(inline):
+def test_inline_methods_must_be_methods_of_the_table():
     class Bad(Handler):
-        RPC_INLINE = inline
+        RPC_TABLE = Methods({"probe", "slow"}, inline={"probe", "missing"})
 
-    if isinstance(inline, frozenset) and inline <= Handler.RPC_METHODS:
-        return
-    with pytest.raises(ConfigError, match="RPC_INLINE"):
+    with pytest.raises(ConfigError, match=r"RPC_TABLE.inline must be names in its methods, "
+                                          r"got \['missing'\]"):
         Dispatcher(Bad())
 
 
@@ -88,8 +85,8 @@ def test_controller_inline_methods_never_free_or_wait():
     # Methods that free storage through the units (a network call) or long-poll must
     # stay on worker threads.
     for name in ("get_meta", "ack", "clear", "abort", "list_rows"):
-        assert name not in ControllerService.RPC_INLINE
-    assert ControllerService.RPC_INLINE <= ControllerService.RPC_METHODS
+        assert name not in ControllerService.RPC_TABLE.inline
+    assert ControllerService.RPC_TABLE.inline <= ControllerService.RPC_TABLE.methods
 
 
 def test_reserve_at_capacity_raises_would_block_inline_and_waits_on_a_worker():

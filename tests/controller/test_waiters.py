@@ -18,6 +18,7 @@ from tq_stream.handling import ANSWERED
 from tq_stream.samplers import Candidates, Sampler, Selection
 from tq_stream.transport.answers import serving
 from tq_stream.transport.dispatch import Dispatcher
+from tq_stream.transport.handler import Methods
 
 P = "train"
 
@@ -126,7 +127,7 @@ def test_a_waiter_that_times_out_leaves_no_registration(stream):
 
 def test_a_get_meta_inside_another_handler_does_not_answer_that_handlers_caller(stream):
     """The reply handle a waiter holds is its own request's: the dispatcher hands a
-    request's handle only to the method it calls (``RPC_REPLIES``), so a get_meta
+    request's handle only to the method it calls (its table's ``replies``), so a get_meta
     called from inside another method's handler waits and returns its rows like a
     direct call."""
     stream.create_partition(P, consumers=["t"])
@@ -134,7 +135,7 @@ def test_a_get_meta_inside_another_handler_does_not_answer_that_handlers_caller(
     ctrl, srv, got = stream.connection.controller(), object(), []
 
     class Outer:  # a handler of another method, which calls get_meta
-        RPC_METHODS = frozenset({"kv_batch_get"})
+        RPC_TABLE = Methods({"kv_batch_get"})
 
         def kv_batch_get(self):
             return ctrl.get_meta(P, "t", 0, timeout=10.0)

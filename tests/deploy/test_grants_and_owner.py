@@ -10,6 +10,7 @@ import pytest
 from tq_stream.deploy.grants import MIN_GRANT, GrantFailed, SlotGrants, SlotLimits
 from tq_stream.errors import AuthError, ConfigError, StateError
 from tq_stream.transport.dispatch import OWNER_ARG, Dispatcher
+from tq_stream.transport.handler import Methods
 
 TOKEN = "t" * 32
 
@@ -55,8 +56,7 @@ def test_a_failed_grant_is_not_recorded():
 
 
 class _Service:
-    RPC_METHODS = frozenset({"read", "wipe"})
-    RPC_ADMIN = frozenset({"wipe"})
+    RPC_TABLE = Methods({"read", "wipe"}, admin={"wipe"})
 
     def __init__(self) -> None:
         self.wiped = 0
@@ -89,9 +89,10 @@ def test_a_server_without_a_token_serves_no_admin_method():
 
 def test_admin_names_and_tokens_are_checked_at_construction():
     class Bad(_Service):
-        RPC_ADMIN = frozenset({"nope"})
+        RPC_TABLE = Methods({"read", "wipe"}, admin={"nope"})
 
-    with pytest.raises(ConfigError, match="RPC_ADMIN must be a frozenset of names in"):
+    with pytest.raises(ConfigError, match=r"RPC_TABLE.admin must be names in its methods, "
+                                          r"got \['nope'\]"):
         Dispatcher(Bad(), owner_token=TOKEN)
     with pytest.raises(ConfigError, match="owner_token must be a str of at least 16"):
         Dispatcher(_Service(), owner_token="short")

@@ -10,10 +10,11 @@ from collections.abc import Iterator
 import pytest
 
 from tq_stream.errors import KeyConflictError
+from tq_stream.transport.handler import Methods
 
 
 class Handler:
-    RPC_METHODS = frozenset({"echo", "sleep", "block", "fail", "crash"})
+    RPC_TABLE = Methods({"echo", "sleep", "block", "fail", "crash"})
 
     def __init__(self) -> None:
         self.entered = threading.Event()

@@ -36,6 +36,7 @@ from tq_stream.errors import (
     SerializationError,
     WaitTimeout,
 )
+from tq_stream.transport.handler import Methods
 
 
 class CallContract:
@@ -115,7 +116,7 @@ class CallContract:
 
 
 class _Odd:
-    RPC_METHODS = frozenset({"odd", "ok"})
+    RPC_TABLE = Methods({"odd", "ok"})
 
     def odd(self, x=None):
         return object()

@@ -18,15 +18,14 @@ from tq_stream.transport.dispatch import Dispatcher
 
 def test_the_services_flags_are_their_tables():
     t = ControllerService.RPC_TABLE
-    assert ControllerService.RPC_WAITS == {"get_meta": "consume", "reserve": "produce",
-                                           "admit": "produce", "reserve_shared": "produce"}
-    assert ControllerService.RPC_REPLIES == {"get_meta"}
-    assert ControllerService.RPC_ADMIN == {"attach_units", "drop_unit", "state_dict",
-                                           "load_state_dict", "clear_partition",
-                                           "unit_lost"}
+    assert t.waits == {"get_meta": "consume", "reserve": "produce",
+                       "admit": "produce", "reserve_shared": "produce"}
+    assert t.replies == {"get_meta"}
+    assert t.admin == {"attach_units", "drop_unit", "state_dict", "load_state_dict",
+                       "clear_partition", "unit_lost"}
     for name in ("get_meta", "ack", "clear", "abort", "list_rows", "register_task"):
         assert name not in t.inline  # they wait or free storage through the units
-    assert UnitService.RPC_METHODS - UnitService.RPC_INLINE == {
+    assert UnitService.RPC_TABLE.methods - UnitService.RPC_TABLE.inline == {
         "prepare_write", "save_rows", "load_rows", "set_memory", "may_spill"}
 
 
@@ -39,7 +38,6 @@ def test_a_server_refuses_a_method_whose_signature_is_not_its_request():
 
     class Handler:
         RPC_TABLE = RpcTable([Rpc("echo", Echo, int)])
-        RPC_METHODS = RPC_TABLE.methods
 
         def echo(self, value: int, times: int = 2) -> int:  # another default
             return value * times

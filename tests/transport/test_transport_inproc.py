@@ -22,6 +22,7 @@ from tq_stream.errors import (
 )
 from tq_stream.transport import Dispatcher, InprocTransport, Transport
 from tq_stream.transport.dispatch import OWNER_ARG
+from tq_stream.transport.handler import Methods
 from tq_stream.transport.remote_errors import error_from_value, error_to_value
 
 __all__ = ["handler"]  # the fixture, imported for pytest
@@ -31,7 +32,7 @@ TOKEN = "t" * 32
 
 
 class Handler:
-    RPC_METHODS = frozenset({"echo", "add", "fail", "crash"})
+    RPC_TABLE = Methods({"echo", "add", "fail", "crash"})
 
     def __init__(self) -> None:
         self.calls = 0
@@ -106,12 +107,10 @@ def test_arguments_must_bind_to_the_signature(args, words):
 @pytest.mark.parametrize(
     "allowlist, words",
     [
-        (None, "must define RPC_METHODS"),
-        (["echo"], "must define RPC_METHODS as a frozenset"),
-        (frozenset({"echo", "missing"}), "'missing'"),
-        (frozenset({"_hidden"}), "public methods"),
-        (frozenset({"__init__"}), "public methods"),
-        (frozenset({"value"}), "'value'"),  # an attribute, not a method
+        ({"echo", "missing"}, "'missing'"),
+        ({"_hidden"}, "public methods"),
+        ({"__init__"}, "public methods"),
+        ({"value"}, "'value'"),  # an attribute, not a method
     ],
 )
 def test_bad_allowlists_fail_at_construction(allowlist, words):
@@ -124,16 +123,24 @@ def test_bad_allowlists_fail_at_construction(allowlist, words):
         def echo(self):
             return 1
 
-    if allowlist is not None:
-        Bad.RPC_METHODS = allowlist
+        RPC_TABLE = Methods(allowlist)
+
     with pytest.raises(ConfigError, match=words):
         Dispatcher(Bad())
 
 
+def test_a_handler_without_an_rpc_table_is_not_served():
+    class Bare:
+        def echo(self):
+            return 1
+
+    with pytest.raises(AttributeError, match="RPC_TABLE"):
+        Dispatcher(Bare())  # the Handler protocol rules it out for a type checker
+
+
 def test_a_method_in_rpc_replies_gets_its_reply_handle_from_the_server_only():
     class Waits:
-        RPC_METHODS = frozenset({"wait", "echo"})
-        RPC_REPLIES = frozenset({"wait"})
+        RPC_TABLE = Methods({"wait", "echo"}, replies={"wait"})
 
         def wait(self, reply=None):
             return reply
@@ -144,11 +151,11 @@ def test_a_method_in_rpc_replies_gets_its_reply_handle_from_the_server_only():
     handle = object()
     d = Dispatcher(Waits())
     assert d("wait", {}, handle) is handle and d.call_inline("wait", {}) is None
-    assert d("echo", {"value": 1}, handle) == 1  # not in RPC_REPLIES: no handle
+    assert d("echo", {"value": 1}, handle) == 1  # not in its replies: no handle
     with pytest.raises(ConfigError, match="must not carry 'reply'"):
         d("wait", {"reply": "forged"})  # a caller cannot send one
-    Waits.RPC_REPLIES = frozenset({"echo"})  # echo takes no reply argument
-    with pytest.raises(ConfigError, match="RPC_REPLIES must be a frozenset"):
+    Waits.RPC_TABLE = Methods({"wait", "echo"}, replies={"echo"})  # echo takes no reply
+    with pytest.raises(ConfigError, match="RPC_TABLE.replies must be names in its methods"):
         Dispatcher(Waits())
 
 
@@ -165,8 +172,7 @@ def test_a_handler_bug_arrives_as_remote_error_caused_by_the_exception_itself():
 
 def test_admin_methods_need_the_owner_token_as_over_a_socket():
     class Service:
-        RPC_METHODS = frozenset({"wipe", "echo"})
-        RPC_ADMIN = frozenset({"wipe"})
+        RPC_TABLE = Methods({"wipe", "echo"}, admin={"wipe"})
 
         def wipe(self):
             return "wiped"

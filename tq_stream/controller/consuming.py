@@ -108,7 +108,7 @@ class Consuming:
                 worker of that name first gets back what its dead earlier session held
                 (once that lease expired); a live session's share never goes to another.
             reply: the reply handle of the request this call serves, from its server
-                (``RPC_REPLIES``; never a caller's): a commit that forms this call's
+                (its table's ``replies``; never a caller's): a commit that forms this call's
                 step while it waits gives the reply there, and this call returns
                 ``ANSWERED``. None (a direct call): the call returns the step itself.
         Returns:

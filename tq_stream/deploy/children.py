@@ -71,6 +71,18 @@ class Child:
         self.stdout = os.fdopen(ready_r, "rb")
 
     @property
+    def served(self) -> dict[str, Any]:
+        """What the child announced once it served (``address``, ``pid``, ``host``).
+
+        Raises:
+            StateError: it has not announced it yet (``await_ready`` has not returned).
+        """
+        if self.info is None:
+            raise StateError(f"a tq_stream server (pid {self.pid}) must have announced its "
+                             "address (await_ready) before it is used, got no announcement")
+        return self.info
+
+    @property
     def pid(self) -> int:
         pid: int = self.proc.pid
         return pid

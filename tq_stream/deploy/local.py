@@ -36,6 +36,7 @@ from tq_stream.errors import (
 )
 
 if TYPE_CHECKING:
+    from tq_stream.connection.proxies import RemoteController
     from tq_stream.connection.remote import RemoteBackend
 
 logger = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class LocalDeployment:
             controller, 4 GiB for a unit; see ``tq_stream.deploy.server.MAX_MESSAGE``).
 
     The owner token (``owner_token``, random per deployment) goes to the children
-    only; admin calls need it (``ControllerService.RPC_ADMIN``).
+    only; admin calls need it (the ``admin`` RPCs of ``ControllerService.RPC_TABLE``).
         unit_timeout: seconds the controller waits for a silent storage unit before
             its rows are lost and no new rows go there (``deploy.unit_watch``).
         restart_units: restart a storage unit whose process died (empty, at the same
@@ -148,7 +149,7 @@ class LocalDeployment:
         self._children: list[Child] = []
         self._start_method = start_method
         self._closed = False
-        self._backend: Any = None
+        self._backend: RemoteBackend | None = None  # attach() sets it
         self._lock = threading.Lock()  # restart_unit: the watch thread or a caller
         self._stop = threading.Event()
         self._watch: threading.Thread | None = None
@@ -170,7 +171,7 @@ class LocalDeployment:
         except BaseException:
             self.close()
             raise
-        self.address: str = self._children[-1].info["address"]  # type: ignore[index]
+        self.address: str = self._children[-1].served["address"]
         self._restart_units = bool(restart_units)
         self._restart_controller = bool(restart_controller)
         self.restarts: list[dict[str, Any]] = []  # controller restarts: when, how long
@@ -181,7 +182,7 @@ class LocalDeployment:
 
     def attach(self, backend: RemoteBackend) -> None:
         self._backend = backend
-        backend.controller().attach_units([c.info for c in self._children[:-1]])
+        backend.controller().attach_units([c.served for c in self._children[:-1]])
         if self._restart_units or self._restart_controller:
             self._watch = threading.Thread(target=self._watch_children, daemon=True,
                                            name="tq-restart")
@@ -230,8 +231,8 @@ class LocalDeployment:
             settings = {**old.settings, "address": (old.info or old.settings)["address"]}
             new = self._children[-1] = Child(settings, self._start_method)
             await_ready([new], timeout)
-            ctrl = self._backend.controller()
-            ctrl.attach_units([c.info for c in self._children[:-1]])
+            ctrl = self._controller("restart_controller")
+            ctrl.attach_units([c.served for c in self._children[:-1]])
             info = {"recovery": ctrl.ping().recovery,
                     "seconds": time.monotonic() - started}
             self.restarts.append(info)
@@ -262,7 +263,7 @@ class LocalDeployment:
         old.proc.wait(timeout=10)
         # Lost before the new process serves at the same address: no row is placed
         # there meanwhile (it would be dropped with the old ones).
-        ctrl = self._backend.controller()
+        ctrl = self._controller("restart_unit")
         dropped = ctrl.unit_lost(i)
         old.forget()
         from tq_stream.backends.shm import sweep_stale
@@ -271,14 +272,25 @@ class LocalDeployment:
         settings = {**old.settings, "address": (old.info or old.settings)["address"]}
         new = self._children[i] = Child(settings, self._start_method)  # (a start that
         await_ready([new], timeout)  # fails leaves it here: the next restart retries)
-        for name, n in ctrl.drop_unit(i, new.info).items():  # also takes it back
+        for name, n in ctrl.drop_unit(i, new.served).items():  # also takes it back
             dropped[name] = dropped.get(name, 0) + n
         return dropped
+
+    def _attached(self, what: str) -> RemoteBackend:
+        """The backend ``attach`` gave (StateError naming ``what`` before that)."""
+        if self._backend is None:
+            raise StateError(f"{what} must be called on a deployment a stream is attached "
+                             "to (tq.init attaches it), got one not attached yet")
+        return self._backend
+
+    def _controller(self, what: str) -> RemoteController:
+        return self._attached(what).controller()
 
     def save(self, path: str) -> None:
         from tq_stream.deploy import snapshot
 
-        snapshot.save(path, self._backend.controller(), self._backend.units())
+        backend = self._attached("save")
+        snapshot.save(path, backend.controller(), backend.units())
 
     def close(self, grace: float = 5.0) -> None:
         if self._closed:

@@ -12,14 +12,29 @@ import glob
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypedDict
 
 from tq_stream.errors import ConfigError
 
 DEFAULT_NAME = "tq_stream"
 DEFAULT_NAMESPACE = "tq_stream"
 FOLDER = "tq_ray_"  # prefix of an actor's socket folder: tq_ray_<pid>_<random>
+# The options every tq_stream actor is created with, given to each ``.options`` call
+# (Ray's typed ``ray.remote(**options)`` is the tasks' one: no ``max_concurrency``).
+ACTOR_OPTIONS = {"num_cpus": 0, "max_concurrency": 4}
+
+
+class ActorInfo(TypedDict):
+    """What a tq_stream actor tells about itself (``RayService.info``)."""
+
+    address: str  # its zmq address, for other nodes
+    pid: int
+    host: str  # ``hosts.host_id()``
+    node: str  # its Ray node id
+    local: str | None  # its unix socket, for clients on its node (None with CURVE)
+    curve_server_key: str  # the deployment's public key (z85 text; "" without CURVE)
+    annotations: dict[str, str]  # the driver's (``RayDeployment``)
 
 
 def sweep_folders() -> int:
@@ -61,7 +76,8 @@ class RayService:
         from tq_stream.deploy.server import serve
 
         sweep_folders()
-        ip = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
+        node_ip: Callable[[], str] = ray.util.get_node_ip_address  # unannotated in Ray
+        ip = "127.0.0.1" if loopback else node_ip()
         # Clients on this node reach the service over a unix socket (lower latency
         # than zmq); the folder is private to this user. Not with CURVE: unencrypted.
         self._dir = None
@@ -77,12 +93,13 @@ class RayService:
             allow_insecure=True,  # RayDeployment checked the bind (see its Args)
             unit_timeout=unit_timeout, checkpoint=checkpoint, owner=owner,
             spill_dir=spill_dir)
-        self._info = {"address": self._server.address, "pid": os.getpid(), "host": hosts.host_id(),
-                      "node": ray.get_runtime_context().get_node_id(), "local": local,
-                      "curve_server_key": curve_server,  # public: lets tq.connect() by name
-                      "annotations": dict(annotations or {})}
+        self._info: ActorInfo = {
+            "address": self._server.address, "pid": os.getpid(), "host": hosts.host_id(),
+            "node": ray.get_runtime_context().get_node_id(), "local": local,
+            "curve_server_key": curve_server,  # public: lets tq.connect() by name
+            "annotations": dict(annotations or {})}
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> ActorInfo:
         return self._info
 
     def stop(self) -> None:
@@ -97,7 +114,7 @@ def controller_address(name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESP
 
 
 def controller_info(name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE
-                    ) -> dict[str, Any]:
+                    ) -> ActorInfo:
     """What the controller actor of a Ray deployment tells about itself, looked up by
     actor name: ``address``, ``curve_server_key`` (its public key, z85 text; "" without
     CURVE) and ``annotations`` (its driver's, see ``RayDeployment``), among others."""
@@ -108,4 +125,5 @@ def controller_info(name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE
     except ValueError:
         raise ConfigError(f"name must be that of a running Ray deployment in namespace "
                           f"{namespace!r}, got {name!r}") from None
-    return ray.get(actor.info.remote(), timeout=30)
+    info: ActorInfo = ray.get(actor.info.remote(), timeout=30)
+    return info

@@ -39,7 +39,13 @@ from tq_stream.config import DEFAULT_LEASE_TIMEOUT
 from tq_stream.connection import ray_owner
 from tq_stream.connection.owner_watch import owner_of_this_process
 from tq_stream.deploy import ray_recovery
-from tq_stream.deploy.ray_actor import DEFAULT_NAME, DEFAULT_NAMESPACE, FOLDER, RayService
+from tq_stream.deploy.ray_actor import (
+    ACTOR_OPTIONS,
+    DEFAULT_NAME,
+    DEFAULT_NAMESPACE,
+    FOLDER,
+    RayService,
+)
 from tq_stream.errors import ConfigError, StateError, WaitTimeout, check_positive, check_timeout
 
 if TYPE_CHECKING:
@@ -129,7 +135,7 @@ class RayDeployment:
         self.annotations = check_annotations(annotations)
         self._actors: list[Any] = []
         self._infos: list[dict[str, Any]] = []
-        self._backend: Any = None
+        self._backend: RemoteBackend | None = None  # attach() sets it
         self._closed = False
         self._lock = threading.Lock()  # restarts: the watch thread or a caller
         self._watch: ray_recovery.RayWatch | None = None
@@ -166,7 +172,7 @@ class RayDeployment:
             logger.warning("tq_stream Ray mode without curve: any process that reaches the "
                            "servers' tcp ports can read and write rows%s",
                            "" if loopback else " (allow_insecure_tcp: on every node)")
-        actor = ray.remote(num_cpus=0, max_concurrency=4)(RayService)
+        actor = ray.remote(RayService)
         args = (storage, secret, server, self.owner_token, max_message, loopback)
         self._name, self._namespace, self._actor_class = name, namespace, actor
         self._unit_args = ("unit", 1, (), *args)
@@ -178,10 +184,12 @@ class RayDeployment:
             for i in range(n_units):
                 strategy = NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=False)
                 self._actors.append(actor.options(
-                    name=f"{name}_unit{i}", namespace=namespace, scheduling_strategy=strategy,
+                    **ACTOR_OPTIONS, name=f"{name}_unit{i}", namespace=namespace,
+                    scheduling_strategy=strategy,
                 ).remote(*self._unit_args, **self._unit_kwargs))
             self._actors.append(actor.options(
-                name=f"{name}_controller", namespace=namespace, **ctrl_options,
+                **ACTOR_OPTIONS, name=f"{name}_controller", namespace=namespace,
+                **ctrl_options,
             ).remote(*self._ctrl_args, **self._ctrl_kwargs, owner=self.owner,
                      annotations=self.annotations))
             try:
@@ -227,7 +235,7 @@ class RayDeployment:
 
     def dead_units(self) -> list[int]:
         """The units the controller declared lost (their heartbeats stopped)."""
-        return list(self._backend.controller().dead_units())
+        return list(self._attached("dead_units").controller().dead_units())
 
     def _checkpoint_options(self, interval: float | None, path: str | None,
                             curve: bool) -> tuple[dict[str, Any], dict[str, Any], str]:
@@ -276,9 +284,9 @@ class RayDeployment:
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
             raise ConfigError(f"i must be a unit index in [0, {n}), got {i!r}")
         with self._lock:
-            self._check_open("restart_unit")
+            backend = self._check_open("restart_unit")
             ray_recovery.kill(self._actors[i])
-            ctrl = self._backend.controller()
+            ctrl = backend.controller()
             dropped = ctrl.unit_lost(i)  # before the new unit serves: no row goes there
             node = ray_recovery.unit_node(self._infos[i]["node"], self.unit_nodes, elsewhere)
             new = ray_recovery.create(self._actor_class, f"{self._name}_unit{i}",
@@ -305,7 +313,7 @@ class RayDeployment:
             raise ConfigError("restart_controller needs checkpoint_interval (a controller "
                               "without a checkpoint has nothing to resume from), got None")
         with self._lock:
-            self._check_open("restart_controller")
+            backend = self._check_open("restart_controller")
             begun = time.monotonic()
             ray_recovery.kill(self._actors[-1])
             new = ray_recovery.create(
@@ -317,7 +325,7 @@ class RayDeployment:
             self._infos[-1] = ray_recovery.started(new, "controller",
                                                    timeout or self.start_timeout)
             serving = time.monotonic() - begun  # a new Ray worker, imports, the load
-            ctrl = self._backend.controller()
+            ctrl = backend.controller()
             ctrl.attach_units(self.unit_infos)
             info = {"recovery": ctrl.ping().recovery, "start_seconds": serving,
                     "seconds": time.monotonic() - begun}
@@ -325,14 +333,24 @@ class RayDeployment:
             logger.warning("the controller actor died and was re-created: %s", info)
             return info
 
-    def _check_open(self, what: str) -> None:
+    def _check_open(self, what: str) -> RemoteBackend:
+        """The attached backend of this open deployment (StateError naming ``what``)."""
         if self._closed or self._backend is None:
             raise StateError(f"{what} must be called on an open, attached deployment")
+        return self._backend
+
+    def _attached(self, what: str) -> RemoteBackend:
+        """The backend ``attach`` gave (StateError naming ``what`` before that)."""
+        if self._backend is None:
+            raise StateError(f"{what} must be called on an attached deployment (tq.init "
+                             "attaches it), got one not attached yet")
+        return self._backend
 
     def save(self, path: str) -> None:
         from tq_stream.deploy import snapshot
 
-        snapshot.save(path, self._backend.controller(), self._backend.units())
+        backend = self._attached("save")
+        snapshot.save(path, backend.controller(), backend.units())
 
     def close(self) -> None:
         if self._closed:

@@ -36,10 +36,11 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tq_stream.deploy.ray_actor import ACTOR_OPTIONS, RayService
 from tq_stream.errors import WaitTimeout, format_seconds
 
 if TYPE_CHECKING:
-    from ray.actor import ActorHandle
+    from ray.actor import ActorClass, ActorHandle
 
 logger = logging.getLogger(__name__)
 
@@ -89,21 +90,24 @@ def unit_node(old: str, unit_nodes: Sequence[str], elsewhere: bool = False) -> s
     return min(alive, key=lambda n: held[n])
 
 
-def create(actor_class: Any, name: str, namespace: str, node: str, args: tuple[Any, ...],
-           kwargs: dict[str, Any]) -> Any:
+def create(actor_class: ActorClass[RayService], name: str, namespace: str, node: str,
+           args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorHandle[RayService]:
     """Start an actor named ``name`` on ``node`` (a hard affinity: Ray's soft one places
     actors elsewhere even when the node is free); waits (``NAME_TIMEOUT``) for a dead
     actor of that name to release it. On a node that turns out gone the actor dies and
     the next look tries again on another."""
+    from ray.actor import ActorHandle
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     deadline = time.monotonic() + NAME_TIMEOUT
     while True:
         try:
-            return actor_class.options(
-                name=name, namespace=namespace,
+            actor = actor_class.options(
+                **ACTOR_OPTIONS, name=name, namespace=namespace,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             ).remote(*args, **kwargs)
+            assert isinstance(actor, ActorHandle)  # Ray types it as a handle or the class
+            return actor
         except ValueError:  # the name is still taken by the dead actor
             if time.monotonic() > deadline:
                 raise

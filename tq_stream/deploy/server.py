@@ -27,8 +27,9 @@ import select
 import signal
 import sys
 import threading
+from collections.abc import Mapping
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypedDict
 
 from tq_stream.config import DEFAULT_TIMEOUT
 
@@ -43,10 +44,20 @@ EXIT_GRACE = 10.0  # seconds the whole stop may take before the process exits an
 MAX_MESSAGE = {"controller": 64 << 20, "unit": 4 << 30}
 WORKERS = {"controller": 128, "unit": 16}  # threads running one server's requests (a waiting
 # consumer's get_meta is one long-poll that holds a controller worker for its whole wait)
-# Long-polls of each wait class (``ControllerService.RPC_WAITS``) that run at once: the
+# Long-polls of each wait class (``ControllerService.RPC_TABLE.waits``) that run at once: the
 # other 16 workers always serve calls that never wait (puts, acks), and more waiting
 # consumers than the cap are parked without a thread (``transport.wait_slots``).
 WAIT_CAPS = {"controller": {"consume": 96, "produce": 16}}
+
+
+class ServerBounds(TypedDict):
+    """What every server of one service is given (``transport.rpc.rpc_server``)."""
+
+    workers: int
+    backlog: int
+    owner_token: str | None
+    max_message: int | None
+    wait_caps: Mapping[str, int] | None
 
 
 def build_service(role: str, units: int = 1, sampler_modules: tuple[str, ...] = (),
@@ -120,9 +131,10 @@ def serve(role: str, address: str, units: int = 1, sampler_modules: tuple[str, .
                                      curve_server_key=curve_server_key,
                                      owner_token=owner_token, unit_timeout=unit_timeout,
                                      checkpoint=checkpoint, owner=owner, spill_dir=spill_dir)
-    bounds = {"workers": WORKERS[role], "backlog": 1024, "owner_token": owner_token,
-              "max_message": max_message or MAX_MESSAGE[role],
-              "wait_caps": WAIT_CAPS.get(role)}
+    bounds: ServerBounds = {"workers": WORKERS[role], "backlog": 1024,
+                            "owner_token": owner_token,
+                            "max_message": max_message or MAX_MESSAGE[role],
+                            "wait_caps": WAIT_CAPS.get(role)}
     try:
         servers = [rpc_server(service, address, curve_secret_key=curve_secret_key,
                               allow_insecure=allow_insecure, **bounds)]

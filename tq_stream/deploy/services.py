@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 ATTACH_WAIT = 30.0  # seconds a call that needs the units waits for them to attach
 
 
-def _count(value: Any) -> int:
+def _count(value: object) -> int:
     """Rows a received argument asks for (a key list's length, or an int); 0 if it is
     malformed (the controller's own checks then reject it)."""
     if isinstance(value, list | tuple):
@@ -67,8 +67,6 @@ class ControllerService(Controller):
 
     # what a server may call, and how: one ``Rpc`` per method (``tq_stream.messages``)
     RPC_TABLE = RpcTable(puts.RPCS, reads.RPCS, admin.RPCS, media.RPCS)
-    RPC_METHODS, RPC_INLINE, RPC_ADMIN = RPC_TABLE.methods, RPC_TABLE.inline, RPC_TABLE.admin
-    RPC_WAITS, RPC_REPLIES = RPC_TABLE.waits, RPC_TABLE.replies
 
     def __init__(self, n_units: int, sampler_modules: Sequence[str] = (),
                  unit_client: Callable[[str], Transport] | None = None,
@@ -270,13 +268,13 @@ class ControllerService(Controller):
                 raise WouldBlock
             out = super().commit_new(partition, keys, index, generation, schemas, tags,
                                      unit, spare)
-        spare = out.spare
-        if spare is not None:
+        spares = out.spare
+        if spares is not None:
             send_given()  # the consumers it answered must not wait for a grant's call
             try:
-                self._grant_placed(partition, spare)
+                self._grant_placed(partition, spares)
             except GrantFailed:  # the rows are committed; only the spares are taken back
-                self.release_spares(partition, spare.index, spare.generation)
+                self.release_spares(partition, spares.index, spares.generation)
                 out.spare = None
         out.units_epoch = self._units_epoch  # a reply of this call's own
         return out

@@ -66,7 +66,6 @@ class UnitService:
 
     # what a server may call, and how: one ``Rpc`` per method (``messages/unit.py``)
     RPC_TABLE = RpcTable(unit_messages.RPCS)
-    RPC_METHODS, RPC_INLINE, RPC_ADMIN = RPC_TABLE.methods, RPC_TABLE.inline, RPC_TABLE.admin
     INLINE_BYTES = 1 << 20  # a put carrying more bytes than this runs on a worker
     INLINE_ROWS = 64  # a get of more rows than this runs on a worker
 

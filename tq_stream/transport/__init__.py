@@ -11,5 +11,6 @@ explicitly, so that importing this package imports neither: unix stream sockets
 
 from tq_stream.transport.base import InprocTransport, Transport
 from tq_stream.transport.dispatch import Dispatcher
+from tq_stream.transport.handler import Handler, Methods, RpcDeclaration
 
-__all__ = ["Dispatcher", "InprocTransport", "Transport"]
+__all__ = ["Dispatcher", "Handler", "InprocTransport", "Methods", "RpcDeclaration", "Transport"]

@@ -10,7 +10,7 @@ lets a handler answer a waiting request from the thread that ends the wait:
 - the server runs each request inside ``serving(server, reply_to, req_id)``, which
   names the request and where its reply goes, and gives the thread an outbox;
 - a handler method that may wait and be answered early is named in its
-  ``RPC_REPLIES``: the server calls it with ``reply=`` its request's ``Pending``
+  table's ``replies``: the server calls it with ``reply=`` its request's ``Pending``
   (``transport.dispatch``; a ``tq_stream.handling.Reply``). A method called any other
   way (embedded mode, a direct call, a call from inside another handler) gets None,
   so it cannot answer another request with its result;

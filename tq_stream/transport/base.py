@@ -8,6 +8,7 @@ from typing import Any
 
 from tq_stream.errors import ClosedError, RemoteError, TQError, check_timeout
 from tq_stream.transport.dispatch import Dispatcher
+from tq_stream.transport.handler import Handler
 
 
 class Transport(ABC):
@@ -25,7 +26,7 @@ class Transport(ABC):
         """Call ``handler.<method>(**args)`` on the far side and return its result.
 
         Args:
-            method: a name in the handler's ``RPC_METHODS``.
+            method: a name in the handler's ``RPC_TABLE``.
             args: keyword arguments (msgpack/tensor values for socket transports).
             timeout: seconds to wait for the reply; None uses the transport default.
         """
@@ -49,20 +50,21 @@ class InprocTransport(Transport):
     receives its own wait timeout as an argument, as over a socket. The handler's
     allow-list and admin methods hold as over a socket (``owner_token``: the token
     its admin calls must carry; None: none is served), so a service driven through
-    it in a unit test is refused what a remote caller would be. A method in
-    ``RPC_REPLIES`` gets ``reply=None`` (answered when it returns, as outside a
+    it in a unit test is refused what a remote caller would be. A method in its
+    table's ``replies`` gets ``reply=None`` (answered when it returns, as outside a
     socket server). Thread-safe if the handler is.
 
     Example:
+        >>> from tq_stream.transport.handler import Methods
         >>> class Echo:
-        ...     RPC_METHODS = frozenset({"echo"})
+        ...     RPC_TABLE = Methods({"echo"})
         ...     def echo(self, value):
         ...         return value
         >>> InprocTransport(Echo()).call("echo", {"value": 1})
         1
     """
 
-    def __init__(self, handler: Any, *, name: str = "inproc",
+    def __init__(self, handler: Handler, *, name: str = "inproc",
                  owner_token: str | None = None) -> None:
         self._dispatch = Dispatcher(handler, owner_token)
         self.address = name

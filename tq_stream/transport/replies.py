@@ -59,7 +59,7 @@ def run_request(dispatch: Dispatcher, request: Request, received: float, inline:
     have to wait (the caller queues it for a worker). A request that waited longer
     than its caller's timeout before it could run is not run (the caller gave up).
     ``box`` is the outbox ``answers.serving`` gave this request: its ``request`` is
-    the reply handle a method in ``RPC_REPLIES`` gets, and its ``send`` sends the
+    the reply handle a method in its table's ``replies`` gets, and its ``send`` sends the
     replies the request gave to waiting ones, once the handler returned or raised,
     before this reply is encoded."""
     req_id, method, args, timeout = request

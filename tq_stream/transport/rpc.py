@@ -11,6 +11,7 @@ from typing import Any
 
 from tq_stream.errors import ConfigError
 from tq_stream.transport.base import Transport
+from tq_stream.transport.handler import Handler
 
 UNIX = "unix://"
 
@@ -33,7 +34,7 @@ def rpc_client(address: str, *, timeout: float, curve_server_key: bytes | None =
                      check_alive=check_alive)
 
 
-def rpc_server(handler: Any, address: str, *, workers: int, backlog: int,
+def rpc_server(handler: Handler, address: str, *, workers: int, backlog: int,
                curve_secret_key: bytes | None = None, owner_token: str | None = None,
                max_message: int | None = None, allow_insecure: bool = False,
                wait_caps: Mapping[str, int] | None = None) -> Any:

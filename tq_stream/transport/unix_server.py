@@ -1,4 +1,4 @@
-"""UnixRpcServer: serves a handler's RPC_METHODS on a unix stream socket, same host only.
+"""UnixRpcServer: serves a handler's RPC_TABLE on a unix stream socket, same host only.
 
 The low-latency transport of local mode. A zmq round trip crosses two IO
 threads on each side; here one IO thread watches every idle connection
@@ -36,6 +36,7 @@ from typing import Any
 from tq_stream.errors import ClosedError, ConfigError, check_positive, check_timeout
 from tq_stream.transport.answers import Outbox, serving
 from tq_stream.transport.dispatch import Dispatcher
+from tq_stream.transport.handler import Handler
 from tq_stream.transport.replies import busy_reply, given_replies, read_request, run_request
 from tq_stream.transport.unix_frames import (
     MAX_BYTES,
@@ -67,7 +68,7 @@ _ACCEPTS = 256  # connections accepted per wake-up (then the other events get a 
 
 
 class UnixRpcServer:
-    """Serves ``handler.<method>(**args)`` for the names in ``handler.RPC_METHODS``.
+    """Serves ``handler.<method>(**args)`` for the names in ``handler.RPC_TABLE``.
 
     One IO thread accepts connections and watches the idle ones; ``workers``
     threads each take a connection with a request, run it and reply, then give
@@ -88,8 +89,9 @@ class UnixRpcServer:
     in a long-poll holds one worker: size ``workers`` for the waits you expect.
 
     Example:
+        >>> from tq_stream.transport.handler import Methods
         >>> class Echo:
-        ...     RPC_METHODS = frozenset({"echo"})
+        ...     RPC_TABLE = Methods({"echo"})
         ...     def echo(self, value):
         ...         return value
         >>> import tempfile
@@ -107,11 +109,11 @@ class UnixRpcServer:
         idle_timeout: seconds an idle connection stays open.
         max_message: bytes one request may announce.
         owner_token: the token admin calls must carry (None: no admin call is served).
-        wait_caps: requests of each wait class of the handler (``RPC_WAITS``) that may
+        wait_caps: requests of each wait class of the handler (its table's ``waits``) that may
             run at once; more are parked without a thread (``transport.wait_slots``).
     """
 
-    def __init__(self, handler: Any, address: str, *, workers: int = 16,
+    def __init__(self, handler: Handler, address: str, *, workers: int = 16,
                  max_connections: int = MAX_CONNECTIONS, idle_timeout: float = IDLE_TIMEOUT,
                  max_message: int = MAX_MESSAGE, owner_token: str | None = None,
                  wait_caps: Mapping[str, int] | None = None) -> None:

@@ -8,7 +8,7 @@ the stream stopped until the waits timed out, and most consumers got WaitTimeout
 although their rows had arrived.
 
 So a handler names the methods that may wait and their class
-(``RPC_WAITS = {"get_meta": "consume", "reserve": "produce", ...}``), and a server
+(its ``RPC_TABLE``'s ``waits = {"get_meta": "consume", "reserve": "produce", ...}``), and a server
 caps how many of each class run at once (``caps``); the workers left over always
 serve the calls that never wait. A request over its class's cap is *parked*: it
 holds no thread, and it runs, in arrival order, as soon as a request of its class
@@ -38,7 +38,7 @@ class WaitSlots:
     """Caps per wait class; thread-safe.
 
     Args:
-        classes: method name -> wait class (the handler's ``RPC_WAITS``).
+        classes: method name -> wait class (the ``waits`` of the handler's ``RPC_TABLE``).
         caps: wait class -> requests of that class that may run at once; a class
             without a cap is not limited.
     """

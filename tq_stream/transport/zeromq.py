@@ -2,7 +2,7 @@
 
 Importing this module imports pyzmq; ``import tq_stream`` does not.
 
-Usage (a handler is any object with ``RPC_METHODS: frozenset[str]``):
+Usage (a handler is any object with an ``RPC_TABLE``, ``transport/handler.py``):
 
     server = RpcServer(handler, "tcp://127.0.0.1:0").start()
     client = RpcClient(server.address, timeout=30)

@@ -1,4 +1,4 @@
-"""RpcServer: serves a handler's RPC_METHODS over a zmq ROUTER socket."""
+"""RpcServer: serves a handler's RPC_TABLE over a zmq ROUTER socket."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import zmq
 from tq_stream.errors import ClosedError, ConfigError, check_positive, check_timeout
 from tq_stream.transport.answers import Outbox, serving
 from tq_stream.transport.dispatch import Dispatcher
+from tq_stream.transport.handler import Handler
 from tq_stream.transport.replies import (
     DEFER,
     busy_reply,
@@ -38,17 +39,17 @@ MAX_MESSAGE = 1 << 40  # bytes one request frame may have, unless the server set
 
 
 class RpcServer:
-    """Serves ``handler.<method>(**args)`` for the names in ``handler.RPC_METHODS``.
+    """Serves ``handler.<method>(**args)`` for the names in ``handler.RPC_TABLE``.
 
     One IO thread owns the ROUTER socket; ``workers`` threads run handler
     methods, which may block (long-polls), and hand replies back to the IO
-    thread through their own inproc PUSH sockets. Methods the handler lists in
-    ``RPC_INLINE`` never wait, so the IO thread runs them itself and answers at
+    thread through their own inproc PUSH sockets. Methods its ``RPC_TABLE`` lists
+    in ``inline`` never wait, so the IO thread runs them itself and answers at
     once (no thread hop); one that raises ``WouldBlock`` goes to the workers
     (``tq_stream.transport.dispatch``). Invariants:
 
     - only the IO thread touches the ROUTER socket (zmq sockets are not thread-safe);
-    - the IO thread never waits inside a handler: it runs only ``RPC_INLINE``
+    - the IO thread never waits inside a handler: it runs only ``inline``
       methods, with ``may_block()`` False;
     - at most ``workers`` requests run on workers and at most ``backlog`` wait; a request
       arriving when the backlog is full is answered at once with a RemoteError
@@ -63,9 +64,10 @@ class RpcServer:
     live storage slab). Tensors in ``args`` are views of private receive buffers.
 
     Example:
+        >>> from tq_stream.transport.handler import Methods
         >>> from tq_stream.transport.zeromq import RpcClient, RpcServer
         >>> class Echo:
-        ...     RPC_METHODS = frozenset({"echo"})
+        ...     RPC_TABLE = Methods({"echo"})
         ...     def echo(self, value):
         ...         return value
         >>> with RpcServer(Echo()) as server, RpcClient(server.address) as client:
@@ -78,7 +80,7 @@ class RpcServer:
             ``.address`` is the actual bound endpoint.
         workers: threads running handler methods.
         backlog: requests that may wait for a worker.
-        wait_caps: requests of each wait class of the handler (``RPC_WAITS``) that may
+        wait_caps: requests of each wait class of the handler (its table's ``waits``) that may
             run at once; more are parked without a thread (``transport.wait_slots``).
         curve_secret_key: serve CURVE-encrypted; clients need the public key
             (``zmq_security.public_key(secret)``).
@@ -92,7 +94,7 @@ class RpcServer:
 
     def __init__(
         self,
-        handler: Any,
+        handler: Handler,
         address: str = "tcp://127.0.0.1:0",
         *,
         workers: int = 8,

@@ -21,6 +21,7 @@ from tq_stream.connection.same_host import SameHostUnit
 from tq_stream.errors import KeyConflictError, RemoteError, SchemaError, StateError
 from tq_stream.handling import WouldBlock, may_block
 from tq_stream.transport import unix_client, zmq_client
+from tq_stream.transport.handler import Methods
 from tq_stream.transport.zeromq import BUSY, RpcClient, RpcServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -29,8 +30,8 @@ ME = os.getpid()
 
 
 class Handler:
-    RPC_METHODS = frozenset({"where", "fail", "crash", "block", "ready_or_wait"})
-    RPC_INLINE = frozenset({"where", "fail", "crash", "ready_or_wait"})
+    RPC_TABLE = Methods({"where", "fail", "crash", "block", "ready_or_wait"},
+                        inline={"where", "fail", "crash", "ready_or_wait"})
 
     def __init__(self) -> None:
         self.entered = threading.Event()

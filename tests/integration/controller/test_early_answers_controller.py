@@ -96,7 +96,7 @@ def _put(client, key: str) -> None:
 
 @pytest.mark.parametrize("address", ["tcp://127.0.0.1:0", "unix"])
 def test_a_sampler_discard_never_frees_storage_on_the_io_thread(address, tmp_path):
-    """The zmq server runs ``commit`` on its IO thread (RPC_INLINE: no I/O to another
+    """The zmq server runs ``commit`` on its IO thread (``inline``: no I/O to another
     process). A waiter's step formed by that commit must not free the discarded rows'
     storage there (a call to a unit, up to 5 s, stalls every client of the server)."""
     frees: list[bool] = []  # may_block() in each free of storage

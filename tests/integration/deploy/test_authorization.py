@@ -14,6 +14,7 @@ from tests.helpers.tq_fixtures import start_local
 from tests.helpers.tq_workers import values
 from tq_stream.errors import AuthError, ConfigError, StateError
 from tq_stream.transport.dispatch import OWNER_ARG
+from tq_stream.transport.handler import Methods
 from tq_stream.transport.rpc import rpc_client
 from tq_stream.transport.zeromq import RpcServer
 
@@ -115,7 +116,7 @@ def test_tcp_without_curve_warns_and_refuses_other_interfaces(caplog):
     assert any("without curve" in r.getMessage() for r in caplog.records)
 
     class Echo:
-        RPC_METHODS = frozenset({"echo"})
+        RPC_TABLE = Methods({"echo"})
 
         def echo(self, value):
             return value

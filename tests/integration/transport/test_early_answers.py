@@ -11,6 +11,7 @@ from tests.helpers.rpc_handler import wait_until
 from tq_stream.errors import WaitTimeout
 from tq_stream.handling import ANSWERED
 from tq_stream.transport.answers import send_given
+from tq_stream.transport.handler import Methods
 from tq_stream.transport.rpc import rpc_client, rpc_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -19,9 +20,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 class Mailbox:
     """``wait(name)`` waits until ``put(name, value)``; the putting thread answers."""
 
-    RPC_METHODS = frozenset({"wait", "put", "put_all", "put_then_block", "echo"})
-    RPC_INLINE = frozenset({"put"})  # the zmq server runs it on its IO thread
-    RPC_REPLIES = frozenset({"wait"})  # called with reply= its request's handle
+    RPC_TABLE = Methods({"wait", "put", "put_all", "put_then_block", "echo"},
+                        inline={"put"},  # the zmq server runs it on its IO thread
+                        replies={"wait"})  # called with reply= its request's handle
 
     def __init__(self) -> None:
         self.cond = threading.Condition()

@@ -17,6 +17,7 @@ from tests.helpers.tq_fixtures import start_local, wait_until
 from tests.helpers.tq_workers import values
 from tq_stream.errors import StateError
 from tq_stream.serialization import encode
+from tq_stream.transport.handler import Methods
 from tq_stream.transport.rpc import rpc_client
 from tq_stream.transport.unix_server import UnixRpcServer
 
@@ -135,7 +136,7 @@ def test_idle_connections_lock_no_client_out_and_cost_no_threads():
 
 
 class _Echo:
-    RPC_METHODS = frozenset({"echo"})
+    RPC_TABLE = Methods({"echo"})
 
     def echo(self, value):
         return value

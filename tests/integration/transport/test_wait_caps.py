@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.helpers.tq_fixtures import start_local
+from tq_stream.transport.handler import Methods
 from tq_stream.transport.unix_client import UnixRpcClient
 from tq_stream.transport.unix_server import UnixRpcServer
 from tq_stream.transport.zeromq import RpcClient, RpcServer
@@ -24,8 +25,7 @@ class Gate:
     """``wait`` blocks until ``open`` is called (a consumer's long-poll and the put
     that ends it)."""
 
-    RPC_METHODS = frozenset({"wait", "open"})
-    RPC_WAITS = {"wait": "consume"}
+    RPC_TABLE = Methods({"wait", "open"}, waits={"wait": "consume"})
 
     def __init__(self) -> None:
         self._event = threading.Event()
