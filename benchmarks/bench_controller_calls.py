@@ -21,11 +21,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import numpy as np
 import torch
 
 from tq_stream.columns import schema_of
 from tq_stream.controller import Controller
+from tq_stream.messages import puts, reads
+from tq_stream.messages.rpc import RpcTable
 from tq_stream.serialization import decode, encode
 from tq_stream.transport.dispatch import Dispatcher
 from tq_stream.transport.replies import INLINE_BYTES, read_request, run_request
@@ -34,16 +37,35 @@ CALLS = ("commit_new", "get_meta", "ack")
 Call = Callable[..., tuple[Any, float]]  # (method, **args) -> (result, seconds)
 
 
+def _plain(value: Any) -> Any:
+    """A typed reply as the dict its wire form decodes to (arrays kept)."""
+    if isinstance(value, msgspec.Struct):
+        return {f: _plain(getattr(value, f)) for f in value.__struct_fields__
+                if getattr(value, f) is not None}
+    return value
+
+
 def direct(ctrl: Controller) -> Call:
     def call(method: str, **args: Any) -> tuple[Any, float]:
         t0 = time.perf_counter()
         out = getattr(ctrl, method)(**args)
-        return out, time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        return _plain(out), seconds
     return call
 
 
+class _Served:
+    """``ctrl``'s puts and reads behind their RPC table (no storage units to serve)."""
+
+    RPC_TABLE = RpcTable(puts.RPCS, reads.RPCS)
+
+    def __init__(self, ctrl: Controller) -> None:
+        for name in self.RPC_TABLE.methods:
+            setattr(self, name, getattr(ctrl, name))
+
+
 def server(ctrl: Controller) -> Call:
-    dispatch, ids = Dispatcher(ctrl), iter(range(1, 1 << 62))
+    dispatch, ids = Dispatcher(_Served(ctrl)), iter(range(1, 1 << 62))
 
     def call(method: str, **args: Any) -> tuple[Any, float]:
         frames = [bytes(f) for f in encode({"id": next(ids), "method": method, "args": args,
@@ -74,7 +96,7 @@ def bench(make: Callable[[Controller], Call], rounds: int, idle_s: float) -> dic
         index, gen = spares.pop()
         out, t1 = call("commit_new", partition="p", keys=[f"k{step}"], index=index,
                        generation=gen, schemas=schemas, spare=16 if len(spares) < 8 else 0)
-        if "spare" in out:
+        if out.get("spare") is not None:
             sp = out["spare"]
             spares.extend((sp["index"][i:i + 1], sp["generation"][i:i + 1])
                           for i in range(len(sp["index"])))
@@ -85,7 +107,8 @@ def bench(make: Callable[[Controller], Call], rounds: int, idle_s: float) -> dic
             times[name].append(t)
         step += 1
 
-    placed = ctrl.reserve(partition="p", keys=[], schemas=schemas, spare=16, timeout=5)["spare"]
+    placed = ctrl.reserve(partition="p", keys=[], schemas=schemas, spare=16, timeout=5).spare
+    assert placed is not None
     spares.extend((placed.index[i:i + 1], placed.generation[i:i + 1])
                   for i in range(len(placed.index)))
     out: dict[str, dict] = {}
