@@ -72,6 +72,7 @@ class _NoUnit:
 def bench_in_process(journal: bool, ops: int, batch: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as folder:
         ctrl = ControllerService(1, unit_client=lambda address: _NoUnit(), unit_timeout=None,
+                                 owner_token="bench-" + "o" * 26,
                                  checkpoint_path=os.path.join(folder, "c.tqmeta"),
                                  checkpoint_interval=3600.0 if journal else None)
         ctrl.attach_units([{"address": "u0", "host": "", "pid": -1}])
@@ -100,6 +101,7 @@ def bench_replay(steps: int, batch: int) -> dict[str, float]:
         def controller() -> ControllerService:
             return ControllerService(1, unit_client=lambda address: _NoUnit(),
                                      unit_timeout=None, checkpoint_path=path,
+                                     owner_token="bench-" + "o" * 26,
                                      checkpoint_interval=3600.0)
 
         ctrl = controller()
@@ -108,7 +110,7 @@ def bench_replay(steps: int, batch: int) -> dict[str, float]:
         ctrl.register_task(P, "t", ["x"], batch_size=batch)
         place = ctrl.reserve(P, [f"k{i}" for i in range(steps * batch)], SCHEMA)
         ctrl.commit(P, place.index, place.generation, SCHEMA)
-        ctrl._recovery.checkpointer.write_now()
+        ctrl.checkpoints.checkpointer.write_now()
         for step in range(steps):
             meta = ctrl.get_meta(P, "t", step=step, timeout=5.0, session="s")
             ctrl.ack(P, "t", step, 0, meta["index"], meta["generation"])
