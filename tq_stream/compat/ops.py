@@ -15,9 +15,11 @@ from typing import Any
 import torch
 from tensordict import NonTensorStack, TensorDict, TensorDictBase
 
+from tq_stream.columns import Ragged
 from tq_stream.compat import values, variant_read, variants
 from tq_stream.compat.meta import BatchMeta, KVBatchMeta
 from tq_stream.compat.runtime import Runtime
+from tq_stream.convert import to_column
 from tq_stream.errors import ConfigError, KeyConflictError, SchemaError, StateError
 
 PUT_TRIES = 3  # a put refused for a schema learned meanwhile is renamed and tried again
@@ -57,26 +59,29 @@ def one_row(fields: TensorDictBase | dict[str, Any]) -> TensorDict:
     return TensorDict(batch, batch_size=[1])
 
 
-def per_sample(fields: Any) -> Any:
+def per_sample(fields: Any, n: int) -> Any:
     """``fields`` as TransferQueue stores them: every tensor with a per-row dim is ragged.
 
     TransferQueue keeps one tensor per sample and returns a field's rows as a jagged
     nested tensor whenever they are not scalars, whatever their lengths. tq_stream fixes
     a dense field's shape at its first put, so a batch of one (verl puts one session
-    at a time) would pin the length; as a jagged view (no copy) every length fits and
-    reads come back in TransferQueue's layout.
+    at a time) would pin the length; as a ragged column (a view, no copy) every length
+    fits and reads come back in TransferQueue's layout. A jagged nested tensor becomes
+    its ragged column here, once (each look into one costs tens of microseconds).
     """
     if fields is None:
         return None
     out: dict[str, Any] = {}
     for name, value in fields.items():
-        if isinstance(value, torch.Tensor) and not value.is_nested and value.dim() >= 2:
-            n, length = value.shape[0], value.shape[1]
-            flat = value.reshape(n * length, *value.shape[2:])
-            offsets = torch.arange(0, n * length + 1, max(length, 1), dtype=torch.int64)
-            if length == 0:
-                offsets = torch.zeros(n + 1, dtype=torch.int64)
-            value = torch.nested.nested_tensor_from_jagged(flat, offsets)
+        if isinstance(value, torch.Tensor):
+            if value.layout is torch.jagged:
+                value = to_column(name, value, n)
+            elif not value.is_nested and value.dim() >= 2:
+                rows, length = value.shape[0], value.shape[1]
+                flat = value.reshape(rows * length, *value.shape[2:])
+                value = Ragged(flat, torch.arange(0, rows * length + 1, max(length, 1),
+                                                  dtype=torch.int64) if length else
+                               torch.zeros(rows + 1, dtype=torch.int64))
         out[name] = value
     return out
 
@@ -123,7 +128,7 @@ def prepare(fields: TensorDictBase | dict[str, Any], n: int) -> tuple[dict[str, 
                 encoded.add(name)
             value = rows
         out[name] = value
-    return per_sample(out), encoded
+    return per_sample(out, n), encoded
 
 
 def write(rt: Runtime, keys: list[str], partition: str, data: dict[str, Any],
