@@ -360,6 +360,8 @@ def object_stack(column: list[Any]) -> NonTensorStack:
     if not column:
         return NonTensorStack()
     kinds = set(map(type, column))
+    if kinds <= SCALARS:  # what from_list passes on, without its call per row
+        return NonTensorStack(*column)
     if dict in kinds and kinds <= _DICT_ROWS and _flat_dicts_ok():
         return NonTensorStack(*[_flat_ntd(v, None) if type(v) is dict else v for v in column])
     return NonTensorStack.from_list(column)

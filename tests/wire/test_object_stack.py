@@ -13,7 +13,8 @@ COLUMNS = {
     "dicts": [{"acc": float(i % 2), "turns": i} for i in range(5)],
     "dicts and scalars": [{"a": 1}, "s", 2, 2.5, None, True, b"x", {}],
     "deep dicts": [{"l": [1, {"b": None}], "d": {"e": [True, "x"]}}, {"k": []}],
-    "scalars": ["a", 1, None],
+    "scalars": ["a", 1, None, 2.5, True, b"x"],
+    "strings": [f"src-{i}" for i in range(5)],
     "lists": [[1, 2], [3, 4]],
     "one dict": [{"x": "y"}],
 }
