@@ -10,12 +10,13 @@ a plain tag merge (``set_tags``, one controller call, no bytes moved).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tensordict import NonTensorStack, TensorDict, TensorDictBase
 
-from tq_stream.columns import Ragged
+from tq_stream.columns import Ragged, flat_plain
 from tq_stream.compat import values, variant_read, variants
 from tq_stream.compat.meta import BatchMeta, KVBatchMeta
 from tq_stream.compat.runtime import Runtime
@@ -113,32 +114,47 @@ def describe(rt: Runtime, keys: list[str],
     return d["tags"], _visible(d["fields"])
 
 
-def prepare(fields: TensorDictBase | dict[str, Any], n: int) -> tuple[dict[str, Any], set[str]]:
-    """A put's fields as tq_stream stores them (see ``values``, ``per_sample``), and the
-    names of those whose rows hold encoded tensors."""
+@dataclass(frozen=True)
+class Prepared:
+    """A put's fields as tq_stream stores them (``prepare``), and what ``write`` names
+    them by."""
+
+    data: dict[str, Any]  # logical name -> value (see ``values``, ``per_sample``)
+    encoded: set[str]  # the fields whose rows hold encoded tensors
+    descs: dict[str, str]  # logical name -> schema description; "" for nested fields
+
+
+def prepare(fields: TensorDictBase | dict[str, Any], n: int) -> Prepared:
+    """A put's fields as tq_stream stores them, encoded where their rows hold tensors,
+    each with its schema description."""
     items = fields.items() if isinstance(fields, dict) else \
         ((k, fields.get(k)) for k in fields.keys())
     out: dict[str, Any] = {}
     encoded: set[str] = set()
+    plain: set[str] = set()  # rows of plain values, found so here once per put
     for name, value in items:
         rows = None if isinstance(value, torch.Tensor) else values.rows_of(value, n)
         if rows is not None:
-            if values.needs_encoding(rows):
+            if len(rows) == n and flat_plain(rows):
+                plain.add(name)
+            elif values.needs_encoding(rows):
                 rows = values.encode_rows(rows)
                 encoded.add(name)
             value = rows
         out[name] = value
-    return per_sample(out, n), encoded
-
-
-def write(rt: Runtime, keys: list[str], partition: str, data: dict[str, Any],
-          encoded: set[str], tags: list[dict[str, Any]] | None) -> dict[str, str]:
-    """Put ``data`` (logical names) under the physical name each value's schema needs
-    (``variants``); returns logical -> physical names."""
-    stream = rt.get()
-    n = len(keys)
-    descs = {name: "" if isinstance(v, TensorDictBase | dict) else variants.describe(name, v, n)
+    data = per_sample(out, n)
+    descs = {name: variants.OBJECT if name in plain else
+             "" if isinstance(v, TensorDictBase | dict) else variants.describe(name, v, n)
              for name, v in data.items()}
+    return Prepared(data, encoded, descs)
+
+
+def write(rt: Runtime, keys: list[str], partition: str, put: Prepared,
+          tags: list[dict[str, Any]] | None) -> dict[str, str]:
+    """Put ``put``'s fields (logical names) under the physical name each value's schema
+    needs (``variants``); returns logical -> physical names."""
+    stream = rt.get()
+    data, encoded, descs = put.data, put.encoded, put.descs
     for attempt in range(PUT_TRIES):
         fixed = rt.schemas.fixed(partition)
         names = variants.names_for(fixed, descs, encoded)
@@ -175,8 +191,7 @@ def batch_put(rt: Runtime, keys: list[str], partition: str, fields: Any,
     stream = rt.get()
     rt.ensure_partition(partition)
     if fields is not None:
-        data, encoded = prepare(fields, len(keys))
-        write(rt, keys, partition, data, encoded, tags)
+        write(rt, keys, partition, prepare(fields, len(keys)), tags)
     else:
         assert tags is not None  # fields or tags: checked above
         try:  # keys that exist: merge the tags, nothing else
@@ -347,8 +362,7 @@ def put_data(rt: Runtime, data: TensorDict, meta: BatchMeta | None,
         raise ConfigError(f"a BatchMeta must name rows of one partition to be written, got "
                           f"{sorted(parts)}")
     (pid, keys), = parts.items()
-    prepared, encoded = prepare(data, len(keys))
-    names = write(rt, keys, pid, prepared, encoded, None)
+    names = write(rt, keys, pid, prepare(data, len(keys)), None)
     out = meta.copy()
     d = rt.get().connection.controller().lookup(partition=pid, keys=keys,
                                                 fields=list(names.values()))
