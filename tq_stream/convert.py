@@ -5,8 +5,9 @@ a value is a tensor ``[n, ...]`` (dense), a jagged nested tensor (ragged), a
 list of n tensors (ragged along their first dim; a list of 0-d tensors is
 dense; tensors of one ndim >= 2 whose shapes differ after the first dim, or a
 strided nested tensor of such rows, are multi-ragged, every dim varying), a
-``MultiRagged`` column (``MultiRagged.from_list(rows, fixed_dims=...)`` says
-which dims every row shares), or a list of n plain values. A single row
+``Ragged`` column (values and offsets, as ``columns.Ragged`` holds them), a
+``MultiRagged`` column (``MultiRagged.from_list(rows, fixed_dims=...)`` says which
+dims every row shares), or a list of n plain values. A single row
 (``keys`` a str) is a dict of field -> one row's value; a row's tensor counts as
 a list of one tensor.
 
@@ -29,14 +30,17 @@ flat fields ``"obs.image"``; fields with a ``"."`` come back nested (``fieldpath
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cache
 from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
+from tensordict.tensorclass import _flat_ntd  # private: used only as _flat_dicts_ok allows
 
 from tq_stream import fieldpath
 from tq_stream.columns import (
+    SCALARS,
     Column,
     Ragged,
     column_len,
@@ -66,19 +70,22 @@ def _check_plain(field: str, value: object, depth: int = 0) -> None:
     )
 
 
-def _check_tensor(field: str, t: torch.Tensor) -> None:
+def _check_tensor(field: str, t: torch.Tensor, layout: torch.layout | None = None) -> None:
     """Raise SchemaError unless ``t`` is a dense tensor holding data (not sparse, not on
-    the meta device), the only kind a storage unit can copy."""
-    if t.layout not in (torch.strided, torch.jagged):
+    the meta device), the only kind a storage unit can copy (``layout``: ``t.layout``,
+    when the caller has it: each look into a nested tensor costs ~10 us)."""
+    layout = t.layout if layout is None else layout
+    if layout not in (torch.strided, torch.jagged):
         raise SchemaError(f"field {field!r} must be a dense (strided) tensor, got layout "
-                          f"{t.layout}; call .to_dense() first")
+                          f"{layout}; call .to_dense() first")
     if t.device.type == "meta":
         raise SchemaError(f"field {field!r} must be a tensor with data, got a tensor on "
                           f"device meta (shape {list(t.shape)}, no values)")
 
 
 def _from_list(field: str, rows: list[Any]) -> Column:
-    if rows and all(isinstance(r, torch.Tensor) for r in rows):
+    tensors = [issubclass(k, torch.Tensor) for k in set(map(type, rows))]  # no call per row
+    if tensors and all(tensors):
         for r in rows:
             _check_tensor(field, r)
         if any(r.is_nested for r in rows):
@@ -94,7 +101,7 @@ def _from_list(field: str, rows: list[Any]) -> Column:
         if rows[0].dim() == 0:
             return torch.stack(rows)
         return Ragged.from_list([r.contiguous() for r in rows])
-    if any(isinstance(r, torch.Tensor) for r in rows):
+    if any(tensors):
         raise SchemaError(f"field {field!r} must not mix tensors and plain values")
     if not flat_plain(rows):  # the common column needs no walk per row
         for r in rows:
@@ -109,10 +116,11 @@ class _Jagged(Protocol):
     def offsets(self) -> torch.Tensor: ...
 
 
-def _from_nested(field: str, value: torch.Tensor) -> Column:
-    """A nested tensor as a Ragged column with offsets from 0 (views and holes resolved);
-    a strided one whose rows differ after the first dim as a MultiRagged column."""
-    if value.layout != torch.jagged:
+def _from_nested(field: str, value: torch.Tensor, layout: torch.layout) -> Column:
+    """A nested tensor (of ``layout``) as a Ragged column with offsets from 0 (views and
+    holes resolved); a strided one whose rows differ after the first dim as a
+    MultiRagged column."""
+    if layout != torch.jagged:
         return _from_list(field, list(value.unbind()))
     ragged = [i for i, d in enumerate(value.shape) if not isinstance(d, int)]
     if ragged != [1]:
@@ -135,10 +143,13 @@ def to_column(field: str, value: object, n: int) -> Column:
     col: Column
     if isinstance(value, MultiRagged):
         col = _checked(field, value)
+    elif isinstance(value, Ragged):
+        col = _checked_ragged(field, value)
     elif isinstance(value, torch.Tensor):
-        _check_tensor(field, value)
-        if value.is_nested:
-            col = _from_nested(field, value)
+        layout = value.layout
+        _check_tensor(field, value, layout)
+        if layout is torch.jagged or value.is_nested:  # is_nested of a jagged one: ~6 us
+            col = _from_nested(field, value, layout)
         elif value.dim() == 0:
             raise SchemaError(f"field {field!r} must have a leading batch dim of {n}, "
                               f"got a 0-d tensor")
@@ -173,6 +184,24 @@ def _checked(field: str, value: MultiRagged) -> MultiRagged:
         raise SchemaError(f"field {field!r} must be a well-formed MultiRagged column: {bad}")
     _check_tensor(field, value.values)
     return MultiRagged(value.values.detach().cpu().contiguous(), value.shapes.cpu(), value.dims)
+
+
+def _checked_ragged(field: str, value: Ragged) -> Ragged:
+    """A user's Ragged column, checked, its tensors on the CPU."""
+    values, offsets = value.values, value.offsets
+    if not isinstance(values, torch.Tensor) or not isinstance(offsets, torch.Tensor) or \
+            values.dim() < 1 or offsets.dtype != torch.int64 or offsets.dim() != 1 or \
+            not offsets.numel():
+        raise SchemaError(f"field {field!r} must be a Ragged of values [total, ...] and int64 "
+                          f"offsets [n + 1], got {value!r:.120}")
+    _check_tensor(field, values)
+    offsets = offsets.detach().cpu()
+    if int(offsets[0]) != 0 or int(offsets[-1]) != values.shape[0] or \
+            bool((offsets[1:] < offsets[:-1]).any()):
+        raise SchemaError(f"field {field!r} must have Ragged offsets from 0 to the values' "
+                          f"length {values.shape[0]}, non-decreasing, got "
+                          f"{offsets.tolist()[:8]}")
+    return Ragged(values.detach().cpu().contiguous(), offsets)
 
 
 def _is_nested(value: object) -> bool:
@@ -313,7 +342,45 @@ def to_value(column: Column, schema: FieldSchema | None = None, ragged: str = "n
         if ragged == "list":
             return row_list(column.rows())  # views of the values read
         return column.to_nested()
-    return NonTensorStack.from_list(column) if column else NonTensorStack()
+    return object_stack(column)
+
+
+_DICT_ROWS = SCALARS | {dict}  # the rows object_stack builds itself
+
+
+def object_stack(column: list[Any]) -> NonTensorStack:
+    """An object column as ``NonTensorStack.from_list(column)`` builds it, faster.
+
+    ``from_list`` takes tensordict's flat path for scalar rows only: a dict row goes
+    through the general ``NonTensorData(data=row)`` (~3x the time of a scalar). Here
+    dict rows are built by tensordict's own flat constructor (``_flat_ntd``, what its
+    fast path builds scalar rows with), while ``_flat_dicts_ok`` finds that it builds
+    what the public constructor does; any other column goes to ``from_list``.
+    """
+    if not column:
+        return NonTensorStack()
+    kinds = set(map(type, column))
+    if kinds <= SCALARS:  # what from_list passes on, without its call per row
+        return NonTensorStack(*column)
+    if dict in kinds and kinds <= _DICT_ROWS and _flat_dicts_ok():
+        return NonTensorStack(*[_flat_ntd(v, None) if type(v) is dict else v for v in column])
+    return NonTensorStack.from_list(column)
+
+
+def member_state(obj: object) -> tuple[type, dict[str, Any]]:
+    """What tells two NonTensorData apart: the type and every attribute (with its
+    type), through the TensorDict inside."""
+    return type(obj), {k: member_state(v) if isinstance(v, TensorDictBase) else (type(v), v)
+                       for k, v in vars(obj).items()}
+
+
+@cache
+def _flat_dicts_ok() -> bool:
+    """Whether ``_flat_ntd`` builds dict rows as ``NonTensorData(data=row)`` does, on
+    the installed tensordict (checked once; False sends dict rows to ``from_list``)."""
+    rows = [{"a": 1}, {"s": "x", "l": [1, 2.5, None], "d": {"b": True}}, {}]
+    return all(member_state(_flat_ntd(r, None)) == member_state(NonTensorData(data=r))
+               and _flat_ntd(r, None).data is r for r in rows)
 
 
 def to_tensordict(columns: Mapping[str, Column], n: int, ragged: str = "nested") -> TensorDict:

@@ -172,3 +172,17 @@ def test_a_dict_of_plain_tensors_passes_through_and_anything_else_is_normalized(
         to_columns({"m": torch.empty(2, 3, device="meta")}, 2)
     nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged)
     assert isinstance(to_columns({"r": nested}, 2)["r"], Ragged)
+
+
+def test_ragged_column_in_is_checked():
+    r = Ragged(torch.arange(5.0), torch.tensor([0, 2, 5]))
+    col = to_column("r", r, 2)
+    assert isinstance(col, Ragged) and rows_of(col) == [[0.0, 1.0], [2.0, 3.0, 4.0]]
+    assert to_columns({"r": r}, 2)["r"].offsets.tolist() == [0, 2, 5]
+    for offsets in ([1, 2, 5], [0, 2, 4], [0, 3, 2, 5]):
+        with pytest.raises(SchemaError, match="field 'r' must have Ragged offsets"):
+            to_column("r", Ragged(torch.arange(5.0), torch.tensor(offsets)), len(offsets) - 1)
+    with pytest.raises(SchemaError, match="int64"):
+        to_column("r", Ragged(torch.arange(5.0), torch.tensor([0, 5], dtype=torch.int32)), 1)
+    with pytest.raises(SchemaError, match="must have 3 rows"):
+        to_column("r", r, 3)

@@ -10,14 +10,17 @@ a plain tag merge (``set_tags``, one controller call, no bytes moved).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tensordict import NonTensorStack, TensorDict, TensorDictBase
 
+from tq_stream.columns import Ragged, flat_plain
 from tq_stream.compat import values, variant_read, variants
 from tq_stream.compat.meta import BatchMeta, KVBatchMeta
 from tq_stream.compat.runtime import Runtime
+from tq_stream.convert import to_column
 from tq_stream.errors import ConfigError, KeyConflictError, SchemaError, StateError
 
 PUT_TRIES = 3  # a put refused for a schema learned meanwhile is renamed and tried again
@@ -57,26 +60,29 @@ def one_row(fields: TensorDictBase | dict[str, Any]) -> TensorDict:
     return TensorDict(batch, batch_size=[1])
 
 
-def per_sample(fields: Any) -> Any:
+def per_sample(fields: Any, n: int) -> Any:
     """``fields`` as TransferQueue stores them: every tensor with a per-row dim is ragged.
 
     TransferQueue keeps one tensor per sample and returns a field's rows as a jagged
     nested tensor whenever they are not scalars, whatever their lengths. tq_stream fixes
     a dense field's shape at its first put, so a batch of one (verl puts one session
-    at a time) would pin the length; as a jagged view (no copy) every length fits and
-    reads come back in TransferQueue's layout.
+    at a time) would pin the length; as a ragged column (a view, no copy) every length
+    fits and reads come back in TransferQueue's layout. A jagged nested tensor becomes
+    its ragged column here, once (each look into one costs tens of microseconds).
     """
     if fields is None:
         return None
     out: dict[str, Any] = {}
     for name, value in fields.items():
-        if isinstance(value, torch.Tensor) and not value.is_nested and value.dim() >= 2:
-            n, length = value.shape[0], value.shape[1]
-            flat = value.reshape(n * length, *value.shape[2:])
-            offsets = torch.arange(0, n * length + 1, max(length, 1), dtype=torch.int64)
-            if length == 0:
-                offsets = torch.zeros(n + 1, dtype=torch.int64)
-            value = torch.nested.nested_tensor_from_jagged(flat, offsets)
+        if isinstance(value, torch.Tensor):
+            if value.layout is torch.jagged:
+                value = to_column(name, value, n)
+            elif not value.is_nested and value.dim() >= 2:
+                rows, length = value.shape[0], value.shape[1]
+                flat = value.reshape(rows * length, *value.shape[2:])
+                value = Ragged(flat, torch.arange(0, rows * length + 1, max(length, 1),
+                                                  dtype=torch.int64) if length else
+                               torch.zeros(rows + 1, dtype=torch.int64))
         out[name] = value
     return out
 
@@ -108,32 +114,47 @@ def describe(rt: Runtime, keys: list[str],
     return d["tags"], _visible(d["fields"])
 
 
-def prepare(fields: TensorDictBase | dict[str, Any], n: int) -> tuple[dict[str, Any], set[str]]:
-    """A put's fields as tq_stream stores them (see ``values``, ``per_sample``), and the
-    names of those whose rows hold encoded tensors."""
+@dataclass(frozen=True)
+class Prepared:
+    """A put's fields as tq_stream stores them (``prepare``), and what ``write`` names
+    them by."""
+
+    data: dict[str, Any]  # logical name -> value (see ``values``, ``per_sample``)
+    encoded: set[str]  # the fields whose rows hold encoded tensors
+    descs: dict[str, str]  # logical name -> schema description; "" for nested fields
+
+
+def prepare(fields: TensorDictBase | dict[str, Any], n: int) -> Prepared:
+    """A put's fields as tq_stream stores them, encoded where their rows hold tensors,
+    each with its schema description."""
     items = fields.items() if isinstance(fields, dict) else \
         ((k, fields.get(k)) for k in fields.keys())
     out: dict[str, Any] = {}
     encoded: set[str] = set()
+    plain: set[str] = set()  # rows of plain values, found so here once per put
     for name, value in items:
         rows = None if isinstance(value, torch.Tensor) else values.rows_of(value, n)
         if rows is not None:
-            if values.needs_encoding(rows):
+            if len(rows) == n and flat_plain(rows):
+                plain.add(name)
+            elif values.needs_encoding(rows):
                 rows = values.encode_rows(rows)
                 encoded.add(name)
             value = rows
         out[name] = value
-    return per_sample(out), encoded
-
-
-def write(rt: Runtime, keys: list[str], partition: str, data: dict[str, Any],
-          encoded: set[str], tags: list[dict[str, Any]] | None) -> dict[str, str]:
-    """Put ``data`` (logical names) under the physical name each value's schema needs
-    (``variants``); returns logical -> physical names."""
-    stream = rt.get()
-    n = len(keys)
-    descs = {name: "" if isinstance(v, TensorDictBase | dict) else variants.describe(name, v, n)
+    data = per_sample(out, n)
+    descs = {name: variants.OBJECT if name in plain else
+             "" if isinstance(v, TensorDictBase | dict) else variants.describe(name, v, n)
              for name, v in data.items()}
+    return Prepared(data, encoded, descs)
+
+
+def write(rt: Runtime, keys: list[str], partition: str, put: Prepared,
+          tags: list[dict[str, Any]] | None) -> dict[str, str]:
+    """Put ``put``'s fields (logical names) under the physical name each value's schema
+    needs (``variants``); returns logical -> physical names."""
+    stream = rt.get()
+    data, encoded, descs = put.data, put.encoded, put.descs
     for attempt in range(PUT_TRIES):
         fixed = rt.schemas.fixed(partition)
         names = variants.names_for(fixed, descs, encoded)
@@ -170,8 +191,7 @@ def batch_put(rt: Runtime, keys: list[str], partition: str, fields: Any,
     stream = rt.get()
     rt.ensure_partition(partition)
     if fields is not None:
-        data, encoded = prepare(fields, len(keys))
-        write(rt, keys, partition, data, encoded, tags)
+        write(rt, keys, partition, prepare(fields, len(keys)), tags)
     else:
         assert tags is not None  # fields or tags: checked above
         try:  # keys that exist: merge the tags, nothing else
@@ -342,8 +362,7 @@ def put_data(rt: Runtime, data: TensorDict, meta: BatchMeta | None,
         raise ConfigError(f"a BatchMeta must name rows of one partition to be written, got "
                           f"{sorted(parts)}")
     (pid, keys), = parts.items()
-    prepared, encoded = prepare(data, len(keys))
-    names = write(rt, keys, pid, prepared, encoded, None)
+    names = write(rt, keys, pid, prepare(data, len(keys)), None)
     out = meta.copy()
     d = rt.get().connection.controller().lookup(partition=pid, keys=keys,
                                                 fields=list(names.values()))

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import NonTensorStack
 
-from tq_stream.columns import dtype_name, flat_plain, schema_of
+from tq_stream.columns import Ragged, dtype_name, flat_plain, schema_of
 from tq_stream.convert import to_column
 from tq_stream.forksafe import ForkSafeLock
 from tq_stream.schemas import FieldSchema
@@ -58,6 +58,8 @@ def describe(name: str, value: object, n: int) -> str:
             return FieldSchema("ragged", dtype_name(value.dtype),
                                tuple(value.values().shape[1:])).describe()
         return FieldSchema("dense", dtype_name(value.dtype), tuple(value.shape[1:])).describe()
+    if isinstance(value, Ragged):
+        return schema_of(value).describe()
     if type(value) is list and len(value) == n and flat_plain(value):
         return OBJECT  # what to_column would make of it, without building the column
     return schema_of(to_column(name, value, n)).describe()
