@@ -29,14 +29,14 @@ flat fields ``"obs.image"``; fields with a ``"."`` come back nested (``fieldpath
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import importlib
+from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
-from tensordict.tensorclass import _flat_ntd  # private: used only as _flat_dicts_ok allows
 
 from tq_stream import fieldpath
 from tq_stream.columns import (
@@ -52,6 +52,9 @@ from tq_stream.errors import ConfigError, SchemaError, check_name
 from tq_stream.multiragged import MultiRagged
 from tq_stream.schemas import FieldSchema
 
+# tensordict's private flat NonTensorData constructor: used only as _flat_dicts_ok allows
+_flat_ntd: Callable[..., NonTensorData] = vars(
+    importlib.import_module("tensordict.tensorclass"))["_flat_ntd"]
 _PLAIN = (str, int, float, bool, bytes, type(None))
 def _check_plain(field: str, value: object, depth: int = 0) -> None:
     if isinstance(value, _PLAIN):
