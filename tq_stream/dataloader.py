@@ -270,6 +270,8 @@ class StreamingDataLoader:
             except TypeError:  # interpreter exit: module globals are gone already; the
                 pass  # batch stays leased and comes back once its lease expires
             self._cancel(ds.session)
+            if self.num_workers:  # now, not in torch's __del__: a garbage collection may
+                stop_workers(batches)  # run that in any thread, which then joins them
 
     def release(self) -> None:
         """Give back every batch yielded and not acked: it is not trained. Its rows go,

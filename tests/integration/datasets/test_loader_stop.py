@@ -115,3 +115,20 @@ def test_a_script_that_ends_holding_an_iterator_exits_quietly(tmp_path):
         assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, \
             done.stderr
         assert done.returncode == 0, done.stderr
+
+
+def test_a_loop_left_by_an_exception_stops_its_workers_at_once(local_stream):
+    """The iteration's end shuts its DataLoader workers down itself: left to torch's
+    ``__del__``, a garbage collection (the iterator sits in a reference cycle with the
+    exception's frames) joined them later, in whatever thread it ran in: a server's, a
+    lease keeper's, while it held a lock."""
+    keys = [f"x{i}" for i in range(2)]
+    local_stream.writer("raise").put(keys, {"x": torch.arange(2.0)})
+    ds = tq.StreamingDataset(local_stream, "raise", "t", ["x"], batch_size=2, timeout=60)
+    loader = tq.StreamingDataLoader(ds, num_workers=2, multiprocessing_context="fork")
+    before = set(mp.active_children())
+    with pytest.raises(ZeroDivisionError):
+        for _ in loader:
+            raise ZeroDivisionError  # the training step fails
+    workers = [p for p in mp.active_children() if p not in before]
+    assert [p.is_alive() for p in workers] == []
