@@ -21,10 +21,11 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_heap_extend_past_its_threshold_grows_in_place_and_keeps_rows():
     heap = HeapAlloc()
-    t = heap((16,), torch.uint8)
+    t = heap.extend(heap((16,), torch.uint8), RESERVE_FROM, used=0)  # one put: the heap
     t[:16] = 7
-    big = heap.extend(t, RESERVE_FROM, used=16)  # moves once, into a reserved mapping
-    assert big.shape == (RESERVE_FROM,) and bool(big[:16].eq(7).all())
+    assert heap.extra_bytes(t, RESERVE_FROM + 1) == RESERVE_FROM + 1  # it will copy
+    big = heap.extend(t, RESERVE_FROM + 1, used=16)  # moves once, into a reserved mapping
+    assert big.shape == (RESERVE_FROM + 1,) and bool(big[:16].eq(7).all())
     view = big[:16]  # a reader's view of rows, as ``MultiRaggedArena.locate`` gives
     more = heap.extend(big, 2 * RESERVE_FROM, used=RESERVE_FROM)
     assert more.data_ptr() == big.data_ptr()  # no copy, no byte moved
@@ -36,6 +37,7 @@ def test_heap_extend_past_its_threshold_grows_in_place_and_keeps_rows():
 def test_heap_extend_past_the_reserved_room_copies_the_used_rows():
     heap = HeapAlloc()
     t = heap.extend(heap((4,), torch.float32), RESERVE_FROM, used=0)
+    t = heap.extend(t, RESERVE_FROM + 1, used=0)  # reserved
     t[:3] = torch.tensor([1.0, 2.0, 3.0])
     far = RESERVE_MIN
     assert heap.extra_bytes(t, far) == far * 4  # held with the old one while copied

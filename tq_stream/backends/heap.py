@@ -4,8 +4,10 @@ address space reserved ahead (``HeapAlloc``).
 An arena appends rows, so its values grow again and again. Grown by a copy, an arena
 must double each time to keep the copying cheap (each value copied about once), and
 then holds up to twice what it needs. ``HeapAlloc.extend`` grows one without a copy
-once it is large: the arena moves once into a private anonymous mapping several times
-its size, and each later growth is a longer view of the same mapping. A page of it
+once it is large: an arena of ``RESERVE_FROM`` bytes or more that grows moves once into
+a private anonymous mapping several times its size, and each later growth is a longer
+view of the same mapping. A smaller arena grows by a copy on the heap, whose freed
+pages a store made anew (one large put) takes again without faulting them in. A page of it
 takes memory once written, so an arena may grow by small steps (``alloc.stepped``)
 and hold little more than its values; only when the mapping is used up are the values
 copied, into one ``RESERVE`` times larger (at least ``RESERVE_MIN``).
@@ -19,7 +21,7 @@ import weakref
 
 import torch
 
-RESERVE_FROM = 1 << 20  # bytes: a smaller arena grows by a copy, on the heap
+RESERVE_FROM = 1 << 20  # bytes: an arena smaller than this grows by a copy, on the heap
 RESERVE = 4  # address space reserved, times the bytes the arena grows to
 RESERVE_MIN = 64 << 20  # bytes of address space reserved at least (no memory: unwritten)
 
@@ -37,9 +39,9 @@ class HeapAlloc:
 
     Example:
         >>> heap = HeapAlloc()
-        >>> t = heap((16,), torch.uint8)
-        >>> t = heap.extend(t, 4 << 20, used=16)  # now a view of a reserved mapping
-        >>> heap.extend(t, 5 << 20, used=4 << 20).data_ptr() == t.data_ptr()
+        >>> t = heap.extend(heap((16,), torch.uint8), 2 << 20, used=16)  # on the heap
+        >>> t = heap.extend(t, 3 << 20, used=2 << 20)  # copied into a reserved mapping
+        >>> heap.extend(t, 4 << 20, used=3 << 20).data_ptr() == t.data_ptr()  # in place
         True
     """
 
@@ -57,7 +59,8 @@ class HeapAlloc:
         mapping = self._room(tensor, _nbytes(shape, tensor.dtype))
         if mapping is not None:
             return self._view(mapping, tensor.dtype, shape)
-        new = self._new(shape, tensor.dtype)
+        reserve = tensor.numel() * tensor.element_size() >= RESERVE_FROM
+        new = self._new(shape, tensor.dtype) if reserve else torch.empty(shape, dtype=tensor.dtype)
         new[:used].copy_(tensor[:used])
         return new
 
@@ -79,14 +82,13 @@ class HeapAlloc:
 
     def _new(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         nbytes = _nbytes(shape, dtype)
-        if nbytes >= RESERVE_FROM:
-            # just the bytes asked for if the kernel refuses to reserve more
-            for size in (max(RESERVE * nbytes, RESERVE_MIN), nbytes):
-                try:
-                    mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
-                except OSError:
-                    continue
-                return self._view(mapping, dtype, shape)
+        # just the bytes asked for if the kernel refuses to reserve more
+        for size in (max(RESERVE * nbytes, RESERVE_MIN), nbytes):
+            try:
+                mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+            except OSError:
+                continue
+            return self._view(mapping, dtype, shape)
         return torch.empty(shape, dtype=dtype)
 
     def _view(self, mapping: mmap.mmap, dtype: torch.dtype,
