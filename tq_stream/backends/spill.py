@@ -300,12 +300,17 @@ class Spill:
                 f"never fit however many rows are freed (raise memory_budget to at least "
                 f"{need}, mark large fields cold, or put fewer rows at a time)")
 
+    def fits(self, partition: str, held: int, need: int) -> bool:
+        """True if ``need`` more bytes fit beside ``held`` within the budget (or none)."""
+        budget = self.budgets.get(partition)
+        return budget is None or held + need <= budget
+
     def check_room(self, partition: str, held: int, need: int,
                    live: Callable[[], int]) -> None:
         """Raise MemoryBudgetExceeded unless ``need`` more bytes fit beside ``held``
         (``live()``: the bytes of those that live rows hold, for the message)."""
-        budget = self.budgets.get(partition)
-        if budget is not None and held + need > budget:
+        if not self.fits(partition, held, need):
+            budget = self.budgets[partition]
             rows = live()
             raise MemoryBudgetExceeded(
                 f"memory_budget of partition {partition!r} is {budget} bytes; its stores "
