@@ -2,8 +2,10 @@
 
 An ``Alloc`` (``alloc(shape, dtype) -> Tensor``) decides where slab memory comes from (the
 heap, or a shared-memory segment in ``ShmUnit``); ``GrowsInPlace`` is one that can also
-extend a tensor it made. ``fence`` orders a writer's stores before its later loads; the
-``written`` helpers keep a per-slot mask of which slots hold a value.
+extend a tensor it made, ``Extends`` one that extends it in place while it can, else by a
+copy (the heap's, ``heap.HeapAlloc``); ``grown`` and ``stepped`` say how far a store
+grows. ``fence`` orders a writer's stores before its later loads; the ``written`` helpers
+keep a per-slot mask of which slots hold a value.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from tq_stream.backends.heap import HeapAlloc
 from tq_stream.errors import KeyConflictError
 from tq_stream.forksafe import ForkSafeLock
 
 Alloc = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
 MIN_ROWS = 16
+STEP = 16  # a store that grows without a copy grows by 1/STEP of itself at least
 
 
 @runtime_checkable
@@ -34,14 +38,37 @@ class GrowsInPlace(Protocol):
         ...
 
 
-def heap_alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype)
+@runtime_checkable
+class Extends(Protocol):
+    """An allocator that extends a tensor it made, in place while it can, else by a
+    copy into new memory (``heap.HeapAlloc``): the tensor may move."""
+
+    def __call__(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
+
+    def extend(self, tensor: torch.Tensor, rows: int, used: int) -> torch.Tensor:
+        """``tensor`` with ``rows`` rows, its first ``used`` rows kept."""
+        ...
+
+    def extra_bytes(self, tensor: torch.Tensor, rows: int) -> int:
+        """Bytes ``extend`` to ``rows`` rows holds beyond ``tensor`` at its peak."""
+        ...
+
+
+heap_alloc = HeapAlloc()
 
 
 def grown(n: int, need: int) -> int:
+    """Capacity for ``need`` rows of a store of ``n`` that grows by a copy: doubled (so
+    each row is copied about once however often it grows)."""
     while n < need:
         n *= 2
     return n
+
+
+def stepped(n: int, need: int) -> int:
+    """Capacity for ``need`` rows of a store of ``n`` that grows without a copy: ``need``,
+    or 1/STEP more than ``n`` (growths stay few), so it holds little more than its rows."""
+    return max(need, n + n // STEP)
 
 
 _FENCE = ForkSafeLock()  # a writer in a forked child fences too

@@ -82,6 +82,13 @@ class MemoryUnit(StorageUnit):
         self._spill.check_fits(partition, sum(
             n for f, n in need.items() if not self._spill.is_cold(partition, f)), rows)
 
+    def _has_room(self, partition: str, need: int) -> bool:
+        """True if ``need`` more bytes of field values fit ``partition``'s budget beside
+        its stores (lock held)."""
+        part = self._parts.get(partition)
+        held = sum(s.nbytes() for s in part.fields.values()) if part is not None else 0
+        return self._spill.fits(partition, held, need)
+
     def _check_room(self, partition: str, field: str, need: int) -> None:
         """Refuse an allocation of ``need`` bytes for ``field`` (lock held) that is cold
         or would take ``partition`` past its memory budget."""

@@ -63,9 +63,10 @@ class ShmUnit(MemoryUnit):
     mapping in the unit and in every reader and a new layout epoch, unless its segment was kept.
     A kept segment is reused only by the store it served last (same partition and field), and
     only while that store does not exist; so a reader's layout that maps it is right again once
-    it is reused, and needs no new epoch. Invariants: at most one kept segment per (partition,
-    field), the one that store used last; every other change of a store's segment bumps the
-    epoch before rows are written to it.
+    it is reused, and needs no new epoch; it is handed out whole, so it is reused for a
+    field's values only if all of it fits the partition's memory budget. Invariants: at
+    most one kept segment per (partition, field), the one that store used last; every other
+    change of a store's segment bumps the epoch before rows are written to it.
     """
 
     def __init__(self, keep_bytes: int = 0, spill_dir: str | None = None) -> None:
@@ -130,8 +131,12 @@ class ShmUnit(MemoryUnit):
             seg = self._idle.pop(key, None) if key is not None else None
             if seg is not None and key is not None:
                 self._idle_bytes -= seg.nbytes
+                # Handed out whole: a field's values must fit the budget (a store's
+                # flags, a partition's tokens and live flags are not budgeted).
                 if (not self._stored(key) and seg.dtype == dtype
-                        and seg.shape[1:] == tuple(shape[1:]) and seg.shape[0] >= shape[0]):
+                        and seg.shape[1:] == tuple(shape[1:]) and seg.shape[0] >= shape[0]
+                        and (len(key) > 2 or not key[1]
+                             or self._has_room(key[0], seg.nbytes))):
                     t = seg.tensor(dtype, seg.shape)
                     seg.seq = next(_COUNTER)
                     self._segments[t.data_ptr()] = seg

@@ -8,9 +8,11 @@
   ``RaggedArena`` of one dim, their shapes per slot.
 - ``ObjectSlots`` (``object_slots.py``): a numpy object array of plain Python values.
 
-Every store grows by doubling, can report its bytes, and knows which slots hold a
-value: reading a slot that was never written (or was freed) raises
-KeyConflictError instead of returning stale bytes. An ``alloc`` callable
+A dense slab or a plain store grows by doubling; an arena grows by small steps
+(``alloc.stepped``) when its allocator grows it without a copy (``GrowsInPlace``, or
+``Extends``: the heap), so it holds little more than its values. Every store can report
+its bytes, and knows which slots hold a value: reading a slot that was never written (or
+was freed) raises KeyConflictError instead of returning stale bytes. An ``alloc`` callable
 (``alloc(shape, dtype) -> Tensor``, ``alloc.py``) decides where slab memory comes from,
 so a shared-memory unit reuses the same stores. ``Generations`` (``generations.py``)
 holds the occupancy token of every slot of a partition (see
@@ -25,11 +27,13 @@ import torch
 from tq_stream.backends.alloc import (
     MIN_ROWS,
     Alloc,
+    Extends,
     GrowsInPlace,
     check_written,
     fence,
     grown,
     heap_alloc,
+    stepped,
 )
 from tq_stream.backends.generations import UNSET as UNSET  # re-exported: same_host reads it
 from tq_stream.backends.object_slots import ObjectSlots
@@ -127,13 +131,15 @@ class RaggedArena:
     def _ensure_values(self, extra: int) -> None:
         if self._compacts(extra):
             self._compact()
-        cap = self.values.shape[0]
-        if self.end + extra > cap:
-            rows = grown(cap, self.end + extra)
+        cap, need = self.values.shape[0], self.end + extra
+        if need > cap:
             if isinstance(self._alloc, GrowsInPlace):  # no byte copied, none moves
-                self.values = self._alloc.grow(self.values, rows)
+                self.values = self._alloc.grow(self.values, stepped(cap, need))
                 return
-            new = self._alloc((rows, *self.tail), self.dtype)
+            if isinstance(self._alloc, Extends):  # in place, or (rarely) by a copy
+                self.values = self._alloc.extend(self.values, stepped(cap, need), self.end)
+                return
+            new = self._alloc((grown(cap, need), *self.tail), self.dtype)
             new[: self.end].copy_(self.values[: self.end])
             self.values = new
 

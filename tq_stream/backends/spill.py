@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from tq_stream import recordfile
-from tq_stream.backends.alloc import Alloc, GrowsInPlace
+from tq_stream.backends.alloc import Alloc, Extends, GrowsInPlace
 from tq_stream.columns import Column, Ragged, concat, take
 from tq_stream.errors import (
     ConfigError,
@@ -125,10 +125,29 @@ class BoundedInPlace(Bounded):
         return self._grows.grow(tensor, rows)
 
 
+class BoundedExtends(Bounded):
+    """``Bounded`` for an allocator that extends a tensor (``alloc.Extends``): an
+    extension counts what it holds beyond the tensor at its peak."""
+
+    def __init__(self, inner: Extends, check: Callable[[int], None]) -> None:
+        super().__init__(inner, check)
+        self._extends = inner
+
+    def extend(self, tensor: torch.Tensor, rows: int, used: int) -> torch.Tensor:
+        self._check(self._extends.extra_bytes(tensor, rows))
+        return self._extends.extend(tensor, rows, used)
+
+    def extra_bytes(self, tensor: torch.Tensor, rows: int) -> int:
+        return self._extends.extra_bytes(tensor, rows)
+
+
 def bounded(inner: Alloc, check: Callable[[int], None]) -> Alloc:
-    """``inner`` asking ``check`` first (growing in place if ``inner`` does)."""
+    """``inner`` asking ``check`` first (growing in place, or extending, if ``inner``
+    does)."""
     if isinstance(inner, GrowsInPlace):
         return BoundedInPlace(inner, check)
+    if isinstance(inner, Extends):
+        return BoundedExtends(inner, check)
     return Bounded(inner, check)
 
 
@@ -281,17 +300,22 @@ class Spill:
                 f"never fit however many rows are freed (raise memory_budget to at least "
                 f"{need}, mark large fields cold, or put fewer rows at a time)")
 
+    def fits(self, partition: str, held: int, need: int) -> bool:
+        """True if ``need`` more bytes fit beside ``held`` within the budget (or none)."""
+        budget = self.budgets.get(partition)
+        return budget is None or held + need <= budget
+
     def check_room(self, partition: str, held: int, need: int,
                    live: Callable[[], int]) -> None:
         """Raise MemoryBudgetExceeded unless ``need`` more bytes fit beside ``held``
         (``live()``: the bytes of those that live rows hold, for the message)."""
-        budget = self.budgets.get(partition)
-        if budget is not None and held + need > budget:
+        if not self.fits(partition, held, need):
+            budget = self.budgets[partition]
             rows = live()
             raise MemoryBudgetExceeded(
                 f"memory_budget of partition {partition!r} is {budget} bytes; its stores "
                 f"take {held} ({rows} held by live rows, {held - rows} room reserved in "
-                f"stores of at least {MIN_ROWS} rows that grow by doubling) and must grow "
+                f"stores of at least {MIN_ROWS} rows that grow ahead of their rows) and must grow "
                 f"by {need} for this put, and nothing more can spill (the put is made "
                 f"again within its timeout, as acks free rows; or mark large fields cold, "
                 f"declare consumers, bound rows with capacity=, or raise memory_budget)")

@@ -102,12 +102,12 @@ def values_of(n: int, fill: int) -> Ragged:
 def test_an_arena_grows_in_place_under_an_open_write(unit):
     unit.put("p", np.arange(2), {"r": ragged(2)}, np.arange(2))
     store = unit.stores["p"].fields["r"]
-    name, cap = unit._describe(store.values)["shm"], store.values.shape[0]
-    reader = ShmReader()
-    old = reader.view(name, torch.int64, (cap, 2))  # a same-host reader's mapping
     row = values_of(3, 7)
     w = ArenaWrite.of(row)
     plan = unit.prepare_write("p", np.array([2]), np.array([2]), {}, {"r": w.wire()})
+    name, cap = plan["arenas"]["r"]["shm"], plan["arenas"]["r"]["shape"][0]
+    reader = ShmReader()
+    old = reader.view(name, torch.int64, (cap, 2))  # the writer's mapping of its layout
     with inline():  # no wait: the arena grows in its own segment, nothing is copied
         unit.put("p", np.array([3]), {"r": values_of(cap, 9)}, np.array([3]))
     assert store.values.shape[0] > cap and unit._describe(store.values)["shm"] == name
@@ -123,6 +123,7 @@ def test_an_arena_grows_in_place_under_an_open_write(unit):
 def test_an_arena_does_not_compact_under_an_open_write(unit):
     unit.put("p", np.array([0]), {"r": values_of(1, 1)}, np.array([1]))
     unit.put("p", np.array([1]), {"r": values_of(70_000, 2)}, np.array([5]))
+    unit.put("p", np.array([4]), {"r": values_of(1, 1)}, np.array([6]))  # room ahead
     unit.free("p", np.array([1]))  # garbage beyond the live values: the next growth compacts
     store = unit.stores["p"].fields["r"]
     plan = unit.prepare_write("p", np.array([2]), np.array([2]), {},

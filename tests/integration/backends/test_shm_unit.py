@@ -237,3 +237,24 @@ def test_an_emptied_partition_keeps_its_stores_within_the_budget():
     finally:
         u.close()
     assert set(segments_of([ME])) <= before
+
+
+def test_a_store_made_from_a_kept_segment_stays_within_the_budget():
+    """A kept segment is handed whole to the store made again from it, which asked for
+    16 rows: it must fit the partition's budget like any allocation (else a fresh one)."""
+    budget, kib = 1 << 20, 1 << 10
+    u = ShmUnit(keep_bytes=600 * kib)
+    try:
+        u.set_memory("p", memory_budget=budget)
+        wide = 5 * kib  # float32: 20 KiB a row, 16 rows 320 KiB
+        u.put("p", one(0), {"a": torch.ones(1, wide),
+                            "r": Ragged.from_list([torch.ones(512 * kib, dtype=torch.uint8)])})
+        u.free("p", one(0))  # 832 KiB do not stay: "r"'s 512 KiB segment is kept
+        assert "p" not in u.stores and u._idle_bytes >= 512 * kib
+        slots = np.arange(32, dtype=np.int64)  # "a" grows to 640 KiB, within the budget
+        u.put("p", slots, {"a": torch.ones(32, wide),
+                           "r": Ragged.from_list([torch.ones(1, dtype=torch.uint8)] * 32)})
+        assert u.nbytes() <= budget, u.stats()["partitions"]["p"]["fields"]
+        assert u.get("p", slots, ["r"])["r"].values.sum() == 32
+    finally:
+        u.close()
