@@ -95,7 +95,11 @@ class HeapAlloc:
               shape: tuple[int, ...]) -> torch.Tensor:
         view = torch.frombuffer(mapping, dtype=dtype, count=math.prod(shape)).view(shape)
         key = id(view)  # its entry goes with it, before the id can be reused
-        self._maps[key] = (weakref.ref(view, lambda _, k=key: self._forget(k)), mapping)
+
+        def gone(_: object) -> None:
+            self._forget(key)
+
+        self._maps[key] = (weakref.ref(view, gone), mapping)
         return view
 
     def _forget(self, key: int) -> None:
