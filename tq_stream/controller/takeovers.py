@@ -74,9 +74,11 @@ class Takeovers:
             raise LeaseTakenOver(
                 f"session must still hold the share it {what}, got session="
                 f"{session[:12]!r}: its lease on step {step} of task {task!r} (rank "
-                f"{rank}, replica {replica}) lapsed (its process stopped renewing it for "
-                f"longer than lease_timeout) and another reader took the share over; that "
-                f"reader's work counts, nothing of this call was applied")
+                f"{rank}, replica {replica}) ended, so another reader took the share over: "
+                f"the session was cancelled (a loader resumed from this one's saved state "
+                f"takes over its session) or its lease lapsed (its process stopped "
+                f"renewing it for longer than lease_timeout); that reader's work counts, "
+                f"nothing of this call was applied")
 
 
 def check_holder(holder: object) -> tuple[str, ShareKey, str] | None:

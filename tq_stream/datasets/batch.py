@@ -55,7 +55,7 @@ def _attached(batch: TensorDictBase) -> _Attached:
     info = batch.__dict__.get(_ATTR) if isinstance(batch, TensorDictBase) else None
     if not isinstance(info, _Attached):
         raise ConfigError(
-            f"batch must be one a StreamingDataLoader yielded, or made from one with "
+            f"batch must be a batch a StreamingDataLoader yielded, or made from one with "
             f"tq.select_rows / tq.split_rows; got a {type(batch).__name__} without row "
             f"metadata (indexing, split, .to() and clone() build a new TensorDict that does "
             f"not carry it: call tq.batch_meta(batch) before, or slice with tq.select_rows)"
