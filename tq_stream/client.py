@@ -102,8 +102,9 @@ class Client:
                                       session=self.session, consumer=self.consumer)
         if d is None:
             return None
-        hold.set_lease(float(d.get("lease_timeout", self._conn.config.lease_timeout)))
-        return BatchMeta.from_dict(d, self.session)
+        lease = d.lease_timeout
+        hold.set_lease(self._conn.config.lease_timeout if lease is None else float(lease))
+        return BatchMeta.from_reply(d, self.session)
 
     def first_unfinished(self, partition: str, task: str, dp_rank: int = 0,
                          replica: int | None = None) -> dict[str, Any]:

@@ -5,8 +5,9 @@ a deployment (``Backend``: in process, or over sockets).
 Both the in-process ``Controller`` (embedded mode) and ``RemoteController`` (its
 RPC stand-in in local and Ray mode) provide these methods with these keyword
 arguments; the client layers are typed against this protocol, not against either.
-Row indices and generations are int64 numpy arrays; placements are typed replies
-(``tq_stream.messages``), metas still plain dicts (see ``BatchMeta.from_dict``).
+Row indices and generations are int64 numpy arrays; placements and metas are typed
+replies (``tq_stream.messages``; a client builds its ``BatchMeta`` with
+``BatchMeta.from_reply``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from tq_stream.backends.base import StorageUnit
 from tq_stream.messages.puts import Committed, Placement
-from tq_stream.messages.reads import TagColumns
+from tq_stream.messages.reads import Found, Located, StepMeta, TagColumns
 from tq_stream.stats import PartitionStats
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ class ControllerAPI(Protocol):
 
     def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
                  timeout: float = 60.0, replica: int | None = None, session: str = "",
-                 consumer: str = "") -> dict[str, Any] | None: ...
+                 consumer: str = "") -> StepMeta | None: ...
 
     def ack(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,
             generation: np.ndarray, replica: int = 0, session: str = "") -> int: ...
@@ -101,9 +102,9 @@ class ControllerAPI(Protocol):
     def clear(self, partition: str, keys: Sequence[str] | None = None) -> int: ...
 
     def lookup(self, partition: str, keys: Sequence[str],
-               fields: Sequence[str] | None = ()) -> dict[str, Any]: ...
+               fields: Sequence[str] | None = ()) -> Found: ...
 
-    def locate(self, partition: str, keys: Sequence[str]) -> dict[str, Any]: ...
+    def locate(self, partition: str, keys: Sequence[str]) -> Located: ...
 
     def list_rows(self, partition: str,
                   keys: Sequence[str] | None = None) -> list[dict[str, Any]]: ...

@@ -214,12 +214,12 @@ class RemoteController:
 
     def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
                  timeout: float = 60.0, replica: int | None = None, session: str = "",
-                 consumer: str = "") -> dict[str, Any] | None:
+                 consumer: str = "") -> reads.StepMeta | None:
         meta = self._long_poll(reads.GET_META, reads.GetMeta(
             partition=partition, task=task, step=step, dp_rank=dp_rank, timeout=timeout,
             replica=replica, session=session, consumer=consumer), timeout)
         if meta is not None:
-            self._moved(meta.pop("units_epoch", None))
+            self._moved(meta.units_epoch)
         return meta
 
     def ack(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,
@@ -254,11 +254,11 @@ class RemoteController:
         return self._call(reads.CLEAR, reads.Clear(partition=partition, keys=list(keys)))
 
     def lookup(self, partition: str, keys: Sequence[str],
-               fields: Sequence[str] | None = ()) -> dict[str, Any]:
+               fields: Sequence[str] | None = ()) -> reads.Found:
         return self._call(reads.LOOKUP, reads.Lookup(
             partition=partition, keys=list(keys), fields=None if fields is None else list(fields)))
 
-    def locate(self, partition: str, keys: Sequence[str]) -> dict[str, Any]:
+    def locate(self, partition: str, keys: Sequence[str]) -> reads.Located:
         return self._call(reads.LOCATE, reads.Keys(partition=partition, keys=list(keys)))
 
     def list_rows(self, partition: str,
