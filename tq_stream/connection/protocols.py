@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from tq_stream.backends.base import StorageUnit
+from tq_stream.messages.media import MediaHeld, MediaPlace
 from tq_stream.messages.puts import Committed, Placement
 from tq_stream.messages.reads import Found, Located, StepMeta, TagColumns
 from tq_stream.stats import PartitionStats
@@ -66,12 +67,12 @@ class ControllerAPI(Protocol):
 
     def media_hold(self, partition: str, keys: Sequence[str], session: str, holder: str,
                    lease: float, producer: bool, pending: float = 0.0,
-                   pins: Sequence[str] | None = None) -> dict[str, Any]: ...
+                   pins: Sequence[str] | None = None) -> MediaHeld: ...
 
     def media_release(self, partition: str, pin: str, session: str, holder: str) -> None: ...
 
     def media_lookup(self, partition: str, key: str, index: int, generation: int, pin: str,
-                     deployment: str, fields: Sequence[str]) -> dict[str, Any]: ...
+                     deployment: str, fields: Sequence[str]) -> MediaPlace: ...
 
     def admit(self, partition: str, n: int, timeout: float = 60.0) -> int: ...
 

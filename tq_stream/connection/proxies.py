@@ -168,7 +168,7 @@ class RemoteController:
 
     def media_hold(self, partition: str, keys: Sequence[str], session: str, holder: str,
                    lease: float, producer: bool, pending: float = 0.0,
-                   pins: Sequence[str] | None = None) -> dict[str, Any]:
+                   pins: Sequence[str] | None = None) -> media.MediaHeld:
         return self._call(media.MEDIA_HOLD, media.MediaHold(
             partition=partition, keys=list(keys), session=session, holder=holder, lease=lease,
             producer=producer, pending=pending, pins=None if pins is None else list(pins)))
@@ -178,7 +178,7 @@ class RemoteController:
                                                            session=session, holder=holder))
 
     def media_lookup(self, partition: str, key: str, index: int, generation: int, pin: str,
-                     deployment: str, fields: Sequence[str]) -> dict[str, Any]:
+                     deployment: str, fields: Sequence[str]) -> media.MediaPlace:
         return self._call(media.MEDIA_LOOKUP, media.MediaLookup(
             partition=partition, key=key, index=index, generation=generation, pin=pin,
             deployment=deployment, fields=list(fields)))
