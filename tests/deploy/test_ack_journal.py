@@ -18,6 +18,7 @@ from tq_stream.columns import schema_of
 from tq_stream.deploy.ack_journal import AckJournal, journal_files, read_records, rows_of
 from tq_stream.deploy.services import ControllerService, UnitService
 from tq_stream.errors import CheckpointError
+from tq_stream.messages.reads import Resume
 from tq_stream.transport import InprocTransport
 from tq_stream.transport.dispatch import OWNER_ARG
 
@@ -154,7 +155,7 @@ def test_a_restarted_controller_replays_the_acks_made_after_its_checkpoint(tmp_p
     # the controller process dies here (no close, no checkpoint)
     b = _controller(path, attach=False)
     assert b.recovery["journal"]["acked"] == 6 and b.recovery["journal"]["formed"] == 4
-    assert b.first_unfinished(P, "t") == {"step": 3, "skip": []}
+    assert b.first_unfinished(P, "t") == Resume(step=3, skip=[])
     assert b.stats()[P]["tasks"]["t"]["acked"] == 6
     again = _take(b, 3)
     assert again.keys == open_meta.keys
@@ -272,8 +273,8 @@ def test_replay_keeps_each_ranks_share_and_acks(tmp_path):
     r1 = a.get_meta(P, "t", step=0, dp_rank=1, timeout=2.0, session="s1")
     a.ack(P, "t", 0, 0, r0.index, r0.generation)  # rank 1 has not acked
     b = _controller(path, attach=False)
-    assert b.first_unfinished(P, "t", dp_rank=0)["step"] == 1
-    assert b.first_unfinished(P, "t", dp_rank=1)["step"] == 0
+    assert b.first_unfinished(P, "t", dp_rank=0).step == 1
+    assert b.first_unfinished(P, "t", dp_rank=1).step == 0
     again = b.get_meta(P, "t", step=0, dp_rank=1, timeout=2.0, session="s2")
     assert again.keys == r1.keys
     b.close_partition(P)

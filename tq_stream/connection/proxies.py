@@ -209,7 +209,7 @@ class RemoteController:
         self._call(reads.SET_ADMISSION, reads.SetAdmission(
             partition=partition, task=task, steps_per_version=steps_per_version))
 
-    def admission(self, partition: str) -> dict[str, Any]:
+    def admission(self, partition: str) -> reads.AdmissionStatus:
         return self._call(reads.ADMISSION, reads.OfPartition(partition=partition))
 
     def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
@@ -240,7 +240,7 @@ class RemoteController:
                                                    session=session))
 
     def first_unfinished(self, partition: str, task: str, dp_rank: int = 0,
-                         replica: int | None = None) -> dict[str, Any]:
+                         replica: int | None = None) -> reads.Resume:
         return self._call(reads.FIRST_UNFINISHED, reads.FirstUnfinished(
             partition=partition, task=task, dp_rank=dp_rank, replica=replica))
 
@@ -280,7 +280,7 @@ class RemoteController:
     def stats(self) -> dict[str, Any]:
         return self._call(reads.STATS, reads.Nothing())
 
-    def task_rows(self, partition: str, task: str) -> dict[str, Any]:
+    def task_rows(self, partition: str, task: str) -> reads.TaskRows:
         return self._call(reads.TASK_ROWS, reads.OfTask(partition=partition, task=task))
 
     # --- deployment

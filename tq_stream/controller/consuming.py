@@ -43,7 +43,7 @@ from tq_stream.errors import (
     format_seconds,
 )
 from tq_stream.handling import ANSWERED, Reply, WouldBlock, may_block
-from tq_stream.messages.reads import StepMeta
+from tq_stream.messages.reads import Resume, StepMeta
 from tq_stream.samplers.sequential import SequentialSampler
 
 MAX_CANCELLED = 1024  # cancelled sessions remembered (their late waits return None)
@@ -304,9 +304,9 @@ class Consuming:
             return len(mine)
 
     def first_unfinished(self, partition: str, task: str, dp_rank: int = 0,
-                         replica: int | None = None) -> dict[str, Any]:
-        """Where a reader of ``dp_rank`` resumes: ``{"step": first step not acked by every
-        replica (or by ``replica``), "skip": later steps already done}``."""
+                         replica: int | None = None) -> Resume:
+        """Where a reader of ``dp_rank`` resumes: the first step not acked by every
+        replica (or by ``replica``), and later steps already done (``Resume``)."""
         with self._book.cond:
             _, state = self._book.task(partition, task)
             _check_ids(state, dp_rank, 0 if replica is None else replica)

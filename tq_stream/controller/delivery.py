@@ -187,7 +187,7 @@ class Delivery:
             raise ReplicaClash(
                 f"step must not be already acked by every rank, got step={step} of task "
                 f"{state.name!r}; rank {dp_rank} resumes at step "
-                f"{state.first_unfinished(dp_rank)['step']} (get_meta(step=None) or a "
+                f"{state.first_unfinished(dp_rank).step} (get_meta(step=None) or a "
                 f"fresh loader finds it by itself){_peers_hint(state)}"
             )
         if rec.end:
@@ -204,12 +204,12 @@ class Delivery:
             raise ReplicaClash(
                 f"step {step} of task {state.name!r} was already acked by every replica of "
                 f"rank {dp_rank}; it must not be read again (rank {dp_rank} resumes at step "
-                f"{state.first_unfinished(dp_rank)['step']}){_peers_hint(state)}")
+                f"{state.first_unfinished(dp_rank).step}){_peers_hint(state)}")
         if rec.share_done(dp_rank, 1 << replica, state.acks):
             raise ReplicaClash(
                 f"replica {replica} of rank {dp_rank} acked its share of step {step} of task "
                 f"{state.name!r} already; it must not read it again (it resumes at step "
-                f"{state.first_unfinished(dp_rank, replica)['step']}). If two TP/PP peers "
+                f"{state.first_unfinished(dp_rank, replica).step}). If two TP/PP peers "
                 f"read as one replica, give each its own replica= (replicas="
                 f"{state.config.replicas})")
         if self.held_by_other(rec, (dp_rank, replica), session) is not None:

@@ -79,6 +79,37 @@ class StepMeta(Found, kw_only=True):
     units_epoch: int | None = None
 
 
+class Resume(msgspec.Struct, kw_only=True):
+    """Where a reader of a rank resumes (``first_unfinished``): the first ``step`` not
+    acked by every replica (or by the one asked about), and later steps already done
+    (``skip``)."""
+
+    step: int
+    skip: list[int]
+
+
+class TaskRows(msgspec.Struct, kw_only=True):
+    """Rows a task will still be handed (``task_rows``, ``controller/counts.py``):
+    ``exists`` (the partition does), ``closed`` (no new rows will come), ``remaining``
+    rows not yet in a step nor discarded, steps ``formed`` (the end marker not counted)
+    and ``ended`` (the end marker was formed)."""
+
+    exists: bool
+    closed: bool
+    remaining: int
+    formed: int
+    ended: bool
+
+
+class AdmissionStatus(msgspec.Struct, kw_only=True):
+    """Rows of a partition ``admitted`` so far and the ``room`` left (None: unbounded),
+    set by ``task`` (the staleness-bound task with the least room; "": none)."""
+
+    admitted: int
+    room: int | None = None
+    task: str = ""
+
+
 class GetMeta(msgspec.Struct, kw_only=True):
     partition: str
     task: str
@@ -223,16 +254,17 @@ GET_META: Rpc[GetMeta, StepMeta | None] = Rpc("get_meta", GetMeta, StepMeta | No
 ACK: Rpc[Ack, int] = Rpc("ack", Ack, int)
 RELEASE = Rpc("release", Ack, None, inline=True)
 RENEW: Rpc[Renew, int] = Rpc("renew", Renew, int, inline=True)
-FIRST_UNFINISHED: Rpc[FirstUnfinished, Plain] = Rpc("first_unfinished", FirstUnfinished,
-                                                    Plain, inline=True)
+FIRST_UNFINISHED: Rpc[FirstUnfinished, Resume] = Rpc("first_unfinished", FirstUnfinished,
+                                                     Resume, inline=True)
 CANCEL = Rpc("cancel", Cancel, None, inline=True)
 REGISTER_TASK = Rpc("register_task", RegisterTask, None)
 SET_VERSION = Rpc("set_version", SetVersion, None, inline=True)
 READING = Rpc("reading", Reading, None, inline=True)
 ADMIT: Rpc[Admit, int] = Rpc("admit", Admit, int, inline=True, waits="produce")
 SET_ADMISSION = Rpc("set_admission", SetAdmission, None, inline=True)
-ADMISSION: Rpc[OfPartition, Plain] = Rpc("admission", OfPartition, Plain, inline=True)
-TASK_ROWS: Rpc[OfTask, Plain] = Rpc("task_rows", OfTask, Plain, inline=True)
+ADMISSION: Rpc[OfPartition, AdmissionStatus] = Rpc("admission", OfPartition,
+                                                   AdmissionStatus, inline=True)
+TASK_ROWS: Rpc[OfTask, TaskRows] = Rpc("task_rows", OfTask, TaskRows, inline=True)
 CLEAR: Rpc[Clear, int] = Rpc("clear", Clear, int)
 LOOKUP: Rpc[Lookup, Found] = Rpc("lookup", Lookup, Found, inline=True)
 LOCATE: Rpc[Keys, Located] = Rpc("locate", Keys, Located, inline=True)
