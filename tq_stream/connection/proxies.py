@@ -284,7 +284,7 @@ class RemoteController:
         return self._call(reads.TASK_ROWS, reads.OfTask(partition=partition, task=task))
 
     # --- deployment
-    def units(self) -> list[dict[str, Any]]:
+    def units(self) -> list[admin.UnitAddress]:
         return self._call(admin.UNITS, reads.Nothing())
 
     def attach_units(self, units: list[dict[str, Any]]) -> None:
