@@ -58,7 +58,7 @@ class RemoteController:
         """The address this client calls the controller at."""
         return self._rpc.address
 
-    def _moved(self, epoch: object) -> None:
+    def _moved(self, epoch: int | None) -> None:
         """A reply that places or hands out rows named the units' ``epoch``: tell the
         backend of a change (the first one too: units may be known already)."""
         if epoch is not None and epoch != self._units_epoch:
@@ -187,7 +187,7 @@ class RemoteController:
     def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
                       dp_size: int = 1, replicas: int = 1,
                       lease_timeout: float = DEFAULT_LEASE_TIMEOUT, drop_last: bool = False,
-                      sampler: Sampler | Mapping[str, Any] | None = None) -> None:
+                      sampler: Sampler | None = None) -> None:
         self._call(reads.REGISTER_TASK, reads.RegisterTask(
             partition=partition, task=task, fields=list(fields), batch_size=batch_size,
             dp_size=dp_size, replicas=replicas, lease_timeout=lease_timeout,

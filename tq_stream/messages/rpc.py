@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable
-from typing import Generic, TypeVar, Union
+from typing import Any, Generic, TypeVar, Union
 
 import msgspec
 
@@ -83,7 +83,7 @@ class Rpc(Generic[Req, Rep]):
 
 def _is_struct_list(reply: object) -> bool:
     """Whether a reply type is ``list[S]`` of a struct ``S``."""
-    args = getattr(reply, "__args__", ())
+    args: tuple[object, ...] = getattr(reply, "__args__", ())
     return getattr(reply, "__origin__", None) is list and len(args) == 1 and \
         isinstance(args[0], type) and issubclass(args[0], msgspec.Struct)
 
@@ -105,8 +105,8 @@ class RpcTable:
     """The RPCs a service serves, by name; its frozensets are what a server reads
     (``RPC_METHODS``, ``RPC_INLINE``, ``RPC_WAITS``, ``RPC_ADMIN``, ``RPC_REPLIES``)."""
 
-    def __init__(self, *families: Iterable[Rpc]) -> None:
-        self.rpcs: dict[str, Rpc] = {}
+    def __init__(self, *families: Iterable[Rpc[Any, Any]]) -> None:
+        self.rpcs: dict[str, Rpc[Any, Any]] = {}
         for family in families:
             for rpc in family:
                 if rpc.name in self.rpcs:
