@@ -6,7 +6,7 @@ lookup), ``Located`` (a locate) and a step's rows as ``StepMeta`` (a get_meta), 
 built by the controller (``controller/access.py``, ``controller/delivery.py``); row
 indices, generations, units and slots are int numpy arrays. Replies still given as
 plain values are declared as such (a dict of the shape the controller method
-documents: stats, admission, a task's row counts).
+documents: the public stats, ``list_rows``' rows as ``KV.list`` returns them).
 """
 
 from __future__ import annotations
