@@ -69,7 +69,7 @@ def test_a_put_a_step_and_an_ack_through_the_clients_free_the_rows():
 
 def test_admin_calls_need_the_owner_token_and_the_rest_do_not():
     d = Deployment()
-    assert [u["address"] for u in d.client().units()] == ["u0"]
+    assert [u.address for u in d.client().units()] == ["u0"]
     assert d.owner.state_dict()["partitions"] == {}
     with pytest.raises(AuthError, match="owner"):
         d.client().state_dict()  # refused by the client: it holds no token
