@@ -84,7 +84,7 @@ def bench_in_process(journal: bool, ops: int, batch: int) -> dict[str, float]:
         for step in range(ops):
             meta = ctrl.get_meta(P, "t", step=step, timeout=5.0, session="s")
             t0 = time.perf_counter()
-            ctrl.ack(P, "t", step, 0, meta["index"], meta["generation"])
+            ctrl.ack(P, "t", step, 0, meta.index, meta.generation)
             lat.append(time.perf_counter() - t0)
         journal_bytes = sum(os.path.getsize(os.path.join(folder, f))
                             for f in os.listdir(folder) if ".acks." in f)
@@ -113,7 +113,7 @@ def bench_replay(steps: int, batch: int) -> dict[str, float]:
         ctrl.checkpoints.checkpointer.write_now()
         for step in range(steps):
             meta = ctrl.get_meta(P, "t", step=step, timeout=5.0, session="s")
-            ctrl.ack(P, "t", step, 0, meta["index"], meta["generation"])
+            ctrl.ack(P, "t", step, 0, meta.index, meta.generation)
         size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)
                    if ".acks." in f)
         started = time.perf_counter()

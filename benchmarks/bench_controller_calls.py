@@ -102,7 +102,7 @@ def bench(make: Callable[[Controller], Call], rounds: int, idle_s: float) -> dic
                           for i in range(len(sp["index"])))
         meta, t2 = call("get_meta", partition="p", task="t", step=step, timeout=5.0)
         _, t3 = call("ack", partition="p", task="t", step=step, dp_rank=0,
-                     index=meta["index"], generation=meta["generation"])
+                     index=meta.index, generation=meta.generation)
         for name, t in zip(CALLS, (t1, t2, t3), strict=True):
             times[name].append(t)
         step += 1

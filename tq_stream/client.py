@@ -102,17 +102,18 @@ class Client:
                                       session=self.session, consumer=self.consumer)
         if d is None:
             return None
-        hold.set_lease(float(d.get("lease_timeout", self._conn.config.lease_timeout)))
-        return BatchMeta.from_dict(d, self.session)
+        lease = d.lease_timeout
+        hold.set_lease(self._conn.config.lease_timeout if lease is None else float(lease))
+        return BatchMeta.from_reply(d, self.session)
 
     def first_unfinished(self, partition: str, task: str, dp_rank: int = 0,
                          replica: int | None = None) -> dict[str, Any]:
         """Where a reader of ``dp_rank`` resumes: ``{"step": the first step its rank has
         not fully acked (or ``replica`` has not acked), "skip": later steps already
         acked}``."""
-        where: dict[str, Any] = self._controller.first_unfinished(
-            partition=partition, task=task, dp_rank=dp_rank, replica=replica)
-        return where
+        where = self._controller.first_unfinished(partition=partition, task=task,
+                                                  dp_rank=dp_rank, replica=replica)
+        return {"step": where.step, "skip": list(where.skip)}
 
     def cancel(self) -> None:
         """End this client's waiting get_meta calls now (they return None)."""
@@ -195,8 +196,9 @@ class Client:
     def task_rows(self, partition: str, task: str) -> dict[str, Any]:
         """Rows ``task`` will still be handed and steps it formed (see
         ``Controller.task_rows``); read-only."""
-        rows: dict[str, Any] = self._controller.task_rows(partition=partition, task=task)
-        return rows
+        rows = self._controller.task_rows(partition=partition, task=task)
+        return {"exists": rows.exists, "closed": rows.closed, "remaining": rows.remaining,
+                "formed": rows.formed, "ended": rows.ended}
 
     def set_version(self, partition: str, task: str, version: int,
                     at_step: int | None = None) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 
 class _Inline(threading.local):
@@ -57,11 +57,14 @@ class _Answered:
 ANSWERED: Any = _Answered()  # a handler's result whose reply was already given
 
 
-class Reply(Protocol):
-    """The reply address of one request a server runs (``transport.answers.Pending``),
-    whose method's result is a dict of plain values."""
+R = TypeVar("R", contravariant=True)  # the result a reply handle takes
 
-    def give(self, result: dict[str, Any], then: Callable[[], None] | None = None) -> bool:
+
+class Reply(Protocol[R]):
+    """The reply address of one request a server runs (``transport.answers.Pending``),
+    whose method's result is an ``R`` (a reply struct, ``tq_stream.messages``)."""
+
+    def give(self, result: R, then: Callable[[], None] | None = None) -> bool:
         """Answer the request with ``result`` from the current thread: True if its
         server sends it (and then calls ``then``, once every reply given in this
         thread's request was sent); False if it cannot (nothing happened: the waiting

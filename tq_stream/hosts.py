@@ -24,7 +24,11 @@ def host_id() -> str:
 
 
 def nearest(info: Mapping[str, Any]) -> str:
+    """``nearest_of`` an address record (``{"address", "host"?, "local"?}``)."""
+    return nearest_of(str(info["address"]), info.get("local"), info.get("host"))
+
+
+def nearest_of(address: str, local: str | None, host: str | None) -> str:
     """The address to call a server at from this process: its unix ``local`` address
-    when it has one and runs on this host, else its ``address``."""
-    local = info.get("local")
-    return str(local if local and info.get("host") == host_id() else info["address"])
+    when it has one and runs on this ``host``, else its ``address``."""
+    return str(local) if local and host == host_id() else address

@@ -72,7 +72,7 @@ class KV:
         d = self._conn.controller().lookup(
             partition=check_name("partition", partition), keys=keys,
             fields=check_fields(fields))
-        return BatchMeta.from_dict(d)
+        return BatchMeta.from_reply(d)
 
     def locate(self, keys: Sequence[str],
                partition: str = DEFAULT_PARTITION) -> tuple[BatchMeta, dict[str, int]]:
@@ -81,7 +81,7 @@ class KV:
         picks its fields from what the rows hold, then ``read``s them."""
         d = self._conn.controller().locate(partition=check_name("partition", partition),
                                            keys=check_keys(keys))
-        return BatchMeta.from_dict(d), dict(d["held"])
+        return BatchMeta.from_reply(d), dict(d.held)
 
     def read(self, meta: BatchMeta, fields: Sequence[str],
              ragged: str = "nested", shared: str = "rows") -> TensorDict:

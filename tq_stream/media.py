@@ -38,6 +38,7 @@ from tq_stream.connection import placement
 from tq_stream.connection.connection import Connection
 from tq_stream.convert import single_row, to_columns
 from tq_stream.errors import ConfigError, check_name
+from tq_stream.messages.media import MediaPlace
 from tq_stream.multiragged import MultiRagged
 from tq_stream.shared_put import put_shared
 
@@ -122,7 +123,7 @@ class Media:
         ctrl, session = self._conn.controller(), self._session(partition)
         pending = ctrl.media_hold(  # held from before the put: a producer that dies
             partition=partition, keys=keys_, session=session, holder=holder(),  # leaks none
-            lease=self._conn.config.lease_timeout, producer=True, pending=timeout)["pending"]
+            lease=self._conn.config.lease_timeout, producer=True, pending=timeout).pending or []
         try:
             put_shared(self._conn, partition, self._conn.preferred_unit(), keys_, cols,
                        timeout)
@@ -164,13 +165,13 @@ class Media:
         names = list(ref.fields if fields is None else fields)
         place = self._lookup(ref, names)
         cols = placement.load(self._conn.units(), ref.partition,
-                              np.asarray(place["unit"], dtype=np.int32),
-                              np.asarray(place["slot"], dtype=np.int64), names,
-                              occupancy(np.asarray(place["index"], dtype=np.int64),
-                                        np.asarray(place["generation"], dtype=np.int64)))
+                              np.asarray(place.unit, dtype=np.int32),
+                              np.asarray(place.slot, dtype=np.int64), names,
+                              occupancy(np.asarray(place.index, dtype=np.int64),
+                                        np.asarray(place.generation, dtype=np.int64)))
         return {f: _one(c) for f, c in cols.items()}
 
-    def _lookup(self, ref: MediaRef, fields: Sequence[str]) -> dict[str, Any]:
+    def _lookup(self, ref: MediaRef, fields: Sequence[str]) -> MediaPlace:
         return self._conn.controller().media_lookup(
             partition=ref.partition, key=ref.key, index=ref.index, generation=ref.generation,
             pin=ref.pin, deployment=ref.deployment, fields=list(fields))
@@ -183,10 +184,9 @@ class Media:
         out = self._conn.controller().media_hold(
             partition=partition, keys=keys, session=self._session(partition), holder=holder(),
             lease=self._conn.config.lease_timeout, producer=producer, pins=pins)
-        return [MediaRef(partition, p["key"], tuple(p["fields"]), int(p["index"]),
-                         int(p["generation"]), p["pin"], out["deployment"],
-                         self._conn.address or embedded_address(),
-                         self._conn.curve_server_key) for p in out["pins"]]
+        return [MediaRef(partition, p.key, tuple(p.fields), int(p.index), int(p.generation),
+                         p.pin, out.deployment, self._conn.address or embedded_address(),
+                         self._conn.curve_server_key) for p in out.pins]
 
 
 def _one(col: Column) -> object:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from tq_stream.errors import ConfigError
+from tq_stream.messages.reads import Found, StepMeta
 from tq_stream.schemas import FieldSchema
 from tq_stream.shared_refs import SharedRefs
 
@@ -87,23 +88,27 @@ class BatchMeta:
         return len(self.keys)
 
     @staticmethod
-    def from_dict(d: Mapping[str, Any], session: str | None = None) -> BatchMeta:
-        """The BatchMeta of a reply (``session``: the reading session, if not in ``d``)."""
-        fields = {
-            "partition": d["partition"], "keys": tuple(d["keys"]),
-            "index": _int_array(d["index"]), "generation": _int_array(d["generation"]),
-            "unit": _int_array(d["unit"], _INT32), "slot": _int_array(d["slot"]),
-            "tags": tuple(d.get("tags") or [{} for _ in d["keys"]]),
-            "fields": tuple(d.get("fields", ())),
-            "schemas": {f: FieldSchema.from_dict(s) for f, s in d.get("schemas", {}).items()},
-            "task": d.get("task", ""), "step": int(d.get("step", -1)),
-            "dp_rank": int(d.get("dp_rank", 0)), "replica": int(d.get("replica", 0)),
-            "session": str(d.get("session", "")) if session is None else session,
-            "end": bool(d.get("end", False)),
-            "turn": None if d.get("turn") is None else int(d["turn"]),
-            "lost": bool(d.get("lost", False)),
-            "shared": SharedRefs.from_dict(d.get("shared")),
+    def from_reply(reply: Found, session: str = "") -> BatchMeta:
+        """The BatchMeta of a ``lookup``, ``locate`` or ``get_meta`` reply (``session``:
+        the reading session)."""
+        keys = reply.keys
+        fields: dict[str, Any] = {
+            "partition": reply.partition, "keys": tuple(keys),
+            "index": _int_array(reply.index), "generation": _int_array(reply.generation),
+            "unit": _int_array(reply.unit, _INT32), "slot": _int_array(reply.slot),
+            "tags": tuple(reply.tags or [{} for _ in keys]),
+            "fields": tuple(reply.fields),
+            "schemas": {f: FieldSchema.from_dict(s) for f, s in reply.schemas.items()},
+            "session": session, "shared": SharedRefs.from_reply(reply.shared),
         }
+        if isinstance(reply, StepMeta):
+            fields.update(task=reply.task, step=int(reply.step), dp_rank=int(reply.dp_rank),
+                          replica=int(reply.replica), end=bool(reply.end),
+                          turn=None if reply.turn is None else int(reply.turn),
+                          lost=bool(reply.lost))
+        else:
+            fields.update(task="", step=-1, dp_rank=0, replica=0, end=False, turn=None,
+                          lost=False)
         # Every field at once: the frozen dataclass's __init__ sets them one by one
         # through object.__setattr__, a cost each consumer's every batch pays.
         meta = object.__new__(BatchMeta)

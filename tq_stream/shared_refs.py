@@ -8,11 +8,12 @@ A row reading a shared field (``Writer.put(..., shared=)``) reads it from its en
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
+
+from tq_stream.messages.reads import SharedPlaces
 
 
 def _ro(values: np.ndarray | Sequence[int], dtype: type = np.int64) -> np.ndarray:
@@ -34,11 +35,13 @@ class SharedRefs:
     slot: np.ndarray
 
     @staticmethod
-    def from_dict(d: Mapping[str, Any] | None) -> SharedRefs | None:
-        if not d:
+    def from_reply(places: SharedPlaces | None) -> SharedRefs | None:
+        """The refs of a reply's ``shared`` (None: no shared field)."""
+        if places is None:
             return None
-        return SharedRefs(tuple(d["fields"]), _ro(d["pos"]), _ro(d["index"]),
-                          _ro(d["generation"]), _ro(d["unit"], np.int32), _ro(d["slot"]))
+        return SharedRefs(tuple(places.fields), _ro(places.pos), _ro(places.index),
+                          _ro(places.generation), _ro(places.unit, np.int32),
+                          _ro(places.slot))
 
     def __len__(self) -> int:
         return len(self.index)

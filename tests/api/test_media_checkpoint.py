@@ -111,7 +111,7 @@ def test_a_restarted_controller_keeps_its_deployment_and_pins():
         place = ctrl.media_lookup(partition=P, key="m0", index=ref.index,
                                   generation=ref.generation, pin=ref.pin,
                                   deployment=ref.deployment, fields=["image"])
-        assert place["index"].tolist() == [ref.index]
+        assert place.index.tolist() == [ref.index]
         assert fresh.stats()[P]["media"]["pins"] == pins
 
 

@@ -8,14 +8,16 @@ import numpy as np
 import pytest
 
 from tq_stream.errors import ConfigError
+from tq_stream.messages.reads import Found, StepMeta
 from tq_stream.meta import BatchMeta
 
 
-def meta(n: int = 5, step: int = 0, **kw) -> BatchMeta:
-    return BatchMeta.from_dict({
-        "partition": "p", "keys": [f"k{i}" for i in range(n)], "index": np.arange(n),
-        "generation": np.arange(n) * 10, "unit": np.zeros(n), "slot": np.arange(n) + 100,
-        "tags": [{"i": i} for i in range(n)], "fields": ["x"], "task": "t", "step": step, **kw})
+def meta(n: int = 5, step: int = 0) -> BatchMeta:
+    return BatchMeta.from_reply(StepMeta(
+        partition="p", keys=[f"k{i}" for i in range(n)], index=np.arange(n),
+        generation=np.arange(n) * 10, unit=np.zeros(n), slot=np.arange(n) + 100,
+        tags=[{"i": i} for i in range(n)], fields=["x"], schemas={}, task="t", step=step,
+        dp_rank=0, replica=0))
 
 
 def test_select_positions_and_mask():
@@ -60,18 +62,20 @@ def test_concat_errors():
         BatchMeta.concat([meta(2, step=0), meta(2, step=1)])
 
 
-def test_from_dict_defaults():
-    m = BatchMeta.from_dict({"partition": "p", "keys": ["a"], "index": [0], "generation": [0],
-                             "unit": [0], "slot": [0]})
+def test_a_lookup_reply_gives_the_defaults_of_no_step():
+    one = np.zeros(1, np.int64)
+    m = BatchMeta.from_reply(Found(partition="p", keys=["a"], index=one, generation=one,
+                                   unit=one, slot=one, fields=[], schemas={}))
     assert m.tags == ({},) and m.step == -1 and not m.end and m.index.dtype == np.int64
+    assert m.task == "" and m.turn is None and m.shared is None
 
 
-def test_from_dict_sets_every_field_and_the_result_stays_frozen():
-    d = {"partition": "p", "keys": ["a", "b"], "index": [1, 2], "generation": [0, 3],
-         "unit": [0, 1], "slot": [5, 6], "schemas": {"x": {"kind": "dense",
-                                                          "dtype": "float32", "shape": [2]}},
-         "fields": ["x"], "task": "t", "step": 4, "dp_rank": 1, "replica": 1}
-    meta = BatchMeta.from_dict(d)
+def test_from_reply_sets_every_field_and_the_result_stays_frozen():
+    d = StepMeta(partition="p", keys=["a", "b"], index=np.array([1, 2]),
+                 generation=np.array([0, 3]), unit=np.array([0, 1]), slot=np.array([5, 6]),
+                 schemas={"x": {"kind": "dense", "dtype": "float32", "shape": [2]}},
+                 fields=["x"], task="t", step=4, dp_rank=1, replica=1)
+    meta = BatchMeta.from_reply(d)
     assert set(vars(meta)) == {f.name for f in dataclasses.fields(BatchMeta)}
     assert meta.index.dtype == np.int64 and meta.unit.dtype == np.int32
     assert meta.tags == ({}, {}) and meta.session == "" and meta.end is False

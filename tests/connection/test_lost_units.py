@@ -8,9 +8,10 @@ import pytest
 
 from tq_stream.connection.lost_units import LostUnits
 from tq_stream.errors import ConnectionLost, DeploymentGone, WaitTimeout
-from tq_stream.messages.admin import Ping
+from tq_stream.messages.admin import Ping, UnitAddress
 
-UNITS = [{"address": "tcp://a:1", "local": None}, {"address": "tcp://b:2", "local": "unix://b"}]
+UNITS = [UnitAddress(address="tcp://a:1", host="a"),
+         UnitAddress(address="tcp://b:2", host="b", local="unix://b")]
 
 
 class Controller:
@@ -18,7 +19,7 @@ class Controller:
 
     def __init__(self) -> None:
         self.dead: list[int] = []
-        self.units = [dict(u) for u in UNITS]
+        self.units = list(UNITS)
         self.epoch = 1
         self.pings = 0
         self.slow = False
@@ -30,7 +31,7 @@ class Controller:
         return Ping(pid=1, host="h", units=len(self.units), dead_units=list(self.dead),
                     units_epoch=self.epoch)
 
-    def listing(self) -> list[dict]:
+    def listing(self) -> list[UnitAddress]:
         return self.units
 
 
@@ -60,7 +61,7 @@ def test_a_unit_re_created_elsewhere_ends_a_call_to_its_old_address():
     ctrl = Controller()
     lost = watch(ctrl)
     lost.check(1, "tcp://b:2")
-    ctrl.units[1] = {"address": "tcp://c:3", "local": None}
+    ctrl.units[1] = UnitAddress(address="tcp://c:3", host="c")
     ctrl.epoch = 2
     with pytest.raises(ConnectionLost, match="re-created at tcp://c:3"):
         lost.check(1, "tcp://b:2")

@@ -137,11 +137,11 @@ def test_reserve_hands_out_spare_rows_that_commit_new_turns_into_rows():
     done, rows = put_spare(c, unit, ["b", "c"], place.spare, 7.0)
     assert done == Committed(ok=True)
     meta = c.lookup("p", ["b", "c"], ["x"])
-    assert meta["index"].tolist() == rows["index"].tolist()
-    got = unit.get("p", meta["slot"], ["x"], occupancy(meta["index"], meta["generation"]))
+    assert meta.index.tolist() == rows["index"].tolist()
+    got = unit.get("p", meta.slot, ["x"], occupancy(meta.index, meta.generation))
     assert got["x"].eq(7.0).all()
     c.register_task("p", "t", ["x"], 2)  # rows from spares are ready like any others
-    assert c.get_meta("p", "t", 0, timeout=1)["keys"] == ["b", "c"]  # "a" has no x
+    assert c.get_meta("p", "t", 0, timeout=1).keys == ["b", "c"]  # "a" has no x
 
 
 def test_commit_new_changes_nothing_unless_every_check_passes():
@@ -201,7 +201,7 @@ def test_one_row_commit_new_checks_and_commits_like_many_rows(form):
     assert [r["key"] for r in c.list_rows("p")] == ["a"]
     assert c.commit_new("p", ["b"], *one(0), SCHEMA) == Committed(ok=True)
     assert [r["key"] for r in c.list_rows("p")] == ["a", "b"]
-    assert [c.get_meta("p", "t", s, timeout=1)["keys"] for s in (0, 1)] == [["a"], ["b"]]
+    assert [c.get_meta("p", "t", s, timeout=1).keys for s in (0, 1)] == [["a"], ["b"]]
     with pytest.raises(StateError, match="spare rows"):  # no longer a spare row
         c.commit_new("p", ["c"], *one(0), SCHEMA)
     c.create_partition("p", capacity=2)
@@ -234,7 +234,7 @@ def test_commit_new_rejects_bad_tags_and_clashing_field_paths_before_any_change(
         c.commit_new("p", ["b"], idx, gen, {})
     assert [r["key"] for r in c.list_rows("p")] == ["a"]
     assert c.commit_new("p", ["b"], idx, gen, SCHEMA, tags=[{"r": 1}]) == Committed(ok=True)
-    assert c.get_meta("p", "t", 1, timeout=1)["tags"] == [{"r": 1}]
+    assert c.get_meta("p", "t", 1, timeout=1).tags == [{"r": 1}]
 
 
 def test_no_spares_for_bounded_partitions_or_writes_through_a_meta():

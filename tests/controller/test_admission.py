@@ -87,7 +87,7 @@ def test_admission_survives_checkpoint(tmp_path):
         s.save(str(tmp_path / "ckpt"))
     with tq.init(restore=str(tmp_path / "ckpt")) as s2:
         _task(s2, max_staleness=1, batch_size=4)
-        assert s2.connection.controller().admission("train")["admitted"] == 6
+        assert s2.connection.controller().admission("train").admitted == 6
         with pytest.raises(WaitTimeout):
             s2.writer("train").reserve(3, timeout=0.2)  # 6 + 3 > 8
         assert s2.writer("train").reserve(2, timeout=1) == 2

@@ -31,13 +31,13 @@ def test_an_injected_clock_decides_when_a_lease_expires():
     ctrl.register_task(P, "t", ["x"], batch_size=2, lease_timeout=10.0)
     _written(ctrl, keys_of("k", 2))
     first = ctrl.get_meta(P, "t", step=0, timeout=5.0, session="a")
-    assert first is not None and len(first["index"]) == 2
+    assert first is not None and len(first.index) == 2
     clock.advance(9.0)  # still held by "a": another session waits for it, then is refused
     with pytest.raises(ConfigError, match="replica"):
         ctrl.get_meta(P, "t", step=0, timeout=0.05, session="b")
     clock.advance(2.0)  # "a" sent no heartbeat for longer than its lease: the share comes back
     again = ctrl.get_meta(P, "t", step=0, timeout=5.0, session="b")
-    assert again is not None and sorted(again["index"]) == sorted(first["index"])
+    assert again is not None and sorted(again.index) == sorted(first.index)
     assert ctrl.stats()[P]["tasks"]["t"]["expired"] == 2  # rows whose lease expired
 
 

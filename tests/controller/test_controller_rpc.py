@@ -57,19 +57,19 @@ def test_a_put_a_step_and_an_ack_through_the_clients_free_the_rows():
     d.unit.put(P, place.slot, {"x": torch.arange(6.0).view(2, 3)}, tokens)
     ctrl.commit(P, place.index, place.generation, SCHEMA)
     meta = ctrl.get_meta(P, "t", step=0, timeout=2.0, session="s")
-    assert meta["keys"] == ["k0", "k1"] and not meta["end"]
-    where = ctrl.locate(P, meta["keys"])
-    got = d.unit.get(P, where["slot"], ["x"], occupancy(meta["index"], meta["generation"]))
+    assert meta.keys == ["k0", "k1"] and not meta.end
+    where = ctrl.locate(P, meta.keys)
+    got = d.unit.get(P, where.slot, ["x"], occupancy(meta.index, meta.generation))
     assert torch.equal(got["x"], torch.arange(6.0).view(2, 3))
     assert d.held() == 2
-    ctrl.ack(P, "t", meta["step"], 0, meta["index"], meta["generation"], session="s")
+    ctrl.ack(P, "t", meta.step, 0, meta.index, meta.generation, session="s")
     assert d.held() == 0
     assert ctrl.stats()[P]["rows"] == 0
 
 
 def test_admin_calls_need_the_owner_token_and_the_rest_do_not():
     d = Deployment()
-    assert [u["address"] for u in d.client().units()] == ["u0"]
+    assert [u.address for u in d.client().units()] == ["u0"]
     assert d.owner.state_dict()["partitions"] == {}
     with pytest.raises(AuthError, match="owner"):
         d.client().state_dict()  # refused by the client: it holds no token

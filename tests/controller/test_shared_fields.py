@@ -370,11 +370,11 @@ def test_a_controller_state_dict_keeps_entries_and_references(stream):
     again.load_state_dict(state)
     assert again.stats()[P]["shared"] == stream.stats()[P]["shared"]
     assert again.stats()[P]["shared"]["entries"] == G - 1
-    assert again.lookup(P, keys[N:], ["image"])["shared"]["pos"].tolist() == \
+    assert again.lookup(P, keys[N:], ["image"]).shared.pos.tolist() == \
         [0] * N + [1] * N
     again.register_task(P, "actor", ["image", "response"], batch_size=N)
     meta = again.get_meta(P, "actor", step=0, timeout=1)
-    again.ack(P, "actor", 0, 0, meta["index"], meta["generation"])
+    again.ack(P, "actor", 0, 0, meta.index, meta.generation)
     assert again.stats()[P]["shared"]["entries"] == G - 2
 
 
@@ -461,7 +461,7 @@ def test_a_claim_of_a_row_freed_after_its_reserve_is_refused():
     c.commit(P, pl.index, pl.generation, row)
     assert c.stats()[P]["rows"] == 2 and c.stats()[P]["shared"]["entries"] == 0
     c.register_task(P, "t", ["r"], batch_size=2)
-    assert sorted(c.get_meta(P, "t", step=0, timeout=1)["keys"]) == ["keep", "x"]
+    assert sorted(c.get_meta(P, "t", step=0, timeout=1).keys) == ["keep", "x"]
 
 
 def test_a_commit_that_fails_after_naming_an_entry_leaves_no_half_row():

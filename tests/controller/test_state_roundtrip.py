@@ -46,7 +46,7 @@ def _probe_controller(ctrl: Controller) -> list:
                            sampler=SequentialSampler())
         for rank in range(dp):
             m = ctrl.get_meta("train", task, step=1, dp_rank=rank, timeout=0.05)
-            out.append((task, rank, m["keys"], m["tags"]))
+            out.append((task, rank, m.keys, m.tags))
     out.append(ctrl.list_rows("train"))
     st = ctrl.stats()
     for part in st.values():  # measurements of this process, not checkpointed state
@@ -80,7 +80,7 @@ def test_controller_restored_task_keeps_its_state_until_registered(stream):
     fresh.close_partition("train")  # the last 3 rows form a short tail step
     for step, rank in ((0, 1), (1, 0), (1, 1), (2, 0), (2, 1)):
         m = fresh.get_meta("train", "old_logp", step, rank, timeout=0.05)
-        fresh.ack("train", "old_logp", step, rank, m["index"], m["generation"])
+        fresh.ack("train", "old_logp", step, rank, m.index, m.generation)
     assert fresh.stats()["train"]["tasks"]["old_logp"]["acked"] == 11
     # of the rows "actor" acked before the checkpoint (k0-k2), k0 and k1 were freed then;
     # now k2 is; every other row waits for "actor"

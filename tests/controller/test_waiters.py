@@ -57,8 +57,8 @@ def test_a_commit_gives_each_waiting_rank_its_rows(stream, rows):
         th.join(10)
     assert got == [[ANSWERED], [ANSWERED]]  # their server sends nothing for them
     assert sorted(given) == [10, 11]
-    keys = [k for r in (0, 1) for k in given[10 + r][1]["keys"]]
-    assert given[10][0] == "conn0" and given[11][1]["dp_rank"] == 1
+    keys = [k for r in (0, 1) for k in given[10 + r][1].keys]
+    assert given[10][0] == "conn0" and given[11][1].dp_rank == 1
     assert sorted(keys) == keys_of("k", 2 * rows)  # each row to exactly one rank
     assert len(ctrl.waiters) == 0
     wait = stream.stats()[P]["tasks"]["t"]["get_meta_wait"]
@@ -73,7 +73,7 @@ def test_without_a_server_the_waiter_returns_the_step_the_commit_formed(stream):
     with serving(object(), "producer", 1) as box:  # a server the waiter is not on
         put_rows(stream, keys_of("k", 2))
     th.join(10)
-    assert box.replies == [] and sorted(got[0]["keys"]) == keys_of("k", 2)
+    assert box.replies == [] and sorted(got[0].keys) == keys_of("k", 2)
 
 
 def test_a_cancelled_or_late_waiter_is_not_answered(stream):
@@ -122,7 +122,7 @@ def test_a_waiter_that_times_out_leaves_no_registration(stream):
         ctrl.get_meta(P, "t", 0, timeout=0.05)
     assert len(ctrl.waiters) == 0
     put_rows(stream, keys_of("k", 1))  # nothing to answer
-    assert ctrl.get_meta(P, "t", 0, timeout=1.0)["keys"] == ["k0"]
+    assert ctrl.get_meta(P, "t", 0, timeout=1.0).keys == ["k0"]
 
 
 def test_a_get_meta_inside_another_handler_does_not_answer_that_handlers_caller(stream):
@@ -151,7 +151,7 @@ def test_a_get_meta_inside_another_handler_does_not_answer_that_handlers_caller(
         put_rows(stream, keys_of("k", 1))
     box.sent()
     th.join(10)
-    assert box.replies == [] and got[0]["keys"] == ["k0"]
+    assert box.replies == [] and got[0].keys == ["k0"]
 
 
 def test_a_commit_that_forms_no_step_does_not_wake_the_waiters_to_look_again(stream):
@@ -173,4 +173,4 @@ def test_a_commit_that_forms_no_step_does_not_wake_the_waiters_to_look_again(str
     assert wakes == []
     put_rows(stream, ["k3"])  # a batch: the commit forms it, the waiter returns it
     th.join(10)
-    assert sorted(got[0]["keys"]) == ["k0", "k1", "k2", "k3"] and len(wakes) == 1
+    assert sorted(got[0].keys) == ["k0", "k1", "k2", "k3"] and len(wakes) == 1

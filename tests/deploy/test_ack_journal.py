@@ -18,6 +18,7 @@ from tq_stream.columns import schema_of
 from tq_stream.deploy.ack_journal import AckJournal, journal_files, read_records, rows_of
 from tq_stream.deploy.services import ControllerService, UnitService
 from tq_stream.errors import CheckpointError
+from tq_stream.messages.reads import Resume
 from tq_stream.transport import InprocTransport
 from tq_stream.transport.dispatch import OWNER_ARG
 
@@ -60,7 +61,7 @@ def _take(ctrl: ControllerService, step: int) -> dict:
 
 
 def _ack(ctrl: ControllerService, meta: dict) -> None:
-    ctrl.ack(P, "t", meta["step"], 0, meta["index"], meta["generation"])
+    ctrl.ack(P, "t", meta.step, 0, meta.index, meta.generation)
 
 
 def _drain(ctrl: ControllerService, step: int) -> list[str]:
@@ -68,9 +69,9 @@ def _drain(ctrl: ControllerService, step: int) -> list[str]:
     keys: list[str] = []
     while True:
         meta = _take(ctrl, step)
-        if meta["end"]:
+        if meta.end:
             return keys
-        keys += meta["keys"]
+        keys += meta.keys
         _ack(ctrl, meta)
         step += 1
 
@@ -149,15 +150,15 @@ def test_a_restarted_controller_replays_the_acks_made_after_its_checkpoint(tmp_p
     for step in range(3):  # formed and acked after the checkpoint
         meta = _take(a, step)
         _ack(a, meta)
-        acked += meta["keys"]
+        acked += meta.keys
     open_meta = _take(a, 3)  # leased, not acked: comes back
     # the controller process dies here (no close, no checkpoint)
     b = _controller(path, attach=False)
     assert b.recovery["journal"]["acked"] == 6 and b.recovery["journal"]["formed"] == 4
-    assert b.first_unfinished(P, "t") == {"step": 3, "skip": []}
+    assert b.first_unfinished(P, "t") == Resume(step=3, skip=[])
     assert b.stats()[P]["tasks"]["t"]["acked"] == 6
     again = _take(b, 3)
-    assert again["keys"] == open_meta["keys"]
+    assert again.keys == open_meta.keys
     rest = _drain(b, 3)
     assert not set(rest) & set(acked)
     assert sorted(rest + acked) == sorted(f"k{i}" for i in range(12))
@@ -171,12 +172,12 @@ def test_a_second_restart_still_remembers_the_first_ones_acks(tmp_path):
     for step in range(2):
         meta = _take(a, step)
         _ack(a, meta)
-        acked += meta["keys"]
+        acked += meta.keys
     b = _controller(path, attach=False)  # replays, then checkpoints at once
     assert [e for e, _ in journal_files(path)] == [b.checkpoints.journal.epoch]
     meta = _take(b, 2)
     _ack(b, meta)
-    acked += meta["keys"]
+    acked += meta.keys
     c = _controller(path, attach=False)
     assert c.stats()[P]["tasks"]["t"]["acked"] == 6
     rest = _drain(c, 3)
@@ -197,7 +198,7 @@ def test_a_restart_from_an_older_checkpoint_replays_every_newer_journal(tmp_path
     assert len(journal_files(path)) == 2
     b = _controller(path, attach=False)
     assert b.stats()[P]["tasks"]["t"]["acked"] == 4
-    assert not set(_drain(b, 2)) & set(meta["keys"] + meta2["keys"])
+    assert not set(_drain(b, 2)) & set(meta.keys + meta2.keys)
 
 
 def test_a_checkpoint_covers_exactly_the_acks_before_its_rotation(tmp_path):
@@ -218,7 +219,7 @@ def test_a_checkpoint_covers_exactly_the_acks_before_its_rotation(tmp_path):
         for step in range(150):
             meta = _take(a, step)
             _ack(a, meta)
-            acked += meta["keys"]
+            acked += meta.keys
             if step in (50, 100):  # let checkpoints land mid-run however threads are run
                 written = a.checkpoints.checkpointer.written
                 deadline = time.monotonic() + 10
@@ -270,21 +271,21 @@ def test_replay_keeps_each_ranks_share_and_acks(tmp_path):
     a.checkpoints.checkpointer.write_now()
     r0 = a.get_meta(P, "t", step=0, dp_rank=0, timeout=2.0, session="s0")
     r1 = a.get_meta(P, "t", step=0, dp_rank=1, timeout=2.0, session="s1")
-    a.ack(P, "t", 0, 0, r0["index"], r0["generation"])  # rank 1 has not acked
+    a.ack(P, "t", 0, 0, r0.index, r0.generation)  # rank 1 has not acked
     b = _controller(path, attach=False)
-    assert b.first_unfinished(P, "t", dp_rank=0)["step"] == 1
-    assert b.first_unfinished(P, "t", dp_rank=1)["step"] == 0
+    assert b.first_unfinished(P, "t", dp_rank=0).step == 1
+    assert b.first_unfinished(P, "t", dp_rank=1).step == 0
     again = b.get_meta(P, "t", step=0, dp_rank=1, timeout=2.0, session="s2")
-    assert again["keys"] == r1["keys"]
+    assert again.keys == r1.keys
     b.close_partition(P)
     rest = []
     for step in range(1, 10):
         metas = [b.get_meta(P, "t", step=step, dp_rank=r, timeout=2.0, session=f"x{r}")
                  for r in range(2)]
-        if metas[0]["end"]:
+        if metas[0].end:
             break
-        rest += [k for m in metas for k in m["keys"]]
-    assert not set(rest) & set(r0["keys"] + r1["keys"]) and len(rest) == 4
+        rest += [k for m in metas for k in m.keys]
+    assert not set(rest) & set(r0.keys + r1.keys) and len(rest) == 4
 
 
 def test_replay_restores_an_end_step_and_its_tail_discard(tmp_path):
@@ -299,7 +300,7 @@ def test_replay_restores_an_end_step_and_its_tail_discard(tmp_path):
     assert len(acked) == 4
     b = _controller(path, attach=False)
     assert b.recovery["journal"]["ended"] == 1 and b.recovery["journal"]["discarded"] == 1
-    assert _take(b, 2)["end"]
+    assert _take(b, 2).end
     stats = b.stats()[P]["tasks"]["t"]
     assert stats["acked"] == 4 and stats["discarded"] == {"tail": 1}
     assert b.stats()[P]["rows"] == 0
@@ -322,12 +323,12 @@ def test_replay_restores_a_share_formed_again_at_its_turn(tmp_path):
         place = a.reserve(P, keys, SCHEMA)
         a.commit(P, place.index, place.generation, SCHEMA, tags=[{"version": v}] * 2)
     a.checkpoints.checkpointer.write_now()
-    assert _take(a, 0)["keys"] == ["k0", "k1"]  # formed for version 0
+    assert _take(a, 0).keys == ["k0", "k1"]  # formed for version 0
     a.set_version(P, "t", 1, at_step=0)
-    assert _take(a, 0)["keys"] == ["k2", "k3"]
+    assert _take(a, 0).keys == ["k2", "k3"]
     b = _controller(path, attach=False)
     assert b.stats()[P]["tasks"]["t"]["discarded"] == {"stale": 2}
-    assert _take(b, 0)["keys"] == ["k2", "k3"]
+    assert _take(b, 0).keys == ["k2", "k3"]
     assert _drain(b, 0)[:2] == ["k2", "k3"]
 
 
@@ -350,13 +351,13 @@ def test_a_step_replayed_from_the_journal_is_checked_against_the_version_set_aft
         place = a.reserve(P, keys, SCHEMA)
         a.commit(P, place.index, place.generation, SCHEMA, tags=[{"version": v}] * 2)
     a.checkpoints.checkpointer.write_now()
-    assert _take(a, 0)["keys"] == ["k0", "k1"]  # formed for version 0, journaled
+    assert _take(a, 0).keys == ["k0", "k1"]  # formed for version 0, journaled
     b = _controller(path, attach=False)
     assert b.recovery["journal"]["formed"] == 1
     b.register_task(P, "t", ["x"], batch_size=2, sampler=spec)  # the consumer is back
     b.set_version(P, "t", 1, at_step=0)
     again = _take(b, 0)
-    assert again["keys"] == ["k2", "k3"] and again["turn"] == 1
+    assert again.keys == ["k2", "k3"] and again.turn == 1
     assert b.stats()[P]["tasks"]["t"]["discarded"] == {"stale": 2}
 
 
@@ -374,9 +375,9 @@ def test_a_takeover_before_the_checkpoint_still_refuses_the_late_ack_after_a_res
     a.commit(P, place.index, place.generation, SCHEMA)
     old = a.get_meta(P, "t", step=0, timeout=2.0, session="a")
     time.sleep(0.5)  # "a" stops renewing: its claim lapses
-    assert a.get_meta(P, "t", step=0, timeout=2.0, session="b")["keys"] == old["keys"]
+    assert a.get_meta(P, "t", step=0, timeout=2.0, session="b").keys == old.keys
     a.checkpoints.checkpointer.write_now()
     b = _controller(path, attach=False)
     with pytest.raises(LeaseTakenOver, match="session='a'"):
-        b.ack(P, "t", 0, 0, old["index"], old["generation"], session="a")
-    assert b.ack(P, "t", 0, 0, old["index"], old["generation"], session="b") == 2
+        b.ack(P, "t", 0, 0, old.index, old.generation, session="a")
+    assert b.ack(P, "t", 0, 0, old.index, old.generation, session="b") == 2

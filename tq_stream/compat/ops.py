@@ -111,7 +111,7 @@ def describe(rt: Runtime, keys: list[str],
              partition: str) -> tuple[list[dict[str, Any]], list[str]]:
     """Current (merged) tags of ``keys`` and the fields every one of them has."""
     d = rt.get().connection.controller().lookup(partition=partition, keys=keys, fields=None)
-    return d["tags"], _visible(d["fields"])
+    return d.tags or [], _visible(d.fields)
 
 
 @dataclass(frozen=True)
@@ -298,10 +298,10 @@ def retrieve_meta(rt: Runtime, keys: str | Sequence[str], partition: str,
     if not keys:
         return BatchMeta()
     d = ctrl.lookup(partition=partition, keys=keys, fields=None)
-    schema = {variants.logical(f): dict(d["schemas"].get(f, {}))
-              for f in d["fields"] if f != TAG_ONLY_FIELD}
-    return BatchMeta(d["index"].tolist(), [partition] * len(keys), schema,
-                     custom_meta=d["tags"], keys=list(d["keys"]))
+    schema = {variants.logical(f): dict(d.schemas.get(f, {}))
+              for f in d.fields if f != TAG_ONLY_FIELD}
+    return BatchMeta(d.index.tolist(), [partition] * len(keys), schema,
+                     custom_meta=d.tags, keys=list(d.keys))
 
 
 def _missing(rt: Runtime, keys: list[str], partition: str) -> list[str]:
@@ -367,6 +367,6 @@ def put_data(rt: Runtime, data: TensorDict, meta: BatchMeta | None,
     d = rt.get().connection.controller().lookup(partition=pid, keys=keys,
                                                 fields=list(names.values()))
     for f, p in names.items():
-        out.field_schema[f] = dict(d["schemas"].get(p, {}))
+        out.field_schema[f] = dict(d.schemas.get(p, {}))
     out.keys = list(keys)
     return out

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from tq_stream.errors import ConnectionLost, WaitTimeout
 from tq_stream.forksafe import ForkSafeLock
-from tq_stream.messages.admin import Ping
+from tq_stream.messages.admin import Ping, UnitAddress
 
 INTERVAL = 1.0  # seconds between two pings of the controller for waiting unit calls
 PING_TIMEOUT = 5.0  # seconds such a ping may take (no answer: no news, the call waits on)
@@ -37,7 +36,7 @@ class LostUnits:
     """
 
     def __init__(self, ping: Callable[[float], Ping],
-                 units: Callable[[], Sequence[dict[str, Any]]],
+                 units: Callable[[], Sequence[UnitAddress]],
                  check_owner: Callable[[], None], interval: float = INTERVAL) -> None:
         self._ping = ping
         self._interval = interval
@@ -74,7 +73,7 @@ class LostUnits:
                 info = self._ping(PING_TIMEOUT)
                 epoch = info.units_epoch
                 if epoch != self._epoch:
-                    self._where = [(u["address"], u.get("local")) for u in self._units()]
+                    self._where = [(u.address, u.local) for u in self._units()]
                     self._epoch = epoch
             except WaitTimeout:
                 return  # the controller is slow or restarting: no news

@@ -60,8 +60,8 @@ def processes(conn: Connection) -> list[ProcessInfo]:
     out = [ProcessInfo("controller", 0, ping.pid, ping.host, conn.address,
                        _folder(ping.local) or _folder(conn.address))]
     for i, u in enumerate(ctrl.units()):
-        out.append(ProcessInfo("unit", i, int(u["pid"]), str(u["host"]), u["address"],
-                               _folder(u.get("local")) or _folder(u["address"])))
+        out.append(ProcessInfo("unit", i, u.pid, u.host, u.address,
+                               _folder(u.local) or _folder(u.address)))
     return out
 
 

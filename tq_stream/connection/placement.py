@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from tq_stream.backends.base import StorageUnit
 from tq_stream.backends.shared import GathersInto
 from tq_stream.buffers import POOL
 from tq_stream.columns import Column, Ragged, concat, dtype_from_name, span, take
@@ -99,8 +100,9 @@ def _in_batch_order(joined: Column, groups: list[tuple[int, np.ndarray]]) -> Col
     return [joined[i] for i in order.tolist()]
 
 
-def _destinations(units: Sequence[Any], groups: list, n: int, fields: Sequence[str],
-                  schemas: Mapping[str, Any] | None) -> tuple[dict, list]:
+def _destinations(units: Sequence[StorageUnit], groups: list[tuple[int, np.ndarray]], n: int,
+                  fields: Sequence[str], schemas: Mapping[str, Any] | None
+                  ) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor] | None]]:
     """Pooled outputs for dense fields, and per group the slices of them that rows of
     the group fill (only where its rows are consecutive in the batch and its unit can
     gather into a given tensor): then each byte is copied once."""
@@ -109,7 +111,7 @@ def _destinations(units: Sequence[Any], groups: list, n: int, fields: Sequence[s
         s = (schemas or {}).get(f)
         if s is not None and s.kind == "dense":
             outs[f] = POOL.empty((n, *s.shape), dtype_from_name(s.dtype))
-    into = []
+    into: list[dict[str, torch.Tensor] | None] = []
     for u, pos in groups:
         run = len(pos) and int(pos[-1]) - int(pos[0]) == len(pos) - 1
         ok = outs and run and isinstance(units[u], GathersInto)
@@ -118,7 +120,7 @@ def _destinations(units: Sequence[Any], groups: list, n: int, fields: Sequence[s
     return outs, into
 
 
-def load(units: Sequence[Any], partition: str, unit: np.ndarray, slot: np.ndarray,
+def load(units: Sequence[StorageUnit], partition: str, unit: np.ndarray, slot: np.ndarray,
          fields: Sequence[str], generations: np.ndarray | None = None,
          schemas: Mapping[str, Any] | None = None) -> dict[str, Column]:
     """Read ``fields`` of rows (aligned with ``unit``/``slot``), in that order.

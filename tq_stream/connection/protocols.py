@@ -5,8 +5,9 @@ a deployment (``Backend``: in process, or over sockets).
 Both the in-process ``Controller`` (embedded mode) and ``RemoteController`` (its
 RPC stand-in in local and Ray mode) provide these methods with these keyword
 arguments; the client layers are typed against this protocol, not against either.
-Row indices and generations are int64 numpy arrays; placements are typed replies
-(``tq_stream.messages``), metas still plain dicts (see ``BatchMeta.from_dict``).
+Row indices and generations are int64 numpy arrays; placements and metas are typed
+replies (``tq_stream.messages``; a client builds its ``BatchMeta`` with
+``BatchMeta.from_reply``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from tq_stream.backends.base import StorageUnit
+from tq_stream.messages.media import MediaHeld, MediaPlace
 from tq_stream.messages.puts import Committed, Placement
-from tq_stream.messages.reads import TagColumns
+from tq_stream.messages.reads import Found, Located, Resume, StepMeta, TagColumns, TaskRows
 from tq_stream.stats import PartitionStats
 
 if TYPE_CHECKING:
@@ -65,12 +67,12 @@ class ControllerAPI(Protocol):
 
     def media_hold(self, partition: str, keys: Sequence[str], session: str, holder: str,
                    lease: float, producer: bool, pending: float = 0.0,
-                   pins: Sequence[str] | None = None) -> dict[str, Any]: ...
+                   pins: Sequence[str] | None = None) -> MediaHeld: ...
 
     def media_release(self, partition: str, pin: str, session: str, holder: str) -> None: ...
 
     def media_lookup(self, partition: str, key: str, index: int, generation: int, pin: str,
-                     deployment: str, fields: Sequence[str]) -> dict[str, Any]: ...
+                     deployment: str, fields: Sequence[str]) -> MediaPlace: ...
 
     def admit(self, partition: str, n: int, timeout: float = 60.0) -> int: ...
 
@@ -80,7 +82,7 @@ class ControllerAPI(Protocol):
 
     def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
                  timeout: float = 60.0, replica: int | None = None, session: str = "",
-                 consumer: str = "") -> dict[str, Any] | None: ...
+                 consumer: str = "") -> StepMeta | None: ...
 
     def ack(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,
             generation: np.ndarray, replica: int = 0, session: str = "") -> int: ...
@@ -92,18 +94,18 @@ class ControllerAPI(Protocol):
               session: str = "") -> int: ...
 
     def first_unfinished(self, partition: str, task: str, dp_rank: int = 0,
-                         replica: int | None = None) -> dict[str, Any]: ...
+                         replica: int | None = None) -> Resume: ...
 
     def cancel(self, session: str) -> None: ...
 
-    def task_rows(self, partition: str, task: str) -> dict[str, Any]: ...
+    def task_rows(self, partition: str, task: str) -> TaskRows: ...
 
     def clear(self, partition: str, keys: Sequence[str] | None = None) -> int: ...
 
     def lookup(self, partition: str, keys: Sequence[str],
-               fields: Sequence[str] | None = ()) -> dict[str, Any]: ...
+               fields: Sequence[str] | None = ()) -> Found: ...
 
-    def locate(self, partition: str, keys: Sequence[str]) -> dict[str, Any]: ...
+    def locate(self, partition: str, keys: Sequence[str]) -> Located: ...
 
     def list_rows(self, partition: str,
                   keys: Sequence[str] | None = None) -> list[dict[str, Any]]: ...

@@ -58,7 +58,7 @@ class RemoteController:
         """The address this client calls the controller at."""
         return self._rpc.address
 
-    def _moved(self, epoch: object) -> None:
+    def _moved(self, epoch: int | None) -> None:
         """A reply that places or hands out rows named the units' ``epoch``: tell the
         backend of a change (the first one too: units may be known already)."""
         if epoch is not None and epoch != self._units_epoch:
@@ -168,7 +168,7 @@ class RemoteController:
 
     def media_hold(self, partition: str, keys: Sequence[str], session: str, holder: str,
                    lease: float, producer: bool, pending: float = 0.0,
-                   pins: Sequence[str] | None = None) -> dict[str, Any]:
+                   pins: Sequence[str] | None = None) -> media.MediaHeld:
         return self._call(media.MEDIA_HOLD, media.MediaHold(
             partition=partition, keys=list(keys), session=session, holder=holder, lease=lease,
             producer=producer, pending=pending, pins=None if pins is None else list(pins)))
@@ -178,7 +178,7 @@ class RemoteController:
                                                            session=session, holder=holder))
 
     def media_lookup(self, partition: str, key: str, index: int, generation: int, pin: str,
-                     deployment: str, fields: Sequence[str]) -> dict[str, Any]:
+                     deployment: str, fields: Sequence[str]) -> media.MediaPlace:
         return self._call(media.MEDIA_LOOKUP, media.MediaLookup(
             partition=partition, key=key, index=index, generation=generation, pin=pin,
             deployment=deployment, fields=list(fields)))
@@ -187,7 +187,7 @@ class RemoteController:
     def register_task(self, partition: str, task: str, fields: Sequence[str], batch_size: int,
                       dp_size: int = 1, replicas: int = 1,
                       lease_timeout: float = DEFAULT_LEASE_TIMEOUT, drop_last: bool = False,
-                      sampler: Sampler | Mapping[str, Any] | None = None) -> None:
+                      sampler: Sampler | None = None) -> None:
         self._call(reads.REGISTER_TASK, reads.RegisterTask(
             partition=partition, task=task, fields=list(fields), batch_size=batch_size,
             dp_size=dp_size, replicas=replicas, lease_timeout=lease_timeout,
@@ -209,17 +209,17 @@ class RemoteController:
         self._call(reads.SET_ADMISSION, reads.SetAdmission(
             partition=partition, task=task, steps_per_version=steps_per_version))
 
-    def admission(self, partition: str) -> dict[str, Any]:
+    def admission(self, partition: str) -> reads.AdmissionStatus:
         return self._call(reads.ADMISSION, reads.OfPartition(partition=partition))
 
     def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
                  timeout: float = 60.0, replica: int | None = None, session: str = "",
-                 consumer: str = "") -> dict[str, Any] | None:
+                 consumer: str = "") -> reads.StepMeta | None:
         meta = self._long_poll(reads.GET_META, reads.GetMeta(
             partition=partition, task=task, step=step, dp_rank=dp_rank, timeout=timeout,
             replica=replica, session=session, consumer=consumer), timeout)
         if meta is not None:
-            self._moved(meta.pop("units_epoch", None))
+            self._moved(meta.units_epoch)
         return meta
 
     def ack(self, partition: str, task: str, step: int, dp_rank: int, index: np.ndarray,
@@ -240,7 +240,7 @@ class RemoteController:
                                                    session=session))
 
     def first_unfinished(self, partition: str, task: str, dp_rank: int = 0,
-                         replica: int | None = None) -> dict[str, Any]:
+                         replica: int | None = None) -> reads.Resume:
         return self._call(reads.FIRST_UNFINISHED, reads.FirstUnfinished(
             partition=partition, task=task, dp_rank=dp_rank, replica=replica))
 
@@ -254,11 +254,11 @@ class RemoteController:
         return self._call(reads.CLEAR, reads.Clear(partition=partition, keys=list(keys)))
 
     def lookup(self, partition: str, keys: Sequence[str],
-               fields: Sequence[str] | None = ()) -> dict[str, Any]:
+               fields: Sequence[str] | None = ()) -> reads.Found:
         return self._call(reads.LOOKUP, reads.Lookup(
             partition=partition, keys=list(keys), fields=None if fields is None else list(fields)))
 
-    def locate(self, partition: str, keys: Sequence[str]) -> dict[str, Any]:
+    def locate(self, partition: str, keys: Sequence[str]) -> reads.Located:
         return self._call(reads.LOCATE, reads.Keys(partition=partition, keys=list(keys)))
 
     def list_rows(self, partition: str,
@@ -280,11 +280,11 @@ class RemoteController:
     def stats(self) -> dict[str, Any]:
         return self._call(reads.STATS, reads.Nothing())
 
-    def task_rows(self, partition: str, task: str) -> dict[str, Any]:
+    def task_rows(self, partition: str, task: str) -> reads.TaskRows:
         return self._call(reads.TASK_ROWS, reads.OfTask(partition=partition, task=task))
 
     # --- deployment
-    def units(self) -> list[dict[str, Any]]:
+    def units(self) -> list[admin.UnitAddress]:
         return self._call(admin.UNITS, reads.Nothing())
 
     def attach_units(self, units: list[dict[str, Any]]) -> None:

@@ -19,7 +19,7 @@ from tq_stream.connection.lost_units import LostUnits
 from tq_stream.connection.owner_watch import OwnerWatch, check_folder
 from tq_stream.errors import ConfigError
 from tq_stream.forksafe import ForkSafeLock
-from tq_stream.messages.admin import PING
+from tq_stream.messages.admin import PING, UnitAddress
 from tq_stream.messages.reads import Nothing
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class RemoteBackend:
         self._lock = ForkSafeLock()  # a producer thread may hold it when a worker forks
         self._ctrl: RemoteController | None = None
         self._units: list[StorageUnit] | None = None
-        self._unit_infos: list[dict[str, Any]] = []  # the addresses _units were made for
+        self._unit_infos: list[UnitAddress] = []  # the addresses _units were made for
         self._retired: list[StorageUnit] = []  # clients of units that moved, closed with this
         self._unit_hosts: list[bool] | None = None  # per unit: on this host?
         self._spares: dict[tuple[str, int], SparePool] = {}  # this process's SparePools
@@ -98,7 +98,7 @@ class RemoteBackend:
             return rpc
         info = PING.decode(rpc.call(PING.name, PING.args(Nothing())))
         self.owner_watch.learn(info.owner)
-        local = hosts.nearest({"address": self.address, "host": info.host, "local": info.local})
+        local = hosts.nearest_of(self.address, info.local, info.host)
         if local == self.address:
             return rpc
         rpc.close()
@@ -113,14 +113,15 @@ class RemoteBackend:
                     self._unit_infos = list(infos)
         return self._units
 
-    def _unit_client(self, i: int, info: dict[str, Any]) -> StorageUnit:
+    def _unit_client(self, i: int, info: UnitAddress) -> StorageUnit:
         from tq_stream.connection.remote_unit import RemoteUnit
         from tq_stream.connection.same_host import SameHostUnit
 
-        address = info["address"] if self._curve is not None else hosts.nearest(info)
+        address = info.address if self._curve is not None else \
+            hosts.nearest_of(info.address, info.local, info.host)
         rpc = self._rpc(address, UNIT_CONNECT_WINDOW, lambda: self._lost.check(i, address))
         unit = RemoteUnit(rpc, self._config.timeout, self._owner_token)
-        return SameHostUnit(unit) if info["host"] == hosts.host_id() else unit
+        return SameHostUnit(unit) if info.host == hosts.host_id() else unit
 
     def _units_moved(self) -> None:
         """The controller's units changed address (a Ray unit actor re-created): new
@@ -136,8 +137,7 @@ class RemoteBackend:
             units = list(self._units)
             for i, info in enumerate(infos):
                 old = self._unit_infos[i] if i < len(self._unit_infos) else None
-                if old is None or (old["address"], old.get("local")) != \
-                        (info["address"], info.get("local")):
+                if old is None or (old.address, old.local) != (info.address, info.local):
                     self._retired.append(units[i])
                     units[i] = self._unit_client(i, info)
             self._units, self._unit_infos, self._unit_hosts = units, list(infos), None
@@ -174,7 +174,7 @@ class RemoteBackend:
         process and move, not once per writer (``kv.put`` makes a writer per call)."""
         if self._unit_hosts is None:
             here = hosts.host_id()
-            self._unit_hosts = [u["host"] == here for u in self.controller().units()]
+            self._unit_hosts = [u.host == here for u in self.controller().units()]
         same = [i for i, local in enumerate(self._unit_hosts) if local]
         if not same or len(same) == len(self._unit_hosts):
             return -1

@@ -38,7 +38,7 @@ class RemoteUnit(StorageUnit):
         """The client this unit is called through."""
         return self._unit
 
-    def put(self, partition: str, slots: np.ndarray, columns: dict[str, Column],
+    def put(self, partition: str, slots: np.ndarray, columns: Mapping[str, Column],
             generations: np.ndarray | None = None) -> None:
         self._unit.call(msg.PUT, msg.Put(partition=partition, slots=np.asarray(slots),
                                          columns=dict(columns),
@@ -101,8 +101,8 @@ class RemoteUnit(StorageUnit):
     def ping(self) -> msg.UnitPing:
         return self._unit.call(msg.PING, msg.Nothing())
 
-    def save_rows(self, request: dict[str, Any]) -> dict[str, Any]:
-        return self._unit.call(msg.SAVE_ROWS, msg.SaveRows(request=request),
+    def save_rows(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        return self._unit.call(msg.SAVE_ROWS, msg.SaveRows(request=dict(request)),
                                max(self._timeout, UNIT_FILE_TIMEOUT))
 
     def load_rows(self, path: str, save: str, unit: int) -> dict[str, Any]:

@@ -3,7 +3,7 @@ read and written through its shared memory."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -63,7 +63,7 @@ class SameHostUnit(StorageUnit):
     DIRECT_BYTES = 1 << 20  # puts of dense fields at least this large skip the socket
     SHARED_ROWS = 64  # smaller puts of new dense rows make no call at all
 
-    def put(self, partition: str, slots: np.ndarray, columns: dict[str, Column],
+    def put(self, partition: str, slots: np.ndarray, columns: Mapping[str, Column],
             generations: np.ndarray | None = None) -> None:
         if len(slots) == 1 and generations is not None:  # a small put's one new row
             layout = self._writes.get((partition, tuple(columns)))
@@ -96,7 +96,7 @@ class SameHostUnit(StorageUnit):
         self._remote.put(partition, slots, columns, generations)
 
     def _put_direct(self, partition: str, slots: np.ndarray, tensors: dict[str, torch.Tensor],
-                    arenas: dict[str, ArenaWrite], columns: dict[str, Column],
+                    arenas: dict[str, ArenaWrite], columns: Mapping[str, Column],
                     generations: np.ndarray | None) -> bool:
         """Copy rows straight into the unit's shared memory between ``prepare_write`` and
         ``finish_write`` (see ``tq_stream.backends.direct``): dense ``tensors`` into
@@ -254,7 +254,7 @@ class SameHostUnit(StorageUnit):
     def ping(self) -> UnitPing:
         return self._remote.ping()
 
-    def save_rows(self, request: dict[str, Any]) -> dict[str, Any]:
+    def save_rows(self, request: Mapping[str, Any]) -> dict[str, Any]:
         return self._remote.save_rows(request)
 
     def load_rows(self, path: str, save: str, unit: int) -> dict[str, Any]:

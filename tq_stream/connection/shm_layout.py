@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -47,13 +48,13 @@ class Layout:
         self.stores = None if epoch is None else epoch.get("stores")
         self.epoch_view = None if epoch is None else words(READER.view(
             epoch["shm"], torch.int64, (2,)).numpy())  # memoryview: the cheapest read
-        self.fields = {f: map_layout(lay) for f, lay in raw.get("fields", {}).items()}
+        self.fields = {f: mapped(lay) for f, lay in raw.get("fields", {}).items()}
         # numpy views: one-row index operations cost a fraction of torch's here
         self.tokens = map_np(raw.get("generations"))
         self.flags = {f: map_np(lay) for f, lay in (raw.get("flags") or {}).items()}
         self.live = map_np(raw.get("live"))
-        self.rows = RowWriter(self) if self.tokens is not None and self.live is not None \
-            and self.epoch_view is not None else None
+        self.rows = RowWriter(self, self.tokens, self.live) if self.tokens is not None and \
+            self.live is not None and self.epoch_view is not None else None
 
     def valid(self) -> bool:
         return self.epoch_view is not None and self.epoch_view[0] == self.epoch
@@ -79,16 +80,18 @@ class Layout:
         if self.live is None or self.tokens is None or not self.writable() or \
                 top >= self.live.shape[0] or top >= self.tokens.shape[0]:
             return False
+        targets = []
         for f, col in columns.items():
             view, flags = self.fields.get(f), self.flags.get(f)
             if view is None or flags is None or top >= min(view.shape[0], flags.shape[0]) \
                     or col.dtype != view.dtype or col.shape[1:] != view.shape[1:]:
                 return False
+            targets.append((view, flags, col))
         if not (self.tokens[slots] == UNSET).all():
             return False  # rows being read may live there: only the unit overwrites them
-        for f, col in columns.items():
-            scatter_rows(self.fields[f], slots, col)
-            self.flags[f][slots] = True
+        for view, flags, col in targets:
+            scatter_rows(view, slots, col)
+            flags[slots] = True
         self.live[slots] = True
         self.tokens[slots] = tokens
         fence()
@@ -132,19 +135,19 @@ class RowWriter:
 
     __slots__ = ("fields", "flags", "layout", "live", "tokens")
 
-    def __init__(self, layout: Layout) -> None:
+    def __init__(self, layout: Layout, tokens: np.ndarray, live: np.ndarray) -> None:
         # a proxy: a strong reference would make a cycle, and the segments a dropped
         # layout maps would stay mapped (an fd each) until the cyclic GC ran
-        self.layout = weakref.proxy(layout)
-        self.tokens = words(layout.tokens)
-        self.live = memoryview(layout.live)  # type: ignore[arg-type]
-        self.flags = {f: memoryview(a) for f, a in layout.flags.items() if a is not None}
+        self.layout: Layout = weakref.proxy(layout)
+        self.tokens = words(tokens)  # ``tokens``, ``live``: the layout's, mapped
+        self.live = live.data
+        self.flags = {f: a.data for f, a in layout.flags.items() if a is not None}
         # field -> (address of row 0, bytes per row, rows, dtype, shape of a row)
         self.fields = {f: (t.data_ptr(), t[0].nbytes if len(t) else 0, t.shape[0], t.dtype,
                            tuple(t.shape[1:]))
                        for f, t in layout.fields.items() if t is not None}
 
-    def write(self, slot: int, columns: dict[str, Column], token: int) -> bool:
+    def write(self, slot: int, columns: Mapping[str, Column], token: int) -> bool:
         if not self.layout.writable() or not 0 <= slot < min(len(self.tokens), len(self.live)):
             return False
         for f, col in columns.items():
@@ -188,7 +191,7 @@ def arena_rows(arena: torch.Tensor, where: dict[str, Any]) -> MultiRagged:
 
 def words(a: np.ndarray) -> memoryview:
     """An int64 array as a memoryview of its words (one item read or written in C)."""
-    return memoryview(a).cast("B").cast("q")
+    return a.data.cast("B").cast("q")
 
 
 def mapped(lay: dict[str, Any]) -> torch.Tensor:

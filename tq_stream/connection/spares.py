@@ -83,7 +83,7 @@ class SparePool:
         self._cooldown = 0
         self._short = False  # a put found too few rows: refill before the half mark
         self.target = self.TARGET  # doubled each time puts find the pool empty
-        self._schemas: dict[str, dict] = {}  # fixed schemas seen (they never change)
+        self._schemas: dict[str, dict[str, Any]] = {}  # fixed schemas seen (never change)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -142,7 +142,8 @@ class SparePool:
         with self._lock:
             self._rows.extendleft(reversed(back))
 
-    def _coerced(self, cols: dict[str, Column]) -> tuple[dict[str, Column], dict] | None:
+    def _coerced(self, cols: dict[str, Column]
+                 ) -> tuple[dict[str, Column], dict[str, Any]] | None:
         """Columns converted to the fixed schemas known here, and their schemas; None
         when a field's schema is not known here yet (``reserve`` checks it before any
         byte moves) or the data cannot take it."""
@@ -161,7 +162,7 @@ class SparePool:
         return out, schemas
 
     def put(self, ctrl: Any, units: Sequence[Any], keys: list[str], cols: dict[str, Column],
-            tags: list | None) -> bool:
+            tags: list[dict[str, Any]] | None) -> bool:
         """Write new rows ``keys`` on spare rows: True when done, False when the put must go
         through ``reserve`` (nothing visible changed then; ``reserve`` also raises the
         canonical error of a put that cannot succeed).
@@ -170,7 +171,9 @@ class SparePool:
             WaitTimeout and other errors after which the outcome is unknown.
         """
         converted = self._coerced(cols)
-        rows = None if converted is None else self._take(len(keys))
+        if converted is None:
+            return False
+        rows = self._take(len(keys))
         if rows is None:
             return False
         coerced, schemas = converted

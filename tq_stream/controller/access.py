@@ -18,11 +18,11 @@ from tq_stream.controller.report import add_measurements
 from tq_stream.controller.task import TaskState
 from tq_stream.controller.timings import Timings
 from tq_stream.errors import KeyConflictError, StateError
-from tq_stream.messages.reads import TagColumns
+from tq_stream.messages.reads import Found, Located, TagColumns
 
 
 def lookup(part: PartitionMeta, keys: Sequence[str],
-           fields: Sequence[str] | None = ()) -> dict[str, Any]:
+           fields: Sequence[str] | None = ()) -> Found:
     """Placement of existing ``keys`` whose ``fields`` are all written.
 
     ``fields=None`` means every field written for all of ``keys``; a parent path
@@ -43,10 +43,10 @@ def lookup(part: PartitionMeta, keys: Sequence[str],
                    if r is None or not r[i]][:5]
             raise StateError(f"field {f!r} must be written before it is read; "
                              f"it is not for keys {bad} of partition {part.name!r}")
-    return placement(part, idx, fields)
+    return Found(**placement(part, idx, fields))
 
 
-def locate(part: PartitionMeta, keys: Sequence[str]) -> dict[str, Any]:
+def locate(part: PartitionMeta, keys: Sequence[str]) -> Located:
     """Where existing ``keys`` live and how many of them hold each field, for a reader
     that picks its fields from what its rows hold.
 
@@ -60,18 +60,18 @@ def locate(part: PartitionMeta, keys: Sequence[str]) -> dict[str, Any]:
         count = int(np.count_nonzero(r[idx]))
         if count:
             held[f] = count
-    return {
-        "partition": part.name, "index": idx, "keys": part.keys[idx].tolist(),
-        "unit": part.unit[idx], "slot": part.slot[idx], "generation": part.generation[idx],
-        "fields": [], "held": held,
-        "schemas": {f: part.schemas[f].to_dict() for f in held if f in part.schemas},
-        **part.shared.describe(part, idx, list(held)),
-    }
+    return Located(
+        partition=part.name, index=idx, keys=part.keys[idx].tolist(),
+        unit=part.unit[idx], slot=part.slot[idx], generation=part.generation[idx],
+        fields=[], held=held,
+        schemas={f: part.schemas[f].to_dict() for f in held if f in part.schemas},
+        shared=part.shared.describe(part, idx, list(held)))
 
 
 def placement(part: PartitionMeta, idx: np.ndarray, fields: Sequence[str]) -> dict[str, Any]:
-    """Where rows ``idx`` live; a parent path in ``fields`` is given as the fields
-    under it, so a reader of ``"obs"`` reads ``"obs.image"`` and ``"obs.state"``."""
+    """The fields of a ``Found`` (or a ``StepMeta``'s) for rows ``idx``, by name: where
+    they live; a parent path in ``fields`` is given as the fields under it, so a reader
+    of ``"obs"`` reads ``"obs.image"`` and ``"obs.state"``."""
     fields = fieldpath.resolve(fields, part.schemas)
     return {
         "partition": part.name, "index": idx,
@@ -80,7 +80,7 @@ def placement(part: PartitionMeta, idx: np.ndarray, fields: Sequence[str]) -> di
         "tags": part.tags.rows_as_dicts(idx),
         "fields": list(fields),
         "schemas": {f: part.schemas[f].to_dict() for f in fields if f in part.schemas},
-        **part.shared.describe(part, idx, fields),
+        "shared": part.shared.describe(part, idx, fields),
     }
 
 

@@ -22,12 +22,12 @@ waits.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from tq_stream.controller.book import Book
 from tq_stream.controller.timings import Timings
 from tq_stream.errors import WaitTimeout, check_positive, check_timeout, format_seconds
 from tq_stream.handling import WouldBlock, may_block
+from tq_stream.messages.reads import AdmissionStatus
 
 
 class Admission:
@@ -89,12 +89,12 @@ class Admission:
             self._book.task(partition, task)[1].steps_per_version = steps_per_version
             self._cond.notify_all()
 
-    def status(self, partition: str) -> dict[str, Any]:
+    def status(self, partition: str) -> AdmissionStatus:
         """Rows admitted so far and the room left (None: no staleness-bound task)."""
         with self._cond:
             part = self._book.part(partition)
             room, who = self.room(partition, part.admitted)
-            return {"admitted": part.admitted, "room": room, "task": who}
+            return AdmissionStatus(admitted=part.admitted, room=room, task=who)
 
 
 __all__ = ["Admission"]

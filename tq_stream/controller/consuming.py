@@ -43,6 +43,7 @@ from tq_stream.errors import (
     format_seconds,
 )
 from tq_stream.handling import ANSWERED, Reply, WouldBlock, may_block
+from tq_stream.messages.reads import Resume, StepMeta
 from tq_stream.samplers.sequential import SequentialSampler
 
 MAX_CANCELLED = 1024  # cancelled sessions remembered (their late waits return None)
@@ -92,7 +93,7 @@ class Consuming:
 
     def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
                  timeout: float = 60.0, replica: int | None = None, session: str = "",
-                 consumer: str = "", reply: Reply | None = None) -> dict[str, Any] | None:
+                 consumer: str = "", reply: Reply[StepMeta] | None = None) -> StepMeta | None:
         """The rows of ``step`` for ``dp_rank`` (``step=None``: the next batch for this
         consumer, see ``delivery.py``); waits for enough ready rows.
 
@@ -133,7 +134,7 @@ class Consuming:
             return self._wait_step(part, state, waiter, timeout)
 
     def _wait_step(self, part: PartitionMeta, state: TaskState, waiter: Waiter,
-                   timeout: float) -> dict[str, Any] | None:
+                   timeout: float) -> StepMeta | None:
         """``get_meta``'s tries and waits (lock held): the reply, ``ANSWERED`` once a
         commit answered it, or None if the session was cancelled. While it waits it is
         registered as a waiter: a commit that makes rows ready forms the step in its own
@@ -303,9 +304,9 @@ class Consuming:
             return len(mine)
 
     def first_unfinished(self, partition: str, task: str, dp_rank: int = 0,
-                         replica: int | None = None) -> dict[str, Any]:
-        """Where a reader of ``dp_rank`` resumes: ``{"step": first step not acked by every
-        replica (or by ``replica``), "skip": later steps already done}``."""
+                         replica: int | None = None) -> Resume:
+        """Where a reader of ``dp_rank`` resumes: the first step not acked by every
+        replica (or by ``replica``), and later steps already done (``Resume``)."""
         with self._book.cond:
             _, state = self._book.task(partition, task)
             _check_ids(state, dp_rank, 0 if replica is None else replica)

@@ -42,7 +42,15 @@ from tq_stream.controller.writes import Writes
 from tq_stream.errors import ConfigError, StateError, check_consumers, check_name, check_positive
 from tq_stream.handling import Reply
 from tq_stream.messages.puts import Committed, Placement
-from tq_stream.messages.reads import TagColumns
+from tq_stream.messages.reads import (
+    AdmissionStatus,
+    Found,
+    Located,
+    Resume,
+    StepMeta,
+    TagColumns,
+    TaskRows,
+)
 from tq_stream.samplers.base import Sampler, check_sampler
 from tq_stream.samplers.sequential import SequentialSampler
 
@@ -117,11 +125,11 @@ class Controller:
         """``Admission.set_steps_per_version``."""
         self._admission.set_steps_per_version(partition, task, steps_per_version)
 
-    def admission(self, partition: str) -> dict[str, Any]:
+    def admission(self, partition: str) -> AdmissionStatus:
         """``Admission.status``: rows admitted so far and the room left."""
         return self._admission.status(partition)
 
-    def task_rows(self, partition: str, task: str) -> dict[str, Any]:
+    def task_rows(self, partition: str, task: str) -> TaskRows:
         """Rows ``task`` will still be handed in new steps (``counts.task_rows``)."""
         with self._cond:
             self._book.check_open()
@@ -131,12 +139,12 @@ class Controller:
 
     # ------------------------------------------------------------ rows by key (access.py)
     def lookup(self, partition: str, keys: Sequence[str],
-               fields: Sequence[str] | None = ()) -> dict[str, Any]:
+               fields: Sequence[str] | None = ()) -> Found:
         """Placement of existing ``keys`` whose ``fields`` are written (``access.lookup``)."""
         with self._cond:
             return access.lookup(self._book.part(partition), keys, fields)
 
-    def locate(self, partition: str, keys: Sequence[str]) -> dict[str, Any]:
+    def locate(self, partition: str, keys: Sequence[str]) -> Located:
         """Where ``keys`` live and which fields they hold (``access.locate``)."""
         with self._cond:
             return access.locate(self._book.part(partition), keys)
@@ -271,7 +279,7 @@ class Controller:
     # ------------------------------------------------------------ consumers (consuming.py)
     def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
                  timeout: float = 60.0, replica: int | None = None, session: str = "",
-                 consumer: str = "", reply: Reply | None = None) -> dict[str, Any] | None:
+                 consumer: str = "", reply: Reply[StepMeta] | None = None) -> StepMeta | None:
         """``Consuming.get_meta``: the rows of ``step`` (None: the next batch for this
         consumer) for ``dp_rank``; waits for enough ready rows."""
         return self._consuming.get_meta(partition, task, step, dp_rank, timeout, replica,
@@ -295,7 +303,7 @@ class Controller:
         return self._consuming.renew(partition, task, step, session)
 
     def first_unfinished(self, partition: str, task: str, dp_rank: int = 0,
-                         replica: int | None = None) -> dict[str, Any]:
+                         replica: int | None = None) -> Resume:
         """``Consuming.first_unfinished``: where a reader of ``dp_rank`` resumes."""
         return self._consuming.first_unfinished(partition, task, dp_rank, replica)
 

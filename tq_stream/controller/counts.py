@@ -7,38 +7,34 @@ the one controller call it needs.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.task import NEW, TaskState
+from tq_stream.messages.reads import TaskRows
 
 
-def task_rows(part: PartitionMeta | None, state: TaskState | None) -> dict[str, Any]:
+def task_rows(part: PartitionMeta | None, state: TaskState | None) -> TaskRows:
     """Rows a task (``state``, None: not registered) will still be handed in new steps of
     partition ``part`` (None: it does not exist), and the steps formed so far.
 
     Returns:
-        dict of ``exists`` (the partition exists), ``closed`` (no new rows will
+        ``TaskRows``: ``exists``  (the partition exists), ``closed`` (no new rows will
         come), ``remaining`` (live rows not yet in a step of the task nor
         discarded by it, ready or not), ``formed`` (steps formed, the end marker not
         counted) and ``ended`` (the task's end marker was formed). A task not yet
         registered has formed no step and will see every live row.
     """
     if part is None:
-        return {"exists": False, "closed": False, "remaining": 0, "formed": 0,
-                "ended": False}
+        return TaskRows(exists=False, closed=False, remaining=0, formed=0, ended=False)
     if state is None:
-        return {"exists": True, "closed": bool(part.closed),
-                "remaining": int(part.live - part.shared.count), "formed": 0, "ended": False}
+        return TaskRows(exists=True, closed=bool(part.closed),
+                        remaining=int(part.live - part.shared.count), formed=0, ended=False)
     n = min(part.size, state.state.shape[0])
     new = int(np.count_nonzero(part.row_mask(n) & (state.state[:n] == NEW)))
-    return {
-        "exists": True, "closed": bool(part.closed), "remaining": new,
-        "formed": state.next_step - (1 if state.ended else 0),
-        "ended": bool(state.ended),
-    }
+    return TaskRows(exists=True, closed=bool(part.closed), remaining=new,
+                    formed=state.next_step - (1 if state.ended else 0),
+                    ended=bool(state.ended))
 
 
 __all__ = ["task_rows"]

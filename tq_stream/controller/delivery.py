@@ -47,6 +47,7 @@ from tq_stream.controller.task import ACKED, LEASED, Claim, StepRecord, TaskStat
 from tq_stream.controller.timings import Timings
 from tq_stream.controller.waiters import Waiters
 from tq_stream.errors import LeaseError, ReplicaClash
+from tq_stream.messages.reads import StepMeta
 from tq_stream.samplers.base import Selection
 from tq_stream.samplers.sequential import SequentialSampler
 
@@ -168,7 +169,7 @@ class Delivery:
 
     def try_step(self, part: PartitionMeta, state: TaskState, step: int | None,
                  dp_rank: int, replica: int, session: str,
-                  consumer: str) -> dict[str, Any] | None:
+                  consumer: str) -> StepMeta | None:
         now = self._book.clock()
         events.expired(part.name, state.name, state.expire(now))
         asked_next = step is None
@@ -186,7 +187,7 @@ class Delivery:
             raise ReplicaClash(
                 f"step must not be already acked by every rank, got step={step} of task "
                 f"{state.name!r}; rank {dp_rank} resumes at step "
-                f"{state.first_unfinished(dp_rank)['step']} (get_meta(step=None) or a "
+                f"{state.first_unfinished(dp_rank).step} (get_meta(step=None) or a "
                 f"fresh loader finds it by itself){_peers_hint(state)}"
             )
         if rec.end:
@@ -195,20 +196,20 @@ class Delivery:
             meta = access.placement(part, np.zeros(0, np.int64), state.config.fields)
             # An end meta carries the end step itself, so a reader that asked for a later
             # step learns where the stream ended (multi-partition loaders route by it).
-            return {**meta, "task": state.name, "step": state.next_step - 1,
-                    "dp_rank": dp_rank, "replica": replica, "end": True}
+            return StepMeta(**meta, task=state.name, step=state.next_step - 1,
+                            dp_rank=dp_rank, replica=replica, end=True)
         if not len(rec.shares[dp_rank]) and dp_rank in rec.lost:
             return self._lost_meta(part, state, step, dp_rank, replica)
         if rec.share_done(dp_rank, state.full_acks, state.acks):
             raise ReplicaClash(
                 f"step {step} of task {state.name!r} was already acked by every replica of "
                 f"rank {dp_rank}; it must not be read again (rank {dp_rank} resumes at step "
-                f"{state.first_unfinished(dp_rank)['step']}){_peers_hint(state)}")
+                f"{state.first_unfinished(dp_rank).step}){_peers_hint(state)}")
         if rec.share_done(dp_rank, 1 << replica, state.acks):
             raise ReplicaClash(
                 f"replica {replica} of rank {dp_rank} acked its share of step {step} of task "
                 f"{state.name!r} already; it must not read it again (it resumes at step "
-                f"{state.first_unfinished(dp_rank, replica)['step']}). If two TP/PP peers "
+                f"{state.first_unfinished(dp_rank, replica).step}). If two TP/PP peers "
                 f"read as one replica, give each its own replica= (replicas="
                 f"{state.config.replicas})")
         if self.held_by_other(rec, (dp_rank, replica), session) is not None:
@@ -220,19 +221,18 @@ class Delivery:
         state.claim(step, dp_rank, replica, session, consumer, now)
         share = rec.shares[dp_rank]
         meta = access.placement(part, share, state.config.fields)
-        return {**meta, "task": state.name, "step": step, "dp_rank": dp_rank,
-                "replica": replica, "end": False,
-                "lease_timeout": state.config.lease_timeout,
-                "turn": None if rec.turns is None else rec.turns[dp_rank]}
+        return StepMeta(**meta, task=state.name, step=step, dp_rank=dp_rank,
+                        replica=replica, lease_timeout=state.config.lease_timeout,
+                        turn=None if rec.turns is None else rec.turns[dp_rank])
 
     def _lost_meta(self, part: PartitionMeta, state: TaskState, step: int, dp_rank: int,
-                   replica: int) -> dict[str, Any]:
+                   replica: int) -> StepMeta:
         """Every row of this share died with its storage unit, or went stale with none
         to replace it: an empty batch says so at once (a loader goes on with its next
         step) instead of a wait."""
         meta = access.placement(part, np.zeros(0, np.int64), state.config.fields)
-        return {**meta, "task": state.name, "step": step, "dp_rank": dp_rank,
-                "replica": replica, "end": False, "lost": True}
+        return StepMeta(**meta, task=state.name, step=step, dp_rank=dp_rank,
+                        replica=replica, lost=True)
 
     def _at_turn(self, part: PartitionMeta, state: TaskState, rec: StepRecord, step: int,
                  rank: int) -> bool:

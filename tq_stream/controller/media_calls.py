@@ -19,6 +19,7 @@ from tq_stream.controller.book import Book
 from tq_stream.controller.consuming import check_session
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.errors import ConfigError, check_timeout
+from tq_stream.messages.media import MediaHeld, MediaPlace
 
 
 def _check_holder(session: object, holder: object) -> tuple[str, str]:
@@ -38,11 +39,11 @@ class MediaCalls:
 
     def hold(self, partition: str, keys: Sequence[str], session: str, holder: str,
              lease: float, producer: bool, pending: float = 0.0,
-             pins: Sequence[str] | None = None) -> dict[str, Any]:
-        """Pins of ``session`` on the entries ``keys``: ``{"deployment", "pins": [{"key",
-        "pin", "index", "generation", "fields"}]}``. ``pending`` (seconds a put may take):
-        pins taken before the put, ``{"pending": [pin, ...]}``, which a second call with
-        ``pins`` makes these pins (``MediaPins.pend``)."""
+             pins: Sequence[str] | None = None) -> MediaHeld:
+        """Pins of ``session`` on the entries ``keys``: the deployment and a
+        ``MediaPin`` per key. ``pending`` (seconds a put may take): pins taken before the
+        put (``MediaHeld.pending``), which a second call with ``pins`` makes these pins
+        (``MediaPins.pend``)."""
         keys_ = check_keys(list(keys))
         session_, holder_ = _check_holder(session, holder)
         lease_ = check_timeout("lease", lease)
@@ -52,11 +53,11 @@ class MediaCalls:
             part = book.part(partition, create=bool(pending), by_put=True)
             if pending:
                 put = check_timeout("pending", pending)
-                return {"pending": book.pins.pend(part, keys_, session_, holder_, lease_,
-                                                  put, book.clock())}
+                return MediaHeld(pending=book.pins.pend(part, keys_, session_, holder_,
+                                                        lease_, put, book.clock()))
             out = book.pins.hold(part, keys_, session_, holder_, lease_, bool(producer),
                                  book.clock(), None if pins is None else list(pins))
-            return {"deployment": book.pins.deployment, "pins": out}
+            return MediaHeld(deployment=book.pins.deployment, pins=out)
 
     def release(self, partition: str, pin: str, session: str, holder: str) -> None:
         """End ``pin``; free its entry if nothing holds it now."""
@@ -73,7 +74,7 @@ class MediaCalls:
                     part, np.asarray(rows, dtype=np.int64)))
 
     def lookup(self, partition: str, key: str, index: int, generation: int, pin: str,
-               deployment: str, fields: Sequence[str]) -> dict[str, Any]:
+               deployment: str, fields: Sequence[str]) -> MediaPlace:
         """Where a handle's entry lives (``MediaPins.lookup``)."""
         if not isinstance(fields, list | tuple) or not fields or \
                 not all(isinstance(f, str) for f in fields):

@@ -41,6 +41,7 @@ import numpy as np
 from tq_stream.controller.partition import PartitionMeta
 from tq_stream.controller.shared_entries import entry_key
 from tq_stream.errors import ConfigError, KeyConflictError, StateError
+from tq_stream.messages.media import MediaPin, MediaPlace
 
 logger = logging.getLogger(__name__)
 ENDED_KEPT = 65536  # ended pins remembered (what ended each)
@@ -87,7 +88,7 @@ class MediaPins:
 
     def hold(self, part: PartitionMeta, keys: Sequence[str], session: str, holder: str,
              lease: float, producer: bool, now: float,
-             confirm: Sequence[str] | None = None) -> list[dict[str, Any]]:
+             confirm: Sequence[str] | None = None) -> list[MediaPin]:
         """A pin of ``session`` on the committed entry of each of ``keys`` (``confirm``:
         the pending pins of ``pend`` that become these pins)."""
         out = []
@@ -103,10 +104,9 @@ class MediaPins:
                 self.pins[pin] = Pin(part.name, k, e, int(part.generation[e]), session,
                                      holder, lease, now + lease, producer)
                 part.shared.holds[e] += 1
-            out.append({"key": k, "pin": pin, "index": e,
-                        "generation": int(part.generation[e]),
-                        "fields": sorted(f for f in part.shared.fields
-                                         if f in part.ready and part.ready[f][e])})
+            out.append(MediaPin(key=k, pin=pin, index=e, generation=int(part.generation[e]),
+                                fields=sorted(f for f in part.shared.fields
+                                              if f in part.ready and part.ready[f][e])))
         return out
 
     def _check_pending(self, part: PartitionMeta, keys: Sequence[str], session: str,
@@ -226,7 +226,7 @@ class MediaPins:
 
     # ------------------------------------------------------------- reading
     def lookup(self, part: PartitionMeta, key: str, index: int, generation: int, pin: str,
-               deployment: str, fields: Sequence[str]) -> dict[str, Any]:
+               deployment: str, fields: Sequence[str]) -> MediaPlace:
         """Where the entry of a handle lives, if the handle may still be resolved."""
         if deployment != self.deployment and deployment not in self.earlier:
             raise ConfigError(f"ref must be a handle of this deployment ({self.deployment[:12]})"
@@ -248,9 +248,9 @@ class MediaPins:
         missing = [f for f in fields if f not in part.ready or not part.ready[f][e]]
         if missing:
             raise KeyConflictError(f"fields must be held by media {key!r}, got {missing}")
-        return {"index": np.array([e]), "generation": np.array([generation]),
-                "unit": part.unit[[e]], "slot": part.slot[[e]],
-                "schemas": {f: part.schemas[f].to_dict() for f in fields}}
+        return MediaPlace(index=np.array([e]), generation=np.array([generation]),
+                          unit=part.unit[[e]], slot=part.slot[[e]],
+                          schemas={f: part.schemas[f].to_dict() for f in fields})
 
     def stats(self, part: PartitionMeta, now: float) -> dict[str, Any]:
         """Entries pinned, the bytes put into them, live pins per holder and the bytes

@@ -34,6 +34,7 @@ import numpy as np
 
 from tq_stream.checks import RESERVED
 from tq_stream.errors import ConfigError, KeyConflictError, SchemaError, StateError
+from tq_stream.messages.reads import SharedPlaces
 
 if TYPE_CHECKING:
     from tq_stream.schemas import FieldSchema
@@ -292,21 +293,19 @@ class SharedTable:
         return rows[~self.entry[rows]] if self.count else rows
 
     def describe(self, part: PartRows, idx: np.ndarray,
-                 fields: Sequence[str]) -> dict[str, Any]:
-        """What a reader of ``fields`` of rows ``idx`` needs beyond their own slots:
-        ``{"shared": {"fields", "pos" (row -> position, -1: none), "index", "unit",
-        "slot", "generation" (of each distinct entry)}}``, or {} if no field is shared."""
+                 fields: Sequence[str]) -> SharedPlaces | None:
+        """What a reader of ``fields`` of rows ``idx`` needs beyond their own slots: the
+        shared entries they name (``SharedPlaces``), or None if no field is shared."""
         names = [f for f in fields if f in self.fields]
         if not names:
-            return {}
+            return None
         of = self.of[idx]
         has = of >= 0
         ents, inv = np.unique(of[has], return_inverse=True)
         pos = np.full(len(idx), -1, dtype=np.int64)
         pos[has] = inv
-        return {"shared": {"fields": names, "pos": pos, "index": ents,
-                           "unit": part.unit[ents], "slot": part.slot[ents],
-                           "generation": part.generation[ents]}}
+        return SharedPlaces(fields=names, pos=pos, index=ents, unit=part.unit[ents],
+                            slot=part.slot[ents], generation=part.generation[ents])
 
     def stats(self) -> dict[str, Any]:
         """Live entries, the bytes put into them, and how many rows name them."""

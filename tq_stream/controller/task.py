@@ -36,6 +36,7 @@ import numpy as np
 from tq_stream.controller.fifo import ReadyQueue
 from tq_stream.controller.takeovers import Takeovers
 from tq_stream.controller.task_config import TaskConfig
+from tq_stream.messages.reads import Resume
 from tq_stream.samplers.base import Sampler
 
 NEW, LEASED, ACKED, DISCARDED = 0, 1, 2, 3
@@ -355,7 +356,7 @@ class TaskState:
     def claimed_count(self) -> int:
         return sum(len(rec.shares[r]) for rec in self.steps.values() for (r, _q) in rec.claims)
 
-    def first_unfinished(self, rank: int, replica: int | None = None) -> dict[str, Any]:
+    def first_unfinished(self, rank: int, replica: int | None = None) -> Resume:
         """Where a (re)starting reader of ``rank`` resumes: the first step whose share
         for ``rank`` some replica (or ``replica``, if given) has not acked, and the
         later steps formed so far that are done (to skip): those whose share is acked,
@@ -366,10 +367,10 @@ class TaskState:
         open_ = [s for s in sorted(self.steps) if self.steps[s].end or
                  not self.steps[s].share_done(rank, full, self.acks)]
         if not open_:
-            return {"step": self.next_step, "skip": []}
+            return Resume(step=self.next_step, skip=[])
         start, still = open_[0], set(open_)
-        return {"step": start,
-                "skip": [s for s in range(start + 1, self.next_step) if s not in still]}
+        return Resume(step=start,
+                      skip=[s for s in range(start + 1, self.next_step) if s not in still])
 
     def stats(self, now: float) -> dict[str, Any]:
         return {
@@ -385,7 +386,7 @@ class TaskState:
             "cancelled": self.cancelled,
             "redelivered": self.redelivered,
             "next_step": self.next_step,
-            "first_unacked": [self.first_unfinished(r)["step"]
+            "first_unacked": [self.first_unfinished(r).step
                               for r in range(self.config.dp_size)],
             "version": self.version,
             "ended": self.ended,

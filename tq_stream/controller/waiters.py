@@ -23,6 +23,7 @@ import threading
 from typing import Any
 
 from tq_stream.handling import Reply
+from tq_stream.messages.reads import StepMeta
 
 
 class Waiter:
@@ -31,13 +32,13 @@ class Waiter:
     __slots__ = ("args", "deadline", "given", "meta", "reply", "since", "state")
 
     def __init__(self, state: Any, args: tuple[Any, ...], since: float, deadline: float,
-                 reply: Reply | None) -> None:
+                 reply: Reply[StepMeta] | None) -> None:
         self.state = state  # the task's TaskState
         self.args = args  # (step, dp_rank, replica, session, consumer) for ``Delivery.try_step``
         self.since = since  # when the call started (monotonic), for the wait histogram
         self.deadline = deadline  # monotonic; a later answer would come too late
         self.reply = reply  # the request's reply address, None outside a server
-        self.meta: dict[str, Any] | None = None  # the reply, once formed by a commit
+        self.meta: StepMeta | None = None  # the reply, once formed by a commit
         self.given = False  # the reply went to the server, the waiter returns ANSWERED
 
 

@@ -354,14 +354,15 @@ class ControllerService(Controller):
 
     def get_meta(self, partition: str, task: str, step: int | None = None, dp_rank: int = 0,
                  timeout: float = 60.0, replica: int | None = None, session: str = "",
-                 consumer: str = "", reply: Reply | None = None) -> dict[str, Any] | None:
+                 consumer: str = "",
+                 reply: Reply[reads.StepMeta] | None = None) -> reads.StepMeta | None:
         """``Controller.get_meta``, whose reply (whichever thread formed it) names the
         units' epoch."""
         stamped = None if reply is None else EpochReply(reply, lambda: self._units_epoch)
         meta = super().get_meta(partition, task, step, dp_rank, timeout, replica, session,
                                 consumer, stamped)
         if meta is not None and meta is not ANSWERED:
-            meta["units_epoch"] = self._units_epoch  # a dict of this call's own
+            meta.units_epoch = self._units_epoch  # a reply of this call's own
         return meta
 
     def units(self) -> list[dict[str, Any]]:

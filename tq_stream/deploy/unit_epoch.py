@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tq_stream.handling import Reply
+from tq_stream.messages.reads import StepMeta
 
 
 def units_epoch(units: Sequence[Mapping[str, Any]]) -> int:
@@ -24,10 +25,10 @@ class EpochReply:
 
     __slots__ = ("epoch", "reply")
 
-    def __init__(self, reply: Reply, epoch: Callable[[], int]) -> None:
+    def __init__(self, reply: Reply[StepMeta], epoch: Callable[[], int]) -> None:
         self.reply = reply  # the request's own handle, from the server
         self.epoch = epoch
 
-    def give(self, result: dict[str, Any], then: Callable[[], None] | None = None) -> bool:
-        result["units_epoch"] = self.epoch()  # a dict of this call's own
+    def give(self, result: StepMeta, then: Callable[[], None] | None = None) -> bool:
+        result.units_epoch = self.epoch()  # a reply of this call's own
         return self.reply.give(result, then)

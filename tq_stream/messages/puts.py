@@ -14,9 +14,10 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from tq_stream.config import DEFAULT_LEASE_TIMEOUT as DEFAULT_WRITE_LEASE
+from tq_stream.config import DEFAULT_LEASE_TIMEOUT
 from tq_stream.messages.rpc import Rpc
 
+DEFAULT_WRITE_LEASE = DEFAULT_LEASE_TIMEOUT  # seconds a producer's rows stay reserved
 Schemas = Mapping[str, Any]  # field -> FieldSchema.to_dict()
 Tags = list[dict[str, Any]] | None  # one dict of tags per row
 
@@ -88,7 +89,7 @@ class Reserve(msgspec.Struct, kw_only=True):
     schemas: Schemas
     unit: int = -1
     timeout: float = 60.0
-    expect: Sequence[int] | None = None
+    expect: np.ndarray | None = None  # int64 generations
     spare: int = 0
     session: str = ""
     lease: float = DEFAULT_WRITE_LEASE
@@ -117,8 +118,8 @@ class RowsOf(msgspec.Struct, kw_only=True):
 class CommitNew(msgspec.Struct, kw_only=True):
     partition: str
     keys: Sequence[str]
-    index: np.ndarray
-    generation: np.ndarray
+    index: Sequence[int]  # a few ints: a list costs less to send than an array
+    generation: Sequence[int]
     schemas: Schemas
     tags: Tags = None
     unit: int = -1
@@ -138,13 +139,15 @@ class ReserveShared(msgspec.Struct, kw_only=True):
 
 
 # reserve and admit raise WouldBlock instead of waiting on a server's IO thread
-CREATE_PARTITION = Rpc("create_partition", CreatePartition, None, inline=True)
-CLOSE_PARTITION = Rpc("close_partition", ClosePartition, None, inline=True)
-PARTITIONS = Rpc("partitions", Partitions, list[str], inline=True)
+CREATE_PARTITION: Rpc[CreatePartition, None] = Rpc("create_partition", CreatePartition, None,
+                                                   inline=True)
+CLOSE_PARTITION: Rpc[ClosePartition, None] = Rpc("close_partition", ClosePartition, None,
+                                                 inline=True)
+PARTITIONS: Rpc[Partitions, list[str]] = Rpc("partitions", Partitions, list[str], inline=True)
 RESERVE: Rpc[Reserve, Placement] = Rpc("reserve", Reserve, Placement, inline=True,
                                        waits="produce")
-COMMIT = Rpc("commit", Commit, None, inline=True)
-ABORT = Rpc("abort", RowsOf, None)  # frees storage through the units
+COMMIT: Rpc[Commit, None] = Rpc("commit", Commit, None, inline=True)
+ABORT: Rpc[RowsOf, None] = Rpc("abort", RowsOf, None)  # frees storage through the units
 COMMIT_NEW: Rpc[CommitNew, Committed] = Rpc("commit_new", CommitNew, Committed, inline=True)
 RELEASE_SPARES: Rpc[RowsOf, int] = Rpc("release_spares", RowsOf, int, inline=True)
 RESERVE_SHARED: Rpc[ReserveShared, Placement] = Rpc("reserve_shared", ReserveShared,

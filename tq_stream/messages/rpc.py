@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar, Union
 
 import msgspec
 
@@ -31,11 +31,12 @@ Rep = TypeVar("Rep")
 
 class Rpc(Generic[Req, Rep]):
     """The declaration of one RPC (see the module docstring). ``reply``: the reply's
-    type; a struct (or ``Struct | None``) is decoded into, any other type is trusted
-    as it arrives (plain values: an int, a list of str, a dict of stats)."""
+    type; a struct (or ``Struct | None``, or a list of structs) is decoded into, any
+    other type is trusted as it arrives (plain values: an int, a list of str, a dict of
+    stats)."""
 
-    __slots__ = ("_optional", "_struct", "admin", "answers", "inline", "name", "reply",
-                 "request", "waits")
+    __slots__ = ("_listed", "_optional", "_struct", "admin", "answers", "inline", "name",
+                 "reply", "request", "waits")
 
     def __init__(self, name: str, request: type[Req], reply: object, *,
                  inline: bool = False, waits: str | None = None, admin: bool = False,
@@ -44,6 +45,7 @@ class Rpc(Generic[Req, Rep]):
         self.inline, self.waits, self.admin, self.answers = inline, waits, admin, answers
         # the struct a reply is decoded into (None: a plain reply), and whether None is one
         self._struct, self._optional = _struct_of(reply)
+        self._listed = reply if _is_struct_list(reply) else None  # each item decoded
 
     def args(self, request: Req) -> dict[str, object]:
         """The keyword arguments ``request`` carries (the map sent on the wire)."""
@@ -57,22 +59,43 @@ class Rpc(Generic[Req, Rep]):
             SerializationError: the reply is not of that shape (another version's server).
         """
         struct = self._struct
-        if struct is None or type(reply) is struct or (reply is None and self._optional):
+        if struct is None:
+            if self._listed is None:
+                return reply  # type: ignore[return-value]  # trusted as it arrives
+            return self._convert(reply, self._listed)
+        if type(reply) is struct or (reply is None and self._optional):
             return reply  # type: ignore[return-value]  # as declared
+        if type(reply) is not dict:
+            raise SerializationError(f"reply of {self.name!r} must be a {struct.__name__}: "
+                                     f"expected a map, got {type(reply).__name__}")
+        return self._convert(reply, struct)
+
+    def _convert(self, reply: object, kind: object) -> Rep:
         try:
-            if type(reply) is not dict:
-                raise msgspec.ValidationError(f"expected a map, got {type(reply).__name__}")
-            return msgspec.convert(reply, struct)  # type: ignore[no-any-return]
+            return msgspec.convert(reply, kind)  # type: ignore[no-any-return]
         except msgspec.ValidationError as exc:
-            raise SerializationError(f"reply of {self.name!r} must be a "
-                                     f"{struct.__name__}: {exc}") from None
+            raise SerializationError(f"reply of {self.name!r} must be a {_name(kind)}: "
+                                     f"{exc}") from None
 
     def __repr__(self) -> str:
         return f"Rpc({self.name!r})"
 
 
+def _is_struct_list(reply: object) -> bool:
+    """Whether a reply type is ``list[S]`` of a struct ``S``."""
+    args: tuple[object, ...] = getattr(reply, "__args__", ())
+    return getattr(reply, "__origin__", None) is list and len(args) == 1 and \
+        isinstance(args[0], type) and issubclass(args[0], msgspec.Struct)
+
+
+def _name(kind: object) -> str:
+    return kind.__name__ if isinstance(kind, type) else repr(kind)
+
+
 def _struct_of(reply: object) -> tuple[type[msgspec.Struct] | None, bool]:
     """The struct in a reply type (``S`` or ``S | None``) and whether None may come."""
+    if getattr(reply, "__origin__", Union) is not Union:  # list[...], dict[...]: no struct
+        return None, False
     kinds = getattr(reply, "__args__", None) or (reply,)  # a union's members
     structs = [k for k in kinds if isinstance(k, type) and issubclass(k, msgspec.Struct)]
     return (structs[0] if structs else None), type(None) in kinds
@@ -82,8 +105,8 @@ class RpcTable:
     """The RPCs a service serves, by name; its frozensets are what a server reads
     (``RPC_METHODS``, ``RPC_INLINE``, ``RPC_WAITS``, ``RPC_ADMIN``, ``RPC_REPLIES``)."""
 
-    def __init__(self, *families: Iterable[Rpc]) -> None:
-        self.rpcs: dict[str, Rpc] = {}
+    def __init__(self, *families: Iterable[Rpc[Any, Any]]) -> None:
+        self.rpcs: dict[str, Rpc[Any, Any]] = {}
         for family in families:
             for rpc in family:
                 if rpc.name in self.rpcs:

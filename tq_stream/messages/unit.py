@@ -110,23 +110,23 @@ class UnitPing(msgspec.Struct, kw_only=True):
 # prepare_write may wait for open writes; save_rows / load_rows write / read files;
 # set_memory and may_spill may move rows to disk. Admin (owner only): what changes
 # placement or every row, touches files or lists every row, or sets the owner's bounds.
-PUT = Rpc("put", Put, None, inline=True)
+PUT: Rpc[Put, None] = Rpc("put", Put, None, inline=True)
 GET: Rpc[Get, dict[str, Any]] = Rpc("get", Get, dict[str, Any], inline=True)
-FREE = Rpc("free", Slots, None, inline=True)
-DROP = Rpc("drop", Partition, None, inline=True, admin=True)
+FREE: Rpc[Slots, None] = Rpc("free", Slots, None, inline=True)
+DROP: Rpc[Partition, None] = Rpc("drop", Partition, None, inline=True, admin=True)
 NBYTES: Rpc[Nothing, int] = Rpc("nbytes", Nothing, int, inline=True)
 PING: Rpc[Nothing, UnitPing] = Rpc("ping", Nothing, UnitPing, inline=True)
 LAYOUT: Rpc[Layout, Plain] = Rpc("layout", Layout, Plain, inline=True)
 SPANS: Rpc[Get, Plain] = Rpc("spans", Get, Plain, inline=True)
 PREPARE_WRITE: Rpc[PrepareWrite, Plain] = Rpc("prepare_write", PrepareWrite, Plain)
-FINISH_WRITE = Rpc("finish_write", FinishWrite, None, inline=True)
+FINISH_WRITE: Rpc[FinishWrite, None] = Rpc("finish_write", FinishWrite, None, inline=True)
 SAVE_ROWS: Rpc[SaveRows, Plain] = Rpc("save_rows", SaveRows, Plain, admin=True)
 LOAD_ROWS: Rpc[LoadRows, Plain] = Rpc("load_rows", LoadRows, Plain, admin=True)
 STATS: Rpc[Nothing, Plain] = Rpc("stats", Nothing, Plain, inline=True)
-GRANT = Rpc("grant", Grant, None, inline=True, admin=True)
+GRANT: Rpc[Grant, None] = Rpc("grant", Grant, None, inline=True, admin=True)
 HELD: Rpc[Nothing, Plain] = Rpc("held", Nothing, Plain, inline=True, admin=True)
-SET_MEMORY = Rpc("set_memory", SetMemory, None, admin=True)
-MAY_SPILL = Rpc("may_spill", MaySpill, None, admin=True)
+SET_MEMORY: Rpc[SetMemory, None] = Rpc("set_memory", SetMemory, None, admin=True)
+MAY_SPILL: Rpc[MaySpill, None] = Rpc("may_spill", MaySpill, None, admin=True)
 
 RPCS = (PUT, GET, FREE, DROP, NBYTES, PING, LAYOUT, SPANS, PREPARE_WRITE, FINISH_WRITE,
         SAVE_ROWS, LOAD_ROWS, STATS, GRANT, HELD, SET_MEMORY, MAY_SPILL)

@@ -19,6 +19,8 @@ class Transport(ABC):
     A call that does not complete within its timeout raises WaitTimeout.
     """
 
+    address: str  # where it calls (a socket address, or a name in process)
+
     @abstractmethod
     def call(
         self, method: str, args: Mapping[str, Any] | None = None, timeout: float | None = None

@@ -143,7 +143,7 @@ class Dispatcher:
     def methods(self) -> list[str]:
         return sorted(self._table)
 
-    def __call__(self, method: Any, args: Any, reply: Reply | None = None) -> Any:
+    def __call__(self, method: Any, args: Any, reply: Reply[Any] | None = None) -> Any:
         """Call ``handler.<method>(**args)`` (with ``reply=reply`` if ``method`` is in
         the table's ``replies``: the reply handle of the request being run, None outside a
         socket server).
@@ -210,7 +210,7 @@ class Dispatcher:
                             f"{'none' if token is None else 'a wrong one'}")
         return args
 
-    def call_inline(self, method: Any, args: Any, reply: Reply | None = None) -> Any:
+    def call_inline(self, method: Any, args: Any, reply: Reply[Any] | None = None) -> Any:
         """``self(method, args, reply)`` with ``may_block()`` False (on a server's IO
         thread).
 

@@ -70,7 +70,7 @@ def test_a_client_without_the_owner_token_gets_auth_error(owner, method, token):
 def test_unit_admin_calls_need_the_owner_token(owner, method, args):
     keys = ["auth_2"]
     owner.writer("auth").put(keys, {"x": values(keys)})
-    unit = owner.connection.controller().units()[0]["address"]
+    unit = owner.connection.controller().units()[0].address
     with rpc_client(unit, timeout=10) as stranger:
         with pytest.raises(AuthError, match="admin call"):
             stranger.call(method, args)

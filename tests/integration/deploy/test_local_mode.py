@@ -13,6 +13,7 @@ import threading
 import warnings
 from collections import Counter
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -99,7 +100,7 @@ def test_rows_spread_over_units_and_a_batch_assembles_from_both(local_stream):
 def test_writer_prefers_a_unit_on_its_own_host(local_stream):
     backend = local_stream.connection.backend
     infos = backend.controller().units()
-    elsewhere = [{**infos[0], "host": "another-host"}, infos[1]]
+    elsewhere = [msgspec.structs.replace(infos[0], host="another-host"), infos[1]]
     ctrl = backend.controller()
     ctrl.units = lambda: elsewhere  # this process sees unit 0 on another host
     backend._unit_hosts = None  # the backend asks once per process: ask again

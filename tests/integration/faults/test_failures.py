@@ -253,7 +253,7 @@ def test_servers_keep_serving_through_random_and_truncated_frames(transport):
     try:
         rng = random.Random(1234)
         ctrl = stream.address
-        unit = stream.connection.controller().units()[0]["address"]
+        unit = stream.connection.controller().units()[0].address
         assert ctrl.startswith(f"{transport}://") and unit.startswith(f"{transport}://")
         targets = {ctrl: ["reserve", "commit", "get_meta", "ack", "lookup", "clear",
                           "register_task", "stats", "attach_units", "load_state_dict"],

@@ -62,7 +62,7 @@ def test_a_unit_refuses_slots_the_controller_did_not_place(deployment, slot):
     deployment.writer("grants").put(keys, {"x": values(keys)})  # placed: slots 0, 1
     unit_pid, unit = deployment.owner.pids[0], deployment.connection.controller().units()[0]
     before = shm_bytes(unit_pid), status(unit_pid, "VmRSS")
-    with rpc_client(unit["address"], timeout=10) as raw:
+    with rpc_client(unit.address, timeout=10) as raw:
         with pytest.raises(StateError, match=f"slots must be ones the controller placed.*"
                                               f"got slot {slot}"):
             raw.call("put", {"partition": "grants", "slots": np.array([slot]),
@@ -204,7 +204,7 @@ def test_random_input_stays_within_the_bounds(deployment):
     pids = deployment.owner.pids
     before = {p: (status(p, "VmRSS"), status(p, "Threads"), shm_bytes(p)) for p in pids}
     infos = deployment.connection.controller().units()
-    for address in [deployment.address, infos[0]["address"]]:
+    for address in [deployment.address, infos[0].address]:
         if address.startswith("unix://"):
             _fuzz_unix(address[len("unix://"):], rng, 200)
         else:

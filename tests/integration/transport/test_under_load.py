@@ -153,7 +153,7 @@ def test_a_put_that_waits_for_an_open_direct_write_does_not_block_the_unit():
         schemas = schemas_of({"x": torch.zeros(1, 3)})
         place = ctrl.reserve(partition="g", keys=keys, schemas=schemas)  # slots granted
         slots = place.slot
-        unit = ctrl.units()[0]["address"]
+        unit = ctrl.units()[0].address
         with rpc_client(unit, timeout=20) as raw:
             raw.call("put", {"partition": "g", "slots": slots[:16],
                              "columns": {"x": torch.zeros(16, 3)}})
