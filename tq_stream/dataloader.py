@@ -46,7 +46,7 @@ from tq_stream.client import Client
 from tq_stream.datasets import at_yield, loop_exit, worker_deaths
 from tq_stream.datasets.batch import batch_meta, copy_meta, loader_step
 from tq_stream.datasets.minibatch import minibatches
-from tq_stream.datasets.saved_state import saved_session, take_over
+from tq_stream.datasets.saved_state import LOADER_KEYS, loader_loaded, take_over
 from tq_stream.datasets.streaming import RELAY, StreamingDataset
 from tq_stream.datasets.unacked import UnackedBatches
 from tq_stream.datasets.workers import (
@@ -98,7 +98,7 @@ class StreamingDataLoader:
             given must exceed the dataset's timeout + 5 s.
     """
 
-    STATE_KEYS = ("partition", "task", "dp_rank", "step", "yielded", "session")
+    STATE_KEYS = LOADER_KEYS
 
     def __init__(self, dataset: StreamingDataset, num_workers: int = 0,
                  multiprocessing_context: str | None = None,
@@ -379,20 +379,10 @@ class StreamingDataLoader:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a saved state (see ``state_dict``)."""
-        if not set(self.STATE_KEYS) - {"session"} <= set(state) <= set(self.STATE_KEYS):
-            raise ConfigError(f"state must have keys {sorted(self.STATE_KEYS)} (session "
-                              f"may be absent: an older state), got {sorted(state)}")
-        session = saved_session(state)
         ds = self.dataset
-        mine = (ds.partition, ds.task, ds.dp_rank)
-        theirs = (state["partition"], state["task"], state["dp_rank"])
-        if mine != theirs:
-            raise ConfigError(f"state must come from a loader of (partition, task, dp_rank) "
-                              f"{mine}, got {theirs}")
-        self._next_step = check_positive("state['step']", state["step"], allow_zero=True)
+        self._next_step, self._saved_done, self._predecessor = loader_loaded(
+            (ds.partition, ds.task, ds.dp_rank), state)
         self._unacked.batches = []
-        self._saved_done = [(str(p), int(s)) for p, s in state["yielded"]]
-        self._predecessor = session
 
     def stats(self) -> dict[str, Any]:
         """This loader's task counters per partition (handed out, acked, discarded by

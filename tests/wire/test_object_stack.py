@@ -7,7 +7,7 @@ import pytest
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 
-from tq_stream.convert import _flat_dicts_ok, member_state, object_stack
+from tq_stream.object_stack import _flat_dicts_ok, member_state, object_stack
 
 COLUMNS = {
     "dicts": [{"acc": float(i % 2), "turns": i} for i in range(5)],

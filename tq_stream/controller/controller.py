@@ -1,15 +1,12 @@
 """Controller: keys, readiness, leases and steps of every partition — metadata only.
 
-Public methods take and return plain values and numpy arrays, or the reply structs
-of ``tq_stream.messages`` (a server serves them by its service's table,
-``deploy/services.py``). One lock guards all metadata; one condition variable wakes
-waiters whenever rows are committed, acked, released or cleared.
-
-It hands each concern to a part, all working on one ``Book`` (partitions, tasks,
-the condition): ``Writes`` (reserve, commit, abort), ``Spares`` (puts on spare
-rows), ``Consuming`` (get_meta, ack, release, renew, cancel) over ``Delivery``
-(the delivery rules), ``Admission``, ``Units`` (lost storage units), and plain
-functions (``access``, ``registration``, ``counts``).
+Public methods take and return plain values, numpy arrays or the reply structs of
+``tq_stream.messages``. One lock guards all metadata; one condition wakes waiters
+whenever rows are committed, acked, released or cleared. Each concern is a part on
+one ``Book`` (partitions, tasks, the condition): ``Writes``, ``Spares`` (puts on
+spare rows), ``Consuming`` over ``Delivery`` (the delivery rules), ``Admission``,
+``Units`` (lost storage units), and plain functions (``access``, ``registration``,
+``counts``).
 """
 
 from __future__ import annotations

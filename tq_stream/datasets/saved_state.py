@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tq_stream.errors import ConfigError, LeaseError
+from tq_stream.errors import ConfigError, LeaseError, check_positive
 from tq_stream.meta import BatchMeta
 
 if TYPE_CHECKING:
@@ -69,6 +69,29 @@ def saved_session(state: Mapping[str, object]) -> str | None:
     return session
 
 
+LOADER_KEYS = ("partition", "task", "dp_rank", "step", "yielded", "session")
+
+
+def loader_loaded(reader: tuple[str, str, int], state: Mapping[str, Any]
+                  ) -> tuple[int, list[tuple[str, int]], str | None]:
+    """A ``StreamingDataLoader`` state of a loader reading as ``reader`` (partition,
+    task, dp_rank): (its next step, the steps it yielded, its iteration's session).
+
+    Raises:
+        ConfigError: ``state`` is not such a state.
+    """
+    if not set(LOADER_KEYS) - {"session"} <= set(state) <= set(LOADER_KEYS):
+        raise ConfigError(f"state must have keys {sorted(LOADER_KEYS)} (session may be "
+                          f"absent: an older state), got {sorted(state)}")
+    session = saved_session(state)
+    theirs = (state["partition"], state["task"], state["dp_rank"])
+    if tuple(reader) != theirs:
+        raise ConfigError(f"state must come from a loader of (partition, task, dp_rank) "
+                          f"{tuple(reader)}, got {theirs}")
+    step = check_positive("state['step']", state["step"], allow_zero=True)
+    return step, [(str(p), int(s)) for p, s in state["yielded"]], session
+
+
 def take_over(controller: ControllerAPI, predecessor: str | None, session: str) -> None:
     """End ``predecessor``'s claims and waits (it saved the state ``session`` resumes)."""
     if predecessor and predecessor != session:
@@ -89,4 +112,5 @@ def ack_saved(client: Client, task: str, dp_rank: int, replica: int | None, time
             pass  # acked already
 
 
-__all__ = ["STATE_KEYS", "ack_saved", "loaded", "saved", "saved_session", "take_over"]
+__all__ = ["LOADER_KEYS", "STATE_KEYS", "ack_saved", "loaded", "loader_loaded", "saved",
+           "saved_session", "take_over"]
