@@ -185,7 +185,8 @@ class Delivery:
             rec = state.steps[state.next_step - 1]
         if rec is None:
             raise ReplicaClash(
-                f"step must not be already acked by every rank, got step={step} of task "
+                f"step must not be already acked by every rank (each of its replicas), got "
+                f"step={step} of task "
                 f"{state.name!r}; rank {dp_rank} resumes at step "
                 f"{state.first_unfinished(dp_rank).step} (get_meta(step=None) or a "
                 f"fresh loader finds it by itself){_peers_hint(state)}"
