@@ -23,40 +23,22 @@ def _loader(stream: tq.Stream) -> object:
                                         collate_fn=lambda batch: batch)
 
 
-def test_a_resumed_loader_takes_over_from_a_predecessor_that_never_ended(stream):
-    stream.create_partition("train", consumers=["t"])
-    keys = keys_of("k", 12)
-    put_rows(stream, keys)
-    stream.close_partition("train")
-    first = _loader(stream)
-    old = iter(first)  # kept: its session lives on, as a killed worker's lease does
-    trained = [k for _ in range(2) for k in tq.batch_meta(next(old)).keys]
-    state = first.state_dict()
-    resumed = _loader(stream)
-    resumed.load_state_dict(state)
-    rest = [k for batch in resumed for k in tq.batch_meta(batch).keys]
-    assert not set(rest) & set(trained), "a trained batch came again"
-    assert sorted(trained + rest) == sorted(keys), "rows were lost"
-    assert stream.stats()["train"]["rows"] == 0
-    with pytest.raises(LeaseTakenOver):  # the predecessor's late ack is refused
-        next(old)
-
-
 def _streaming_loader(stream: tq.Stream) -> tq.StreamingDataLoader:
     ds = tq.StreamingDataset(stream, "train", "t", ["x"], batch_size=2, timeout=2.0)
     return tq.StreamingDataLoader(ds, num_workers=0)
 
 
-def test_a_resumed_streaming_loader_takes_over_from_a_predecessor_that_never_ended(stream):
+@pytest.mark.parametrize("make", [_loader, _streaming_loader], ids=["stateful", "streaming"])
+def test_a_resumed_loader_takes_over_from_a_predecessor_that_never_ended(stream, make):
     stream.create_partition("train", consumers=["t"])
     keys = keys_of("k", 12)
     put_rows(stream, keys)
     stream.close_partition("train")
-    first = _streaming_loader(stream)
-    old = iter(first)  # kept open: its session lives on, as a hung trainer's does
+    first = make(stream)
+    old = iter(first)  # kept open: its session lives on, as a killed or hung trainer's
     trained = [k for _ in range(2) for k in tq.batch_meta(next(old)).keys]
     state = first.state_dict()
-    resumed = _streaming_loader(stream)
+    resumed = make(stream)
     resumed.load_state_dict(state)
     rest = [k for batch in resumed for k in tq.batch_meta(batch).keys]
     assert not set(rest) & set(trained), "a trained batch came again"
